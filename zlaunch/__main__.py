@@ -1,0 +1,3 @@
+from zlaunch.cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""One exception tree for everything the controller can report to a user.
+
+Every error carries the exit code the process ends with; `cli.main` renders it once, as a
+message without a traceback. Raise the most specific class; put the fix in `hint`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ZlaunchError",
+    "UsageError",
+    "ConfigError",
+    "HostfileError",
+    "LaunchError",
+    "HostUnreachable",
+    "WorkerFailed",
+    "Interrupted",
+]
+
+EXIT_USAGE = 2
+EXIT_RUNTIME = 1
+
+
+class ZlaunchError(Exception):
+    """Base of all user-facing errors. `message` says what is wrong, `hint` how to fix it."""
+
+    exit_code = EXIT_RUNTIME
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def render(self) -> str:
+        text = f"error: {self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class UsageError(ZlaunchError):
+    """Bad command line: options that conflict, a missing file, a selector that selects nothing."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """The training config (JSON/YAML) is invalid; the message names the file and key."""
+
+
+class HostfileError(UsageError):
+    """The hostfile is invalid; the message names the file and line."""
+
+
+class LaunchError(ZlaunchError):
+    """The job could not be started or kept running for reasons outside the workers."""
+
+
+class HostUnreachable(LaunchError):
+    """SSH to a host failed (refused, timed out, auth); the message names the host."""
+
+
+class WorkerFailed(ZlaunchError):
+    """A worker exited non-zero; exit_code is its code, or 128+N for a death by signal N."""
+
+
+class Interrupted(ZlaunchError):
+    """The controller was stopped by SIGINT (exit 130) or SIGTERM (exit 143)."""

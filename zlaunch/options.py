@@ -1,0 +1,102 @@
+"""The typed description of one launch, built once from the command line.
+
+`zlaunch/commands/run.py` turns argv into a `LaunchOptions`; nothing below it sees raw
+arguments. Everything here is already validated (files exist, config parsed, selectors
+applied), so the launcher can trust it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from zlaunch.errors import UsageError
+from zlaunch.hostfile import Host
+
+__all__ = ["SshOptions", "LaunchOptions", "DEFAULT_LOG_DIR", "DEFAULT_GRACE_PERIOD"]
+
+DEFAULT_LOG_DIR = "zlaunch_runs"
+DEFAULT_GRACE_PERIOD = 5.0
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach remote hosts."""
+
+    config_file: str | None = None
+    """ssh config file (`ssh -F`); None = the user's ~/.ssh/config."""
+    port: int | None = None
+    """ssh port for hosts whose hostfile line has no `port=`; None = ssh's default."""
+    identity: str | None = None
+    """Private key file (`ssh -i`); None = ssh's default keys and agent."""
+    timeout: float = 10.0
+    """Seconds to wait for each ssh connection before the host counts as unreachable."""
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise UsageError(f"--ssh-port must be 1-65535, got {self.port}")
+        if not self.timeout > 0:
+            raise UsageError(f"--ssh-timeout must be more than 0 seconds, got {self.timeout}")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Everything the launcher needs to run one job."""
+
+    hosts: tuple[Host, ...]
+    """The selected hosts, in rank order, each with its selected slots."""
+    program: tuple[str, ...]
+    """What runs: (script, *args) | ("-m", module, *args) | (exe, *args) with no_python."""
+    python: str
+    """Interpreter on the nodes (default: the controller's sys.executable)."""
+    no_python: bool = False
+    """program[0] is an executable run directly, not a Python script."""
+    module: bool = False
+    """program is ("-m", module, *args): run a module like `python -m`."""
+    config_path: str | None = None
+    """Absolute path of the training config, already validated; exported as ZLAUNCH_CONFIG."""
+    cwd: str = "."
+    """Working directory of every worker (absolute)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Worker environment from the controller: forwarded names + env files + --env, merged."""
+    master_addr: str | None = None
+    """Rendezvous address; None = the first host, by an address the others can reach."""
+    master_port: int | None = None
+    """Rendezvous port; None = a free port probed on the master host."""
+    ssh: SshOptions = field(default_factory=SshOptions)
+    """How to reach remote hosts."""
+    log_dir: str = DEFAULT_LOG_DIR
+    """Root of the run directories (absolute once built by the CLI)."""
+    ranks_filter: frozenset[int] | None = None
+    """Ranks whose output the console shows; None = all. Log files always hold every rank."""
+    color: bool | None = None
+    """Console color: None = auto (a TTY and no NO_COLOR), False = never, True = always."""
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    """Seconds between SIGTERM and SIGKILL when stopping workers."""
+    dry_run: bool = False
+    """Print the plan and start nothing."""
+    pass_local_rank: bool = False
+    """Append `--local_rank=N` to every worker's arguments, as DeepSpeed's launcher does."""
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise UsageError("no hosts selected")
+        if not self.program:
+            raise UsageError("nothing to run: give a SCRIPT")
+        if self.no_python and self.module:
+            raise UsageError("--module and --no-python cannot be used together")
+        if self.module and (len(self.program) < 2 or self.program[0] != "-m"):
+            raise UsageError("with --module, program must be ('-m', MODULE, *ARGS)")
+        if self.master_port is not None and not 0 <= self.master_port <= 65535:
+            raise UsageError(f"--master-port must be 0-65535, got {self.master_port}")
+        if self.grace_period < 0:
+            raise UsageError(f"--grace-period must be 0 or more, got {self.grace_period}")
+        # Own copies, so later changes to the caller's dict or lists do not leak in.
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+        object.__setattr__(self, "program", tuple(self.program))
+
+    @property
+    def world_size(self) -> int:
+        """Total number of workers: the selected slots of every host."""
+        return sum(len(host.slots) for host in self.hosts)

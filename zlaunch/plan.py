@@ -1,0 +1,280 @@
+"""Hosts + options -> the per-node rank plan and every worker's environment (pure, no I/O).
+
+Ranks follow hostfile order, then slot order: with hosts a (2 slots) and b (3 slots), a runs
+ranks 0-1 and b ranks 2-4. LOCAL_RANK counts 0..n-1 on every host, whatever the other hosts
+hold. The worker env is what the agent adds to (or puts over) its own base env: the
+controller's forwarded names, env files and --env first, then the names below, which always
+win because they define the job:
+
+    RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NUM_NODES        (torchrun)
+    GROUP_RANK (= NODE_RANK), TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT
+    (= attempt), TORCHELASTIC_MAX_RESTARTS                                          (torchrun)
+    CROSS_RANK (= NODE_RANK), CROSS_SIZE (= NUM_NODES), LOCAL_SIZE (= LOCAL_WORLD_SIZE)
+                                                                                    (DeepSpeed)
+    MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES (the host's selected slots, comma-joined),
+    ZLAUNCH_RUN_ID, ZLAUNCH_ATTEMPT, ZLAUNCH_CONFIG (only when there is a config)
+
+ZLAUNCH_EVENTS_FD and the *_SOCKET_IFNAME defaults are added by the agent on each host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from zlaunch.hostfile import Host
+from zlaunch.options import LaunchOptions
+
+__all__ = [
+    "WorkerSpec",
+    "NodePlan",
+    "Plan",
+    "build_plan",
+    "render_plan",
+    "new_run_id",
+    "RESERVED_ENV",
+    "AUTO_PORT",
+]
+
+# Names the plan sets for every worker; user-supplied values for them are overridden.
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "NUM_NODES",
+        "GROUP_RANK",
+        "CROSS_RANK",
+        "CROSS_SIZE",
+        "LOCAL_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "ZLAUNCH_RUN_ID",
+        "ZLAUNCH_ATTEMPT",
+        "ZLAUNCH_CONFIG",
+        "ZLAUNCH_EVENTS_FD",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+    }
+)
+
+# master_port value meaning "not chosen yet: probed on the master host at launch".
+AUTO_PORT = 0
+
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|KEY", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker process: its ranks, its command and its environment."""
+
+    rank: int
+    """Global rank, 0..world_size-1."""
+    local_rank: int
+    """Rank on its host, 0..n-1 in slot order."""
+    slot: int
+    """The slot (GPU index) this worker belongs to."""
+    argv: tuple[str, ...]
+    """Full argv (python path, -u, script, args), exec'd directly with no shell."""
+    env: Mapping[str, str]
+    """Everything the worker adds to or over the agent's base env."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """The workers of one host."""
+
+    node_rank: int
+    """Index of the host in the job, 0..num_nodes-1."""
+    host: Host
+    """The host, with its selected slots."""
+    cwd: str
+    """Working directory of the workers."""
+    workers: tuple[WorkerSpec, ...]
+    """The workers, in local-rank order."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole job for one attempt."""
+
+    run_id: str
+    """Unique id of the run (shared by all its attempts)."""
+    attempt: int
+    """Attempt number, 0 for the first start; also TORCHELASTIC_RESTART_COUNT."""
+    world_size: int
+    """Number of workers in the job."""
+    master_addr: str
+    """Rendezvous address every worker connects to."""
+    master_port: int
+    """Rendezvous port (AUTO_PORT = 0 while not chosen yet, as in --dry-run)."""
+    nodes: tuple[NodePlan, ...]
+    """One entry per host, in rank order."""
+
+    @property
+    def workers(self) -> tuple[WorkerSpec, ...]:
+        """Every worker of the job, in rank order."""
+        return tuple(w for node in self.nodes for w in node.workers)
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A sortable, unique run id like 20261129-093012-a1b2c3 (UTC time + random suffix)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def worker_argv(options: LaunchOptions, local_rank: int) -> tuple[str, ...]:
+    """The argv of one worker: the program, behind the interpreter unless --no-python."""
+    argv = options.program if options.no_python else (options.python, "-u", *options.program)
+    if options.pass_local_rank:
+        argv = (*argv, f"--local_rank={local_rank}")
+    return tuple(argv)
+
+
+def build_plan(
+    options: LaunchOptions,
+    hosts: Sequence[Host],
+    *,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    attempt: int,
+) -> Plan:
+    """Lay out every rank of the job on `hosts` (usually `options.hosts`)."""
+    hosts = tuple(hosts)
+    if not hosts:
+        raise ValueError("build_plan needs at least one host")
+    for host in hosts:
+        if not host.slots:
+            raise ValueError(f"host {host.display} has no slots selected")
+    world_size = sum(len(host.slots) for host in hosts)
+    num_nodes = len(hosts)
+    max_restarts = getattr(options, "max_restarts", 0)
+    base_env = {k: v for k, v in options.env.items() if k not in RESERVED_ENV}
+    job_env = {
+        "WORLD_SIZE": str(world_size),
+        "NUM_NODES": str(num_nodes),
+        "CROSS_SIZE": str(num_nodes),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "ZLAUNCH_RUN_ID": run_id,
+        "ZLAUNCH_ATTEMPT": str(attempt),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+    }
+    if options.config_path is not None:
+        job_env["ZLAUNCH_CONFIG"] = options.config_path
+
+    nodes = []
+    rank = 0
+    for node_rank, host in enumerate(hosts):
+        local_size = len(host.slots)
+        node_env = {
+            **job_env,
+            "NODE_RANK": str(node_rank),
+            "GROUP_RANK": str(node_rank),
+            "CROSS_RANK": str(node_rank),
+            "LOCAL_WORLD_SIZE": str(local_size),
+            "LOCAL_SIZE": str(local_size),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(slot) for slot in host.slots),
+        }
+        workers = []
+        for local_rank, slot in enumerate(host.slots):
+            env = {**base_env, **node_env, "RANK": str(rank), "LOCAL_RANK": str(local_rank)}
+            workers.append(
+                WorkerSpec(
+                    rank=rank,
+                    local_rank=local_rank,
+                    slot=slot,
+                    argv=worker_argv(options, local_rank),
+                    env=env,
+                )
+            )
+            rank += 1
+        nodes.append(NodePlan(node_rank, host, options.cwd, tuple(workers)))
+    return Plan(
+        run_id=run_id,
+        attempt=attempt,
+        world_size=world_size,
+        master_addr=master_addr,
+        master_port=master_port,
+        nodes=tuple(nodes),
+    )
+
+
+def redact(name: str, value: str) -> str:
+    """Hide the value of names that look secret (TOKEN, SECRET, PASSWORD, KEY)."""
+    return REDACTED if _SECRET_NAME.search(name) else value
+
+
+def _show(value: str) -> str:
+    """A value as one readable line: plain when safe, JSON-quoted when it holds odd chars."""
+    if value and all(c.isprintable() and not c.isspace() for c in value) and '"' not in value:
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _show_argv(argv: Sequence[str]) -> str:
+    """Shell-like command line for display only (workers are exec'd, never via a shell)."""
+    return " ".join(shlex.quote(a) if a.isprintable() else _show(a) for a in argv)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
+def render_plan(plan: Plan) -> str:
+    """Human-readable plan for --dry-run: per host its ranks, slots, command and env.
+
+    Env values of names containing TOKEN, SECRET, PASSWORD or KEY are redacted; names are
+    sorted. The env shown under a host is common to its workers; the rank lines show what
+    differs (RANK and LOCAL_RANK, and anything else that would).
+    """
+    port = "auto" if plan.master_port == AUTO_PORT else str(plan.master_port)
+    master = f"[{plan.master_addr}]" if ":" in plan.master_addr else plan.master_addr
+    lines = [
+        f"run {plan.run_id}  attempt {plan.attempt}  world size {plan.world_size}  "
+        f"nodes {len(plan.nodes)}  master {master}:{port}",
+    ]
+    for node in plan.nodes:
+        host = node.host
+        ranks = [w.rank for w in node.workers]
+        where = host.display
+        if host.user:
+            where = f"{host.user}@{where}"
+        if host.port:
+            where += f" (ssh port {host.port})"
+        lines.append("")
+        lines.append(
+            f"node {node.node_rank}: {where}  ranks {_ranks_text(ranks)}  "
+            f"slots {','.join(map(str, host.slots))}  cwd {_show(node.cwd)}"
+        )
+        common = dict(node.workers[0].env)
+        if plan.master_port == AUTO_PORT:
+            common["MASTER_PORT"] = "auto"
+        for worker in node.workers[1:]:
+            common = {k: v for k, v in common.items() if worker.env.get(k) == v}
+        for worker in node.workers:
+            own = {k: v for k, v in worker.env.items() if k not in common and k != "MASTER_PORT"}
+            own_text = " ".join(f"{k}={_show(redact(k, v))}" for k, v in sorted(own.items()))
+            lines.append(
+                f"  rank {worker.rank} (local {worker.local_rank}, slot {worker.slot}): "
+                f"{_show_argv(worker.argv)}"
+            )
+            if own_text:
+                lines.append(f"    {own_text}")
+        lines.append("  env:")
+        for name in sorted(common):
+            lines.append(f"    {name}={_show(redact(name, common[name]))}")
+    return "\n".join(lines) + "\n"

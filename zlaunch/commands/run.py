@@ -1,0 +1,330 @@
+"""`zlaunch [OPTIONS] SCRIPT [SCRIPT_ARGS]...`: launch SCRIPT on every selected slot.
+
+The edge of the launcher: argv is parsed here into a `LaunchOptions`, and every check that can
+fail without touching a host happens here, before any ssh (hostfile, selectors, env files,
+the training config, the script path). `--dry-run` prints the plan and stops; otherwise the
+options go to `zlaunch.launcher.launch`, imported only then.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+
+import click
+
+from zlaunch.errors import ConfigError, UsageError
+
+__all__ = ["command", "build_options", "find_config_in_args", "validate_config", "parse_ranks"]
+
+# Spellings of a config path among the script's own args (DeepSpeed scripts use the last two).
+SCRIPT_CONFIG_FLAGS = ("--config", "--deepspeed_config", "--deepspeed-config")
+
+
+def find_config_in_args(args: Sequence[str]) -> str | None:
+    """The config path the script's args name with --config / --deepspeed_config, if any.
+
+    Accepts `--config P` and `--config=P`; the last occurrence wins (as with argparse); a bare
+    `--` ends the options, as it does for the script.
+    """
+    found = None
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            break
+        flag, eq, value = arg.partition("=")
+        if flag in SCRIPT_CONFIG_FLAGS:
+            if eq:
+                found = value
+            elif index + 1 < len(args):
+                found = args[index + 1]
+                index += 1
+            else:
+                raise UsageError(
+                    f"the script's {flag} has no value",
+                    hint=f"give the config file: {flag} ds.json",
+                )
+            if not found:
+                raise UsageError(f"the script's {flag} is empty", hint=f"{flag}=ds.json")
+        index += 1
+    return found
+
+
+def validate_config(path: str, world_size: int) -> None:
+    """Load the training config and resolve its batch sizes for `world_size`.
+
+    Raises zlaunch ConfigError (exit 2) naming the file; warnings from the loader (unknown
+    top-level keys) are shown as one `warning:` line each.
+    """
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path} not found", hint="check the --config path")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config {path} is not a file")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"config file {path} is not readable", hint="check its permissions")
+    try:
+        from runtime.config import ConfigError as RuntimeConfigError
+        from runtime.config import load_config
+    except ImportError as err:
+        raise ConfigError(
+            f"cannot validate {path}: runtime.config is unavailable ({err})"
+        ) from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            load_config(path).resolve(world_size)
+        except RuntimeConfigError as err:
+            message = str(err)
+            name = os.path.basename(path)
+            if path not in message and name not in message:
+                message = f"{path}: {message}"
+            raise ConfigError(message) from None
+        except OSError as err:
+            raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
+    for warning in caught:
+        click.echo(f"warning: {warning.message}", err=True)
+
+
+def parse_ranks(text: str, world_size: int) -> frozenset[int]:
+    """--ranks "0,3-5" -> {0, 3, 4, 5}; every rank must exist in the job."""
+    ranks: set[int] = set()
+    for item in text.split(","):
+        item = item.strip()
+        low, dash, high = item.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise UsageError(f"--ranks: bad rank {item!r}", hint="e.g. --ranks 0,3-5")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise UsageError(f"--ranks: empty range {item!r}", hint=f"write {last}-{first}")
+        if last >= world_size:
+            raise UsageError(
+                f"--ranks: rank {last} does not exist",
+                hint=f"the job has ranks 0-{world_size - 1}",
+            )
+        ranks.update(range(first, last + 1))
+    return frozenset(ranks)
+
+
+def _existing_file(path: str | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag} {path}: no such file")
+    return path
+
+
+def _reject_option_as_script(script: str) -> None:
+    """With unknown options passed through, a misspelled option arrives as SCRIPT."""
+    if not script.startswith("-") or script == "-":
+        return
+    flag = script.partition("=")[0]
+    known = [name for param in command.params for name in getattr(param, "opts", [])]
+    near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+    raise UsageError(
+        f"no such option: {flag}",
+        hint=f"did you mean {near[0]}?" if near else "see zlaunch run --help",
+    )
+
+
+def build_options(
+    *,
+    script: str,
+    script_args: Sequence[str],
+    hostfile: str | None = None,
+    include: str | None = None,
+    exclude: str | None = None,
+    num_nodes: int | None = None,
+    num_gpus: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    ssh_config: str | None = None,
+    ssh_port: int | None = None,
+    identity: str | None = None,
+    ssh_timeout: float = 10.0,
+    python: str | None = None,
+    chdir: str | None = None,
+    env: Sequence[str] = (),
+    module: bool = False,
+    no_python: bool = False,
+    log_dir: str | None = None,
+    ranks: str | None = None,
+    no_color: bool = False,
+    grace_period: float = 5.0,
+    dry_run: bool = False,
+    config: str | None = None,
+    pass_local_rank: bool = False,
+    environ: Mapping[str, str] | None = None,
+    home: str | None = None,
+):
+    """Turn parsed command-line values into a validated `LaunchOptions` (no host contacted)."""
+    from zlaunch.envfile import collect_env
+    from zlaunch.hostfile import default_hosts, load_hostfile
+    from zlaunch.options import DEFAULT_LOG_DIR, LaunchOptions, SshOptions
+    from zlaunch.plan import RESERVED_ENV
+    from zlaunch.selectors import select_hosts
+
+    environ = os.environ if environ is None else environ
+    if home is None:
+        home = os.path.expanduser("~")
+    _reject_option_as_script(script)
+    if module and no_python:
+        raise UsageError("--module and --no-python cannot be used together")
+    if no_python and python is not None:
+        raise UsageError("--python has no effect with --no-python", hint="drop one of them")
+
+    cwd = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
+    if not os.path.isdir(cwd):
+        raise UsageError(f"--chdir {cwd}: no such directory")
+    if not module and not no_python:
+        script_path = script if os.path.isabs(script) else os.path.join(cwd, script)
+        if not os.path.isfile(script_path):
+            where = "" if os.path.isabs(script) else f" (looked in {cwd})"
+            raise UsageError(
+                f"script {script} not found{where}",
+                hint="check the path, or use -m for a module and --no-python for a program",
+            )
+
+    if hostfile is not None:
+        hosts = load_hostfile(os.path.expanduser(hostfile))
+    else:
+        hosts = default_hosts(num_gpus, environ)
+    hosts = select_hosts(hosts, include, exclude, num_nodes, num_gpus)
+    world_size = sum(len(host.slots) for host in hosts)
+
+    # The config: zlaunch's own --config is relative to where zlaunch runs; one found in the
+    # script's args is relative to the script's working directory, as the script will read it.
+    config_path = os.path.abspath(os.path.expanduser(config)) if config else None
+    in_args = find_config_in_args(script_args)
+    if in_args is not None:
+        in_args = os.path.normpath(os.path.join(cwd, os.path.expanduser(in_args)))
+        if config_path is not None and os.path.realpath(config_path) != os.path.realpath(in_args):
+            raise UsageError(
+                f"--config {config_path} differs from the script's config {in_args}",
+                hint="give the config once",
+            )
+        config_path = config_path or in_args
+    if config_path is not None:
+        validate_config(config_path, world_size)
+
+    worker_env = collect_env(environ, cwd=os.getcwd(), home=home, env_options=env)
+    for item in env:
+        name = item.partition("=")[0]
+        if name in RESERVED_ENV:
+            raise UsageError(
+                f"--env {name}: zlaunch sets {name} for every worker",
+                hint="leave it out; see `zlaunch run --help` for how ranks are assigned",
+            )
+
+    if module:
+        program = ("-m", script, *script_args)
+    else:
+        program = (script, *script_args)
+    return LaunchOptions(
+        hosts=tuple(hosts),
+        program=program,
+        python=python or sys.executable,
+        no_python=no_python,
+        module=module,
+        config_path=config_path,
+        cwd=cwd,
+        env=worker_env,
+        master_addr=master_addr,
+        master_port=master_port,
+        ssh=SshOptions(
+            config_file=_existing_file(ssh_config, "--ssh-config"),
+            port=ssh_port,
+            identity=_existing_file(identity, "--identity"),
+            timeout=ssh_timeout,
+        ),
+        log_dir=os.path.abspath(os.path.expanduser(log_dir or DEFAULT_LOG_DIR)),
+        ranks_filter=parse_ranks(ranks, world_size) if ranks else None,
+        color=False if no_color else None,
+        grace_period=grace_period,
+        dry_run=dry_run,
+        pass_local_rank=pass_local_rank,
+    )
+
+
+@click.command(
+    name="run",
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+        "help_option_names": ["-h", "--help"],
+    },
+)
+@click.option("-H", "--hostfile", help="Hostfile: one 'HOST slots=N' per line. Default: localhost.")
+@click.option("-i", "--include", help="Only these hosts/slots, e.g. node1:0-3@node2.")
+@click.option("-e", "--exclude", help="Skip these hosts/slots, e.g. node2@node1:7.")
+@click.option("--num-nodes", "--num_nodes", "num_nodes", type=int, help="Use the first N hosts.")
+@click.option(
+    "--num-gpus",
+    "--num_gpus",
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "num_gpus",
+    type=int,
+    help="Use the first G slots of each host (no hostfile: G local workers).",
+)
+@click.option("--master-addr", "--master_addr", "master_addr", help="Rendezvous address.")
+@click.option(
+    "--master-port",
+    "--master_port",
+    "master_port",
+    type=click.IntRange(1, 65535),
+    help="Rendezvous port. Default: a free port on the master host.",
+)
+@click.option("--ssh-config", help="ssh config file (ssh -F).")
+@click.option("--ssh-port", "--ssh_port", "ssh_port", type=click.IntRange(1, 65535))
+@click.option("-I", "--identity", help="ssh private key file.")
+@click.option("--ssh-timeout", type=float, default=10.0, show_default=True, help="Seconds.")
+@click.option("--python", help="Interpreter on the nodes. Default: this one.")
+@click.option("--chdir", help="Working directory of the workers. Default: the current one.")
+@click.option("--env", multiple=True, metavar="KEY[=VALUE]", help="Set a worker variable.")
+@click.option("-m", "--module", is_flag=True, help="SCRIPT is a module, run as python -m.")
+@click.option("--no-python", "--no_python", "no_python", is_flag=True, help="Run SCRIPT as is.")
+@click.option("--log-dir", help="Root of run directories. Default: ./zlaunch_runs.")
+@click.option("--ranks", help="Show only these ranks on the console, e.g. 0,3-5.")
+@click.option("--no-color", is_flag=True, help="Plain console output.")
+@click.option("--grace-period", type=float, default=5.0, show_default=True, help="SIGTERM->KILL.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
+@click.option("--config", help="Training config (JSON/YAML), validated before launch.")
+@click.option(
+    "--pass-local-rank",
+    is_flag=True,
+    help="Append --local_rank=N to each worker's args (as DeepSpeed does).",
+)
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def command(**values) -> None:
+    """Launch SCRIPT with SCRIPT_ARGS on every selected slot of every host.
+
+    \b
+    zlaunch --hostfile hosts train.py --config ds.json
+    zlaunch --num-gpus 4 train.py                 (4 workers on localhost)
+    zlaunch -H hosts --include node1:0-3 train.py
+    """
+    options = build_options(**values)
+    if options.dry_run:
+        from zlaunch.plan import AUTO_PORT, build_plan, new_run_id, render_plan
+
+        plan = build_plan(
+            options,
+            options.hosts,
+            master_addr=options.master_addr or options.hosts[0].name,
+            master_port=options.master_port or AUTO_PORT,
+            run_id=new_run_id(),
+            attempt=0,
+        )
+        click.echo(render_plan(plan), nl=False)
+        return
+    from zlaunch.launcher import launch
+
+    code = launch(options)
+    if code:
+        raise click.exceptions.Exit(code)

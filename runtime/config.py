@@ -1,0 +1,1090 @@
+"""The training config: DeepSpeed's JSON/YAML schema as frozen dataclasses.
+
+Users bring DeepSpeed configs, so the keys, defaults and the batch-size rules are DeepSpeed's
+(see REFERENCE.md). Where DeepSpeed is lax we are strict and say how to fix it: unknown keys
+inside a known block are errors that suggest the nearest valid key, duplicate keys are errors,
+and both fp16 and bf16 enabled is an error. Unknown top-level keys only warn.
+
+This module must stay importable without torch: the launcher validates a config before it
+contacts any host, and `zlaunch estimate` runs on machines without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+__all__ = [
+    "AUTO",
+    "SCHEDULER_PARAMS",
+    "REQUIRED",
+    "BF16Config",
+    "Config",
+    "ConfigError",
+    "ConfigWarning",
+    "FP16Config",
+    "OffloadConfig",
+    "OptimizerConfig",
+    "SchedulerConfig",
+    "TensorboardConfig",
+    "ZeroConfig",
+    "load_config",
+]
+
+AUTO = "auto"
+"""The value that asks for a setting to be derived (batch sizes, bucket sizes)."""
+
+Auto = Literal["auto"]
+IntOrAuto = Union[int, Auto]
+
+
+class ConfigError(ValueError):
+    """An invalid config; the message names the file (if any), the key path and the fix.
+
+    `key` is the dotted key path ("zero_optimization.stage"), `problem` what is wrong with it,
+    `origin` the file it came from.
+    """
+
+    def __init__(self, problem: str, key: str | None = None, origin: str | None = None):
+        self.problem = problem
+        self.key = key
+        self.origin = origin
+        text = f"{key} {problem}" if key else problem
+        super().__init__(f"{origin}: {text}" if origin else text)
+
+    def __reduce__(self):
+        return (type(self), (self.problem, self.key, self.origin))
+
+    def within(self, block: str) -> ConfigError:
+        """The same error, with its key path nested under `block`."""
+        key = f"{block}.{self.key}" if self.key else block
+        return ConfigError(self.problem, key, self.origin)
+
+    def from_file(self, origin: str | None) -> ConfigError:
+        """The same error, naming the file it came from (kept if already named)."""
+        return ConfigError(self.problem, self.key, self.origin or origin)
+
+
+class ConfigWarning(UserWarning):
+    """A config key that is ignored: unknown at the top level, or not implemented."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checks. Each takes the key (for the message) and the value, returns the normalised value.
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)[:60]
+    return str(value)
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"must be true or false, got {_describe(value)}", key)
+    return value
+
+
+def _int(key: str, value: Any, minimum: int | None = 0, *, auto: bool = False) -> int | str:
+    """An integer; integral floats such as 5e8 (JSON has no integer exponent form) are accepted."""
+    if auto and value == AUTO:
+        return AUTO
+    extra = ' or "auto"' if auto else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"must be an integer{extra}, got {_describe(value)}", key)
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ConfigError(f"must be an integer{extra}, got {_describe(value)}", key)
+        value = int(value)
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"must be >= {minimum}, got {value}", key)
+    return value
+
+
+def _float(key: str, value: Any, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"must be a number, got {_describe(value)}", key)
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"must be a finite number, got {value}", key)
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"must be >= {minimum:g}, got {value:g}", key)
+    return value
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ConfigError(f"must be one of {listed}, got {_describe(value)}", key)
+    return value
+
+
+def _suggest(key: str, valid: Any) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else ""
+
+
+def _check(obj: Any, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Validate and normalise one field of a frozen dataclass in `__post_init__`."""
+    object.__setattr__(obj, name, fn(name, getattr(obj, name), *args, **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------
+# The schema.
+
+
+@dataclass(frozen=True)
+class FP16Config:
+    """`fp16`: mixed precision with 16-bit floats and loss scaling."""
+
+    enabled: bool = False
+    """Train with fp16 parameters/gradients and fp32 master weights."""
+    loss_scale: float = 0.0
+    """Static loss scale; 0 selects dynamic loss scaling."""
+    initial_scale_power: int = 16
+    """Dynamic scaling starts at 2**initial_scale_power."""
+    loss_scale_window: int = 1000
+    """Overflow-free steps before the dynamic scale doubles."""
+    hysteresis: int = 2
+    """Overflows tolerated before the dynamic scale halves."""
+    consecutive_hysteresis: bool = False
+    """Refill the hysteresis counter on every overflow-free step (not only when the scale grows)."""
+    min_loss_scale: float = 1.0
+    """The dynamic scale never goes below this; an overflow there is an error."""
+
+    def __post_init__(self) -> None:
+        _check(self, "enabled", _bool)
+        _check(self, "loss_scale", _float, 0.0)
+        _check(self, "initial_scale_power", _int, 0)
+        _check(self, "loss_scale_window", _int, 1)
+        _check(self, "hysteresis", _int, 1)
+        _check(self, "consecutive_hysteresis", _bool)
+        _check(self, "min_loss_scale", _float)
+        if self.min_loss_scale <= 0:
+            raise ConfigError(f"must be > 0, got {self.min_loss_scale:g}", "min_loss_scale")
+
+    @property
+    def dynamic(self) -> bool:
+        """True when the loss scale adapts to overflows (loss_scale 0)."""
+        return self.loss_scale == 0
+
+
+@dataclass(frozen=True)
+class BF16Config:
+    """`bf16` (alias `bfloat16`): mixed precision with bfloat16; no loss scaling needed."""
+
+    enabled: bool = False
+    """Train with bf16 parameters/gradients and fp32 master weights."""
+
+    def __post_init__(self) -> None:
+        _check(self, "enabled", _bool)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """`optimizer`: which optimizer the engine builds when the script does not pass one."""
+
+    type: str
+    """Adam (AdamW behaviour unless params.adam_w_mode is false), AdamW, SGD, or any
+    torch.optim class name; matched case-insensitively."""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the optimizer (lr, betas, eps, weight_decay, ...)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str) or not self.type.strip():
+            raise ConfigError(
+                f'must be an optimizer name such as "AdamW", got {_describe(self.type)}', "type"
+            )
+        if not isinstance(self.params, Mapping):
+            raise ConfigError(f"must be a mapping, got {_describe(self.params)}", "params")
+        if "max_grad_norm" in self.params:
+            raise ConfigError(
+                "is not an optimizer parameter here; remove it and set the top-level "
+                '"gradient_clipping" key instead',
+                "params.max_grad_norm",
+            )
+        object.__setattr__(self, "params", dict(self.params))
+
+
+REQUIRED = object()
+"""Marks a scheduler parameter without a default."""
+
+# DeepSpeed's schedulers, their parameter names and defaults. warmup_max_lr None means "the
+# optimizer's lr" (DeepSpeed's WarmupDecayLR defaults it to 0.001 instead; we use the lr for
+# both so that a config without it behaves the same under either scheduler).
+_WARMUP = {
+    "warmup_min_lr": 0.0,
+    "warmup_max_lr": None,
+    "warmup_num_steps": 1000,
+    "warmup_type": "log",
+    "last_batch_iteration": -1,
+}
+SCHEDULER_PARAMS: dict[str, dict[str, Any]] = {
+    "WarmupLR": dict(_WARMUP),
+    "WarmupDecayLR": {"total_num_steps": REQUIRED, **_WARMUP},
+    "WarmupCosineLR": {
+        "total_num_steps": REQUIRED,
+        "warmup_min_ratio": 0.0,
+        "warmup_num_steps": 1000,
+        "cos_min_ratio": 0.0001,
+        "warmup_type": "log",
+        "last_batch_iteration": -1,
+    },
+    "OneCycle": {
+        "cycle_min_lr": REQUIRED,
+        "cycle_max_lr": REQUIRED,
+        "decay_lr_rate": 0.0,
+        "cycle_first_step_size": 2000,
+        "cycle_second_step_size": None,
+        "cycle_first_stair_count": 0,
+        "cycle_second_stair_count": None,
+        "decay_step_size": 0,
+        "cycle_momentum": True,
+        "cycle_min_mom": 0.8,
+        "cycle_max_mom": 0.9,
+        "decay_mom_rate": 0.0,
+        "last_batch_iteration": -1,
+    },
+    "LRRangeTest": {
+        "lr_range_test_min_lr": 0.001,
+        "lr_range_test_step_size": 2000,
+        "lr_range_test_step_rate": 1.0,
+        "lr_range_test_staircase": False,
+        "last_batch_iteration": -1,
+    },
+}
+_SCHEDULER_INT_PARAMS = {
+    "warmup_num_steps": 1,
+    "total_num_steps": 1,
+    "cycle_first_step_size": 1,
+    "cycle_second_step_size": 1,
+    "cycle_first_stair_count": 0,
+    "cycle_second_stair_count": 0,
+    "decay_step_size": 0,
+    "lr_range_test_step_size": 1,
+    "last_batch_iteration": -1,
+}
+_SCHEDULER_BOOL_PARAMS = ("cycle_momentum", "lr_range_test_staircase")
+# Learning rates may be one number or one per parameter group.
+_SCHEDULER_LR_PARAMS = ("warmup_min_lr", "warmup_max_lr", "cycle_min_lr", "cycle_max_lr")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """`scheduler`: a DeepSpeed learning-rate schedule, stepped once per optimizer step."""
+
+    type: str
+    """WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest."""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """The schedule's parameters, with DeepSpeed's names; missing ones take the defaults in
+    SCHEDULER_PARAMS."""
+
+    def __post_init__(self) -> None:
+        if self.type not in SCHEDULER_PARAMS:
+            names = ", ".join(SCHEDULER_PARAMS)
+            hint = _suggest(self.type, SCHEDULER_PARAMS) if isinstance(self.type, str) else ""
+            for name in SCHEDULER_PARAMS:
+                if isinstance(self.type, str) and name.lower() == self.type.lower():
+                    hint = f"did you mean '{name}'? (names are case-sensitive)"
+            raise ConfigError(
+                f"must be one of {names}, got {_describe(self.type)}"
+                + (f"; {hint}" if hint else ""),
+                "type",
+            )
+        if not isinstance(self.params, Mapping):
+            raise ConfigError(f"must be a mapping, got {_describe(self.params)}", "params")
+        known = SCHEDULER_PARAMS[self.type]
+        params = dict(self.params)
+        for name, value in params.items():
+            key = f"params.{name}"
+            if name not in known:
+                hint = _suggest(name, known)
+                raise ConfigError(
+                    f"is not a parameter of {self.type}"
+                    + (f"; {hint}" if hint else f"; valid: {', '.join(known)}"),
+                    key,
+                )
+            if value is None and known[name] is None:
+                continue
+            if name in _SCHEDULER_INT_PARAMS:
+                params[name] = _int(key, value, _SCHEDULER_INT_PARAMS[name])
+            elif name in _SCHEDULER_BOOL_PARAMS:
+                params[name] = _bool(key, value)
+            elif name == "warmup_type":
+                params[name] = _choice(key, value, ("log", "linear"))
+            elif name in _SCHEDULER_LR_PARAMS and isinstance(value, (list, tuple)):
+                params[name] = [_float(f"{key}[{i}]", v, 0.0) for i, v in enumerate(value)]
+            else:
+                params[name] = _float(key, value)
+        missing = [n for n, d in known.items() if d is REQUIRED and n not in params]
+        if missing:
+            raise ConfigError(
+                f"is required by {self.type}; add it to params", f"params.{missing[0]}"
+            )
+        object.__setattr__(self, "params", params)
+
+    def full_params(self) -> dict[str, Any]:
+        """Every parameter of the schedule: the given ones over the defaults."""
+        return {**SCHEDULER_PARAMS[self.type], **self.params}
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """`zero_optimization.offload_optimizer` / `offload_param`: keep state in CPU memory."""
+
+    device: Literal["none", "cpu"] = "none"
+    """Where the state lives between uses: "none" (the accelerator) or "cpu"."""
+    pin_memory: bool = True
+    """Page-locked CPU memory: faster host-device copies, costs locked RAM."""
+    nvme_path: str | None = None
+    """Kept for compatibility; NVMe offload is not supported."""
+    buffer_count: int = 4
+    """NVMe buffer pool size (compatibility only)."""
+    buffer_size: int = int(1e8)
+    """NVMe buffer size in elements (compatibility only)."""
+    max_in_cpu: int = int(1e9)
+    """Elements kept in CPU memory under NVMe offload (compatibility only)."""
+
+    def __post_init__(self) -> None:
+        if self.device == "nvme":
+            raise ConfigError(
+                'is "nvme", which this runtime does not support; use "cpu" (or "none")', "device"
+            )
+        _check(self, "device", _choice, ("none", "cpu"))
+        _check(self, "pin_memory", _bool)
+        if self.nvme_path is not None and not isinstance(self.nvme_path, str):
+            raise ConfigError(
+                f"must be a path string, got {_describe(self.nvme_path)}", "nvme_path"
+            )
+        _check(self, "buffer_count", _int, 0)
+        _check(self, "buffer_size", _int, 0)
+        _check(self, "max_in_cpu", _int, 0)
+
+    @property
+    def enabled(self) -> bool:
+        """True when the state is offloaded (device is not "none")."""
+        return self.device != "none"
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """`zero_optimization`: what is partitioned across data-parallel ranks, and how."""
+
+    stage: int = 0
+    """0: plain data parallel; 1: optimizer state partitioned; 2: + gradients; 3: + parameters."""
+    allgather_partitions: bool = True
+    """Gather updated parameters with all-gather (true) or a series of broadcasts (false)."""
+    allgather_bucket_size: int = int(5e8)
+    """Elements all-gathered at a time after the step (stages 1-2)."""
+    reduce_scatter: bool = True
+    """Reduce gradients with reduce-scatter (true) or all-reduce (false)."""
+    reduce_bucket_size: IntOrAuto = int(5e8)
+    """Elements reduced at a time; "auto" = hidden_size**2."""
+    overlap_comm: bool | None = None
+    """Overlap gradient reduction with backward; unset means true for stage 3, false otherwise."""
+    contiguous_gradients: bool = True
+    """Copy gradients into one contiguous buffer as they are produced."""
+    round_robin_gradients: bool = False
+    """Stage 1-2 offload optimisation of gradient copies (accepted; a performance knob)."""
+    sub_group_size: int = int(1e9)
+    """Elements per optimizer-step tile (bounds the step's working set)."""
+    offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
+    """Keep fp32 master weights and optimizer state in CPU memory; step there (stages 1-3)."""
+    offload_param: OffloadConfig = field(default_factory=lambda: OffloadConfig(buffer_count=5))
+    """Keep parameter shards in CPU memory between uses (stage 3 only)."""
+    stage3_prefetch_bucket_size: IntOrAuto = int(5e7)
+    """Elements fetched ahead of use; "auto" = 0.9 * hidden_size**2."""
+    stage3_param_persistence_threshold: IntOrAuto = int(1e5)
+    """Parameters smaller than this stay whole on every rank; "auto" = 10 * hidden_size."""
+    stage3_max_live_parameters: int = int(1e9)
+    """Upper bound of gathered parameter elements resident at once."""
+    stage3_max_reuse_distance: int = int(1e9)
+    """Keep a gathered parameter if it is reused within this many elements of fetches."""
+    stage3_gather_16bit_weights_on_model_save: bool = False
+    """save_16bit_model() gathers the full weights and writes them from rank 0."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stage, bool) or self.stage not in (0, 1, 2, 3):
+            raise ConfigError(f"must be 0, 1, 2 or 3, got {_describe(self.stage)}", "stage")
+        object.__setattr__(self, "stage", int(self.stage))
+        _check(self, "allgather_partitions", _bool)
+        _check(self, "allgather_bucket_size", _int, 1)
+        _check(self, "reduce_scatter", _bool)
+        _check(self, "reduce_bucket_size", _int, 1, auto=True)
+        if self.overlap_comm is None:
+            object.__setattr__(self, "overlap_comm", self.stage == 3)
+        _check(self, "overlap_comm", _bool)
+        _check(self, "contiguous_gradients", _bool)
+        _check(self, "round_robin_gradients", _bool)
+        _check(self, "sub_group_size", _int, 1)
+        for name in ("offload_optimizer", "offload_param"):
+            if not isinstance(getattr(self, name), OffloadConfig):
+                raise ConfigError("must be an OffloadConfig", name)
+        _check(self, "stage3_prefetch_bucket_size", _int, 0, auto=True)
+        _check(self, "stage3_param_persistence_threshold", _int, 0, auto=True)
+        _check(self, "stage3_max_live_parameters", _int, 0)
+        _check(self, "stage3_max_reuse_distance", _int, 0)
+        _check(self, "stage3_gather_16bit_weights_on_model_save", _bool)
+
+
+@dataclass(frozen=True)
+class TensorboardConfig:
+    """`tensorboard`: write step metrics as TensorBoard events."""
+
+    enabled: bool = False
+    """Write events (needs the `tensorboard` extra)."""
+    output_path: str = ""
+    """Directory of the event files; empty = ./runs."""
+    job_name: str = ""
+    """Subdirectory per job; empty = "DeepSpeedJobName" as DeepSpeed does."""
+
+    def __post_init__(self) -> None:
+        _check(self, "enabled", _bool)
+        for name in ("output_path", "job_name"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"must be a string, got {_describe(getattr(self, name))}", name)
+
+
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole training config. Build it with `load_config`; `resolve` fills what is derived."""
+
+    train_batch_size: IntOrAuto | None = None
+    """Samples per optimizer step over all ranks = micro batch * accumulation * world size."""
+    train_micro_batch_size_per_gpu: IntOrAuto | None = None
+    """Samples per forward/backward on one rank."""
+    gradient_accumulation_steps: IntOrAuto | None = None
+    """Micro batches accumulated per optimizer step."""
+    gradient_clipping: float = 1.0
+    """Clip the global gradient norm to this; 0 disables."""
+    steps_per_print: int = 10
+    """Rank 0 logs progress every this many optimizer steps."""
+    dataloader_drop_last: bool = False
+    """The engine's DataLoader drops the last incomplete micro batch."""
+    fp16: FP16Config = field(default_factory=FP16Config)
+    """fp16 mixed precision and loss scaling."""
+    bf16: BF16Config = field(default_factory=BF16Config)
+    """bf16 mixed precision."""
+    optimizer: OptimizerConfig | None = None
+    """The optimizer built when the script passes none."""
+    scheduler: SchedulerConfig | None = None
+    """The learning-rate schedule built when the script passes none."""
+    zero_optimization: ZeroConfig = field(default_factory=ZeroConfig)
+    """ZeRO partitioning and buckets."""
+    tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
+    """TensorBoard metrics."""
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The mapping the config was read from, for the record."""
+    source: str | None = None
+    """The file the config was read from, if any."""
+
+    def __post_init__(self) -> None:
+        for name in _BATCH_KEYS:
+            value = getattr(self, name)
+            if value is not None:
+                _check(self, name, _int, 1, auto=True)
+        _check(self, "gradient_clipping", _float, 0.0)
+        _check(self, "steps_per_print", _int, 1)
+        _check(self, "dataloader_drop_last", _bool)
+        for name, cls in (
+            ("fp16", FP16Config),
+            ("bf16", BF16Config),
+            ("zero_optimization", ZeroConfig),
+            ("tensorboard", TensorboardConfig),
+        ):
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"must be a {cls.__name__}", name)
+        if self.fp16.enabled and self.bf16.enabled:
+            raise ConfigError(
+                "fp16.enabled and bf16.enabled are both true; enable at most one of them"
+            )
+
+    @property
+    def precision(self) -> Literal["fp32", "fp16", "bf16"]:
+        """The training precision: "fp16", "bf16" or "fp32"."""
+        if self.fp16.enabled:
+            return "fp16"
+        if self.bf16.enabled:
+            return "bf16"
+        return "fp32"
+
+    @property
+    def is_resolved(self) -> bool:
+        """True when the batch triple is filled and no "auto" is left."""
+        zero = self.zero_optimization
+        values = [getattr(self, k) for k in _BATCH_KEYS] + [
+            zero.reduce_bucket_size,
+            zero.stage3_prefetch_bucket_size,
+            zero.stage3_param_persistence_threshold,
+        ]
+        return all(v is not None and v != AUTO for v in values)
+
+    def resolve(self, world_size: int, hidden_size: int | None = None) -> Config:
+        """A copy with the batch triple filled and every "auto" resolved.
+
+        Two of the batch keys derive the third (floor division); only train_batch_size gives
+        accumulation 1; only the micro batch gives accumulation 1; "auto" counts as not given.
+        Bucket sizes marked "auto" follow the Hugging Face integration: reduce_bucket_size =
+        h*h, stage3_prefetch_bucket_size = int(0.9*h*h), stage3_param_persistence_threshold =
+        10*h for the model's hidden size h; without a hidden size the defaults apply.
+        """
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ConfigError(f"world_size must be a positive integer, got {world_size!r}")
+        if hidden_size is not None and (
+            isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1
+        ):
+            raise ConfigError(f"hidden_size must be a positive integer, got {hidden_size!r}")
+        try:
+            tb, mb, gas = _resolve_batch(self, world_size)
+        except ConfigError as err:
+            raise err.from_file(self.source) from None
+        zero = self.zero_optimization
+        defaults = {f.name: f.default for f in dataclasses.fields(ZeroConfig)}
+        derived = {}
+        if hidden_size is not None:
+            derived = {
+                "reduce_bucket_size": hidden_size * hidden_size,
+                "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+                "stage3_param_persistence_threshold": 10 * hidden_size,
+            }
+        updates = {}
+        for name in (
+            "reduce_bucket_size",
+            "stage3_prefetch_bucket_size",
+            "stage3_param_persistence_threshold",
+        ):
+            if getattr(zero, name) == AUTO:
+                updates[name] = derived.get(name, defaults[name])
+        return dataclasses.replace(
+            self,
+            train_batch_size=tb,
+            train_micro_batch_size_per_gpu=mb,
+            gradient_accumulation_steps=gas,
+            zero_optimization=dataclasses.replace(zero, **updates),
+        )
+
+
+def _resolve_batch(config: Config, world: int) -> tuple[int, int, int]:
+    def given(name: str) -> int | None:
+        value = getattr(config, name)
+        return None if value in (None, AUTO) else value
+
+    tb, mb, gas = (given(k) for k in _BATCH_KEYS)
+    if tb is not None and mb is not None and gas is not None:
+        pass
+    elif tb is not None and mb is not None:
+        gas = tb // mb // world
+    elif tb is not None and gas is not None:
+        mb = tb // world // gas
+    elif mb is not None and gas is not None:
+        tb = mb * gas * world
+    elif tb is not None:
+        gas, mb = 1, tb // world
+    elif mb is not None:
+        gas, tb = 1, mb * world
+    else:
+        raise ConfigError(
+            "set train_micro_batch_size_per_gpu (samples per rank per step) or train_batch_size "
+            "(samples per optimizer step over all ranks); neither is given"
+            + (" (gradient_accumulation_steps alone cannot derive them)" if gas else "")
+        )
+    if tb != mb * gas * world or min(tb, mb, gas) < 1:
+        raise ConfigError(
+            f"train_batch_size {tb} must equal train_micro_batch_size_per_gpu {mb} * "
+            f"gradient_accumulation_steps {gas} * world size {world} (= {mb * gas * world}); "
+            "change one of them, or leave one of the three keys out so that it is derived"
+        )
+    return tb, mb, gas
+
+
+# ---------------------------------------------------------------------------------------------
+# Mapping -> Config.
+
+# Known DeepSpeed keys this runtime does not model. A checker returns a warning text when the
+# value turns on something that would change training and is not implemented; None = harmless.
+Checker = Callable[[Any], Union[str, None]]
+
+
+def _silent(_value: Any) -> None:
+    return None
+
+
+def _when_enabled(_what: str = "") -> Checker:
+    def check(value: Any) -> str | None:
+        if isinstance(value, Mapping) and value.get("enabled") is True:
+            return "is enabled but not implemented by this runtime; it is ignored"
+        return None
+
+    return check
+
+
+def _unless(*inactive: Any) -> Checker:
+    def check(value: Any) -> str | None:
+        if value in inactive:
+            return None
+        return f"= {_describe(value)} is not implemented by this runtime; it is ignored"
+
+    return check
+
+
+def _when_present(value: Any) -> str | None:
+    return "is not implemented by this runtime; it is ignored"
+
+
+def _grad_accum_dtype(value: Any) -> str | None:
+    if isinstance(value, Mapping) and value.get("grad_accum_dtype") not in (None, "fp32"):
+        return "grad_accum_dtype is not implemented by this runtime; it is ignored"
+    return None
+
+
+_TOP_LEVEL_ACCEPTED: dict[str, Checker] = {
+    "wall_clock_breakdown": _silent,
+    "memory_breakdown": _silent,
+    "dump_state": _silent,
+    "zero_allow_untested_optimizer": _silent,
+    "zero_force_ds_cpu_optimizer": _silent,
+    "zero_allow_comm_data_type_fp32": _silent,
+    "flops_profiler": _silent,
+    "checkpoint": _silent,
+    "activation_checkpointing": _silent,
+    "comms_logger": _silent,
+    "csv_monitor": _silent,
+    "wandb": _silent,
+    "comet": _silent,
+    "aio": _silent,
+    "timers": _silent,
+    "disable_allgather": _silent,
+    "compile": _silent,
+    "autotuning": _silent,
+    "pipeline": _silent,
+    "nebula": _silent,
+    "graph_harvesting": _silent,
+    "use_data_before_expert_parallelism": _silent,
+    "weight_quantization": _silent,
+    "data_types": _grad_accum_dtype,
+    "prescale_gradients": _unless(False),
+    "gradient_predivide_factor": _unless(1, 1.0),
+    "communication_data_type": _unless(None),
+    "seq_parallel_size": _unless(1),
+    "sparse_gradients": _unless(False),
+    "amp": _when_enabled(),
+    "torch_autocast": _when_enabled(),
+    "elasticity": _when_enabled(),
+    "curriculum_learning": _when_enabled(),
+    "data_efficiency": _when_enabled(),
+    "progressive_layer_drop": _when_enabled(),
+    "eigenvalue": _when_enabled(),
+    "quantize_training": _when_enabled(),
+    "hybrid_engine": _when_enabled(),
+    "compression_training": _when_present,
+    "sparse_attention": _when_present,
+}
+
+_FP16_ACCEPTED: dict[str, Checker] = {
+    "auto_cast": _unless(False),
+    "fp16_master_weights_and_grads": _unless(False),
+}
+_BF16_ACCEPTED: dict[str, Checker] = {
+    "immediate_grad_update": _silent,
+    "check_grad_overflow": _silent,
+    "bf16_master_weights_and_grads": _unless(False),
+    "bf16_optimizer_states": _unless(False),
+}
+_OPTIMIZER_ACCEPTED: dict[str, Checker] = {"legacy_fusion": _silent}
+_OFFLOAD_OPTIMIZER_ACCEPTED: dict[str, Checker] = {
+    "pipeline_read": _silent,
+    "pipeline_write": _silent,
+    "pipeline": _silent,
+    "fast_init": _silent,
+    "convert_grad_on_cpu": _silent,
+    "cpuadam_cores_perc": _silent,
+    "ratio": _unless(1, 1.0),
+    "super_offload": _unless(False),
+}
+_ZERO_ACCEPTED: dict[str, Checker] = {
+    "load_from_fp32_weights": _silent,
+    "elastic_checkpoint": _silent,
+    "ignore_unused_parameters": _silent,
+    "legacy_stage1": _silent,
+    "use_multi_rank_bucket_allreduce": _silent,
+    "memory_efficient_linear": _silent,
+    "pipeline_loading_checkpoint": _silent,
+    "override_module_apply": _silent,
+    "log_trace_cache_warnings": _silent,
+    "enable_sanity_checks": _silent,
+    "save_muon_momentum_buffer_in_memory": _silent,
+    "leaf_module": _silent,
+    "cpu_offload_use_pin_memory": _silent,
+    "stage3_model_persistence_threshold": _silent,
+    "stage3_module_granularity_threshold": _silent,
+    "stage3_use_all_reduce_for_fetch_params": _silent,
+    "stage3_allgather_sequential": _silent,
+    "stage3_partition_stream_chunk_size": _silent,
+    "mics_hierarchical_params_gather": _silent,
+    "zero_hpz_partition_size": _unless(1),
+    "zero_quantized_weights": _unless(False),
+    "zero_quantized_nontrainable_weights": _unless(False),
+    "zero_quantized_gradients": _unless(False),
+    "zeropp_loco_param": _unless(None),
+    "mics_shard_size": _unless(-1, 0),
+    "zenflow": _unless(None),
+}
+# DeepSpeed's other spellings of ZeRO keys -> ours.
+_ZERO_ALIASES = {
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "param_persistence_threshold": "stage3_param_persistence_threshold",
+    "max_live_parameters": "stage3_max_live_parameters",
+    "max_reuse_distance": "stage3_max_reuse_distance",
+    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+}
+# Fields whose "auto" is resolved later (by Config.resolve); any other "auto" inside a block is
+# dropped so the default applies, as DeepSpeed does.
+_KEEP_AUTO = {
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+}
+
+
+class _Parser:
+    """Turns a mapping into a Config, collecting warnings to emit with the file name."""
+
+    def __init__(self, origin: str | None):
+        self.origin = origin
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def block(
+        self,
+        name: str,
+        value: Any,
+        cls: type,
+        accepted: Mapping[str, Checker] = {},  # noqa: B006 - read only
+        aliases: Mapping[str, str] = {},  # noqa: B006 - read only
+        defaults: Mapping[str, Any] = {},  # noqa: B006 - read only
+    ) -> Any:
+        """Build dataclass `cls` from the mapping `value` found at key path `name`."""
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"must be a mapping of keys to values, got {_describe(value)}", name)
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = dict(defaults)
+        for key, item in value.items():
+            path = f"{name}.{key}"
+            target = aliases.get(key, key)
+            if target in names:
+                if target != key and target in value:
+                    raise ConfigError(
+                        f"and {name}.{target} both set the same option; keep one", path
+                    )
+                if item == AUTO and target not in _KEEP_AUTO:
+                    continue  # DeepSpeed drops "auto" in sub-blocks: the default applies
+                kwargs[target] = item
+            elif key in accepted:
+                message = accepted[key](item)
+                if message:
+                    self.note(f"{path} {message}")
+            else:
+                hint = _suggest(str(key), names | set(accepted) | set(aliases))
+                valid = ", ".join(sorted(names))
+                raise ConfigError(
+                    "is not a valid key; " + (hint if hint else f"valid keys: {valid}"), path
+                )
+        try:
+            return cls(**kwargs)
+        except ConfigError as err:
+            raise err.within(name) from None
+
+    def params(self, name: str, value: Any) -> Any:
+        """A free-form params mapping; "auto" entries are dropped (no trainer fills them)."""
+        if not isinstance(value, Mapping):
+            return value  # the dataclass reports the type error
+        autos = [k for k, v in value.items() if v == AUTO]
+        if autos:
+            self.note(
+                f'{name}: "auto" for {", ".join(autos)} is dropped (no trainer fills it in); '
+                "the defaults apply"
+            )
+        return {k: v for k, v in value.items() if v != AUTO}
+
+    def typed_block(self, name: str, value: Any, cls: type, accepted: Mapping[str, Checker]) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"must be a mapping with type and params, got {_describe(value)}", name
+            )
+        if "type" not in value:
+            raise ConfigError('needs a "type" key', name)
+        value = dict(value)
+        if "params" in value:
+            value["params"] = self.params(f"{name}.params", value["params"])
+        return self.block(name, value, cls, accepted)
+
+    def zero(self, value: Any) -> ZeroConfig:
+        name = "zero_optimization"
+        if isinstance(value, bool):  # DeepSpeed's oldest form: true = stage 1
+            value = {"stage": 1 if value else 0}
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"must be a mapping of keys to values, got {_describe(value)}", name)
+        value = dict(value)
+        stage = value.get("stage", 0)
+        offloads: dict[str, OffloadConfig] = {}
+        for key, legacy, accepted, buffer_count in (
+            ("offload_optimizer", "cpu_offload", _OFFLOAD_OPTIMIZER_ACCEPTED, 4),
+            ("offload_param", "cpu_offload_param", {}, 5),
+        ):
+            if legacy in value:  # deprecated boolean form
+                flag = _bool(f"{name}.{legacy}", value.pop(legacy))
+                if key in value:
+                    raise ConfigError(
+                        f"and {name}.{key} are both set; keep {key}", f"{name}.{legacy}"
+                    )
+                if flag:
+                    value[key] = {"device": "cpu"}
+            block = self.block(
+                f"{name}.{key}",
+                value.pop(key, None),
+                OffloadConfig,
+                accepted,
+                defaults={"buffer_count": buffer_count},
+            )
+            offloads[key] = block
+        # Normalise offload the stage cannot use, so the engine can trust the config.
+        if offloads["offload_optimizer"].enabled and stage == 0:
+            self.note(
+                f"{name}.offload_optimizer needs stage 1, 2 or 3; ignored at stage 0 "
+                "(set stage to use it)"
+            )
+            offloads["offload_optimizer"] = OffloadConfig()
+        if offloads["offload_param"].enabled and stage in (0, 1, 2):
+            self.note(f"{name}.offload_param only applies to stage 3; ignored at stage {stage}")
+            offloads["offload_param"] = OffloadConfig(buffer_count=5)
+        zero = self.block(name, value, ZeroConfig, _ZERO_ACCEPTED, _ZERO_ALIASES)
+        return dataclasses.replace(zero, **offloads)
+
+    def config(self, data: Any, source: str | None) -> Config:
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"the config must be a mapping of keys to values, got {type(data).__name__}"
+            )
+        if "bf16" in data and "bfloat16" in data:
+            raise ConfigError('and "bfloat16" are the same block; keep only "bf16"', "bf16")
+        top = {f.name for f in dataclasses.fields(Config)} - {"raw", "source"}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in ("fp16", "bf16", "bfloat16", "optimizer", "scheduler"):
+                continue
+            if key in ("zero_optimization", "tensorboard"):
+                continue
+            if key in top:
+                if value == AUTO and key not in _BATCH_KEYS:
+                    continue  # no trainer to fill it: the default applies
+                kwargs[key] = value
+            elif key in _TOP_LEVEL_ACCEPTED:
+                message = _TOP_LEVEL_ACCEPTED[key](value)
+                if message:
+                    self.note(f"{key} {message}")
+            else:
+                hint = _suggest(str(key), top | {"bfloat16"} | set(_TOP_LEVEL_ACCEPTED))
+                self.note(
+                    f"unknown top-level key '{key}' is ignored" + (f"; {hint}" if hint else "")
+                )
+        kwargs["fp16"] = self.block("fp16", data.get("fp16"), FP16Config, _FP16_ACCEPTED)
+        bf16_name = "bfloat16" if "bfloat16" in data else "bf16"
+        kwargs["bf16"] = self.block(bf16_name, data.get(bf16_name), BF16Config, _BF16_ACCEPTED)
+        kwargs["optimizer"] = self.typed_block(
+            "optimizer", data.get("optimizer"), OptimizerConfig, _OPTIMIZER_ACCEPTED
+        )
+        kwargs["scheduler"] = self.typed_block(
+            "scheduler", data.get("scheduler"), SchedulerConfig, {}
+        )
+        kwargs["zero_optimization"] = self.zero(data.get("zero_optimization"))
+        kwargs["tensorboard"] = self.block(
+            "tensorboard", data.get("tensorboard"), TensorboardConfig
+        )
+        return Config(**kwargs, raw=data, source=source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files.
+
+
+class _DupDict(dict):
+    """A parsed mapping that remembers keys given more than once (and where, for YAML)."""
+
+    duplicates: list[tuple[str, str]]
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    result = _DupDict()
+    result.duplicates = []
+    for key, value in pairs:
+        if key in result:
+            result.duplicates.append((key, ""))
+        result[key] = value
+    return result
+
+
+def _find_duplicate(data: Any, path: str = "") -> tuple[str, str] | None:
+    if isinstance(data, _DupDict) and data.duplicates:
+        key, where = data.duplicates[0]
+        return (f"{path}.{key}" if path else key), where
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found = _find_duplicate(value, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found = _find_duplicate(value, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _plain(data: Any) -> Any:
+    """Strip the duplicate-tracking type so `Config.raw` is plain dicts and lists."""
+    if isinstance(data, dict):
+        return {k: _plain(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_plain(v) for v in data]
+    return data
+
+
+def _parse_json(text: str, origin: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_json_pairs)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"invalid JSON at line {err.lineno} column {err.colno}: {err.msg}", origin=origin
+        ) from None
+
+
+def _yaml_loader() -> type:
+    import yaml  # only needed for YAML files
+
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader that records duplicate keys and reads 5e8 / 1e-3 as numbers.
+
+        PyYAML (YAML 1.1) reads `lr: 1e-3` as the string "1e-3"; YAML 1.2 and every JSON user
+        expect a float.
+        """
+
+    def construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        duplicates = []
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            if key in seen:
+                duplicates.append((key, f"line {key_node.start_mark.line + 1}"))
+            seen.add(key)
+        loader.flatten_mapping(node)
+        result = _DupDict(loader.construct_pairs(node, deep=deep))
+        result.duplicates = duplicates
+        return result
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    StrictLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+    return StrictLoader
+
+
+def _parse_yaml(text: str, origin: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"invalid YAML{where}: {problem}", origin=origin) from None
+
+
+def _read(path: str | os.PathLike, origin: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise ConfigError("no such file; check the path", origin=origin) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a config file", origin=origin) from None
+    except OSError as err:
+        raise ConfigError(f"cannot be read: {err.strerror}", origin=origin) from None
+    except UnicodeDecodeError:
+        raise ConfigError("is not UTF-8 text; is it a JSON or YAML file?", origin=origin) from None
+    if str(path).lower().endswith((".yaml", ".yml")):
+        data = _parse_yaml(text, origin)
+    else:
+        data = _parse_json(text, origin)
+    found = _find_duplicate(data)
+    if found:
+        key, where = found
+        at = f" ({where})" if where else ""
+        raise ConfigError(
+            f"is given more than once{at}; a later value would silently replace an earlier one, "
+            "so keep exactly one",
+            key,
+            origin,
+        )
+    return _plain(data)
+
+
+def load_config(
+    source: Mapping[str, Any] | str | os.PathLike, *, origin: str | None = None
+) -> Config:
+    """Read and validate a config from a mapping or a .json/.yaml/.yml file.
+
+    `origin` names the config in messages (default: the path as given). Raises ConfigError;
+    warns (ConfigWarning, one line each) about ignored top-level keys and options that are
+    accepted but not implemented. "auto" values are kept; `Config.resolve` fills them.
+    """
+    if isinstance(source, Mapping):
+        data: Any = _plain(dict(source))
+        file = None
+    elif isinstance(source, (str, os.PathLike)):
+        file = os.fspath(source)
+        origin = origin or file
+        data = _read(source, origin)
+    else:
+        raise ConfigError(
+            f"a config must be a mapping or a path to a JSON/YAML file, got {type(source).__name__}",
+            origin=origin,
+        )
+    parser = _Parser(origin)
+    try:
+        config = parser.config(data, os.path.abspath(file) if file else None)
+    except ConfigError as err:
+        raise err.from_file(origin) from None
+    for note in parser.notes:
+        warnings.warn(f"{origin}: {note}" if origin else note, ConfigWarning, stacklevel=2)
+    return config

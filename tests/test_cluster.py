@@ -1,0 +1,158 @@
+"""The namespace test cluster is a real cluster: real sshd, real names, real torch traffic."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.cluster import Cluster, find_prefixes, netns, unavailable_reason
+
+pytestmark = pytest.mark.cluster
+
+needs_cluster = pytest.mark.skipif(
+    unavailable_reason() is not None, reason=unavailable_reason() or ""
+)
+
+
+def test_ssh_hostname_is_the_node_name(cluster):
+    assert cluster.hosts == ["node1", "node2", "node3"]
+    for host in cluster.hosts:
+        out = subprocess.run(
+            ["ssh", "-F", cluster.ssh_config, host, "hostname"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == f"{host}\n"
+
+
+def test_every_host_reaches_every_other_by_name(cluster):
+    probe = textwrap.dedent(
+        """
+        import json, socket, sys
+        result = {}
+        for name in sys.argv[1:]:
+            address = socket.gethostbyname(name)
+            with socket.create_connection((name, 22), timeout=5) as s:
+                banner = s.recv(64).decode(errors="replace")
+            result[name] = [address, banner.startswith("SSH-2.0-")]
+        print(json.dumps({"me": socket.gethostname(), "peers": result}))
+        """
+    )
+    for host in cluster.hosts:
+        others = [h for h in cluster.hosts if h != host]
+        cmd = f"{sys.executable} -c '{probe}' {' '.join(others)}"
+        out = cluster.run(host, cmd, timeout=30)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert report["me"] == host
+        assert report["peers"] == {h: [cluster.address(h), True] for h in others}
+
+
+def test_python_and_packages_work_on_every_node(cluster):
+    for host in cluster.hosts:
+        out = cluster.run(host, f"{sys.executable} -c 'import zlaunch, torch'", timeout=60)
+        assert out.returncode == 0, out.stderr
+
+
+def test_gloo_all_reduce_across_hosts(cluster):
+    script = textwrap.dedent(
+        """
+        import datetime, socket, torch, torch.distributed as dist
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        print(socket.gethostname(), dist.get_rank(), int(t.item()))
+        dist.destroy_process_group()
+        """
+    )
+    port = random.randint(20000, 40000)  # node1 has its own network namespace: all ports free
+    procs = []
+    for rank, host in enumerate(cluster.hosts):
+        env = (
+            f"RANK={rank} WORLD_SIZE={len(cluster.hosts)} MASTER_ADDR={cluster.address('node1')} "
+            f"MASTER_PORT={port} GLOO_SOCKET_IFNAME={cluster.interface}"
+        )
+        cmd = f"env {env} {sys.executable} -c '{script}'"
+        procs.append(
+            subprocess.Popen(
+                cluster.ssh_argv(host, cmd),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
+        )
+    outputs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, err
+        outputs.append(out.split())
+    total = sum(range(1, len(cluster.hosts) + 1))
+    assert outputs == [[host, str(rank), str(total)] for rank, host in enumerate(cluster.hosts)]
+    assert cluster.wait_idle() == {}
+
+
+def test_pids_lists_processes_started_over_ssh(cluster):
+    out = cluster.run("node2", "nohup sleep 300 >/dev/null 2>&1 & echo $!")
+    pid = int(out.stdout)
+    try:
+        assert (pid, "sleep 300") in cluster.pids("node2")
+        assert all(pid != p for p, _ in cluster.pids("node1"))
+    finally:
+        killed = cluster.kill_all()
+    assert pid in [p for p, _ in killed["node2"]]
+    assert cluster.wait_idle() == {}
+
+
+def _leftovers(prefix: str) -> list[str]:
+    found = [n for n in netns.list_netns() if n.startswith(prefix)]
+    found += [n for n in netns.list_links() if n.startswith(prefix)]
+    if os.path.isdir("/etc/netns"):
+        found += [n for n in os.listdir("/etc/netns") if n.startswith(prefix)]
+    found += [f"pid {p}" for p in netns.prefix_processes(prefix)]
+    found += [f"/proc {p}" for p in _processes_mentioning(prefix)]
+    return found
+
+
+def _is_dead(pid: int) -> bool:
+    """Gone, or a zombie waiting for its (re)parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _processes_mentioning(prefix: str) -> list[int]:
+    return [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and int(p) != os.getpid() and prefix in netns.cmdline(int(p))
+    ]
+
+
+@needs_cluster
+def test_teardown_leaves_nothing_behind():
+    with Cluster.start(n=2) as c:
+        prefix = c.prefix
+        sshd = [p.pid for p in c._sshd.values()]
+        sleeper = int(c.run("node1", "nohup sleep 300 >/dev/null 2>&1 & echo $!").stdout)
+        assert prefix in find_prefixes()
+        assert len(_leftovers(prefix)) >= 2 + 2 + 1  # namespaces, veths, bridge at least
+    assert _leftovers(prefix) == []
+    assert not os.path.exists(c.state_dir)
+    for pid in [*sshd, sleeper]:
+        assert _is_dead(pid), netns.cmdline(pid)
+    assert prefix not in find_prefixes()

@@ -1,0 +1,494 @@
+"""The per-node agent: ``python -m zlaunch.agent`` (stdlib only: it runs on every node).
+
+It talks to the controller over its own stdin/stdout (frames from :mod:`zlaunch.protocol`):
+it says hello, waits for the spec, starts one worker per entry, forwards every output line,
+event and exit upstream, and kills its workers when told to stop, when the controller goes
+away (EOF on stdin) or when the heartbeat stops. It exits once its workers are gone.
+
+Each worker runs in its own session (so its whole process group can be signalled, and a
+terminal's Ctrl-C reaches only the controller), with ``PR_SET_PDEATHSIG`` so that a dead agent
+takes its workers with it, and with a pipe for structured events whose fd is in
+``ZLAUNCH_EVENTS_FD``. The agent is single-threaded: one selector loop over stdin, the worker
+pipes, pidfds and stdout (non-blocking, buffered), so a slow link never stops the heartbeat
+check and a flood of output never starves the exit handling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from zlaunch import protocol
+from zlaunch.netinfo import interface_for
+
+__all__ = ["Agent", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
+
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+# With the controller gone there is nobody to report to: workers get at most this long to exit.
+UPSTREAM_LOST_GRACE = 3.0
+# Stop reading worker pipes while this much output waits for a slow link (backpressure).
+MAX_PENDING_OUTPUT = 32 * 1024 * 1024
+READ_SIZE = 256 * 1024
+# After every worker has exited, how long to wait for stray holders of the output pipes.
+DRAIN_AFTER_EXIT = 1.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _child_setup(agent_pid: int) -> None:
+    """Runs in the forked worker before exec: die with the agent (Linux only)."""
+    if _LIBC is not None and hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != agent_pid:  # the agent died before prctl took effect
+            os._exit(1)
+
+
+class Worker:
+    """One worker process and the three pipes the agent reads from it."""
+
+    def __init__(self, rank: int, proc: subprocess.Popen, events_fd: int):
+        self.rank = rank
+        self.proc = proc
+        self.pid = proc.pid
+        self.pgid = proc.pid  # start_new_session: the worker leads its own group
+        self.streams: dict[int, str] = {
+            proc.stdout.fileno(): protocol.STDOUT,
+            proc.stderr.fileno(): protocol.STDERR,
+            events_fd: "events",
+        }
+        self.splitters = {fd: protocol.LineSplitter() for fd in self.streams}
+        self.pidfd: int | None = None
+        self.returncode: int | None = None
+
+    @property
+    def exited(self) -> bool:
+        return self.returncode is not None
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Agent:
+    def __init__(self, stdin_fd: int = 0, stdout_fd: int = 1):
+        self.stdin_fd = stdin_fd
+        self.stdout_fd = stdout_fd
+        self.sel = selectors.DefaultSelector()
+        self.workers: dict[int, Worker] = {}
+        self.fd_owner: dict[int, Worker] = {}
+        self.pidfd_owner: dict[int, Worker] = {}
+        self.outbuf = bytearray()
+        self.upstream_ok = True
+        self.stdin_open = True
+        self.frames = protocol.FrameReader()
+        self.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT
+        self.grace = 5.0
+        self.last_heard = time.monotonic()
+        self.spec_received = False
+        self.stopping = False
+        self.kill_at: float | None = None
+        self.killed = False
+        self.all_exited_at: float | None = None
+        self.paused = False
+        self.signal_r, self.signal_w = os.pipe()
+        self.pending_signals: list[int] = []
+
+    # ---- upstream -------------------------------------------------------------------------
+
+    def send(self, frame: dict[str, Any]) -> None:
+        if not self.upstream_ok:
+            return
+        self.outbuf += protocol.encode(frame)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.outbuf and self.upstream_ok:
+            try:
+                n = os.write(self.stdout_fd, self.outbuf[: READ_SIZE * 4])
+            except BlockingIOError:
+                break
+            except OSError as err:  # EPIPE: the controller is gone
+                if err.errno in (errno.EPIPE, errno.EBADF, errno.ECONNRESET):
+                    self._upstream_lost("controller connection closed")
+                    return
+                raise
+            del self.outbuf[:n]
+        self._update_stdout_interest()
+
+    def _update_stdout_interest(self) -> None:
+        want = bool(self.outbuf) and self.upstream_ok
+        key = self.sel.get_map().get(self.stdout_fd)
+        if want and key is None:
+            self.sel.register(self.stdout_fd, selectors.EVENT_WRITE, "stdout")
+        elif not want and key is not None:
+            self.sel.unregister(self.stdout_fd)
+        pause = len(self.outbuf) > MAX_PENDING_OUTPUT
+        if pause != self.paused:
+            self.paused = pause
+            for fd, worker in self.fd_owner.items():
+                if pause:
+                    self.sel.unregister(fd)
+                else:
+                    self.sel.register(fd, selectors.EVENT_READ, ("pipe", worker))
+
+    def _upstream_lost(self, why: str) -> None:
+        self.upstream_ok = False
+        self.outbuf.clear()
+        if self.stdin_open:
+            self.stdin_open = False
+            self.sel.unregister(self.stdin_fd)
+        self.stop(min(self.grace, UPSTREAM_LOST_GRACE), why)
+
+    # ---- hello and spec -----------------------------------------------------------------------
+
+    def hello(self) -> dict[str, Any]:
+        addr = client_addr = None
+        conn = os.environ.get("SSH_CONNECTION", "").split()
+        if len(conn) == 4:
+            client_addr, addr = _plain_ip(conn[0]), _plain_ip(conn[2])
+        return {
+            "t": protocol.HELLO,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "python": sys.executable,
+            "addr": addr,
+            "client_addr": client_addr,
+            "port": _free_port(addr),
+        }
+
+    def start_workers(self, spec: dict[str, Any]) -> None:
+        self.spec_received = True
+        self.grace = float(spec.get("grace", self.grace))
+        self.heartbeat_timeout = float(spec.get("heartbeat_timeout", self.heartbeat_timeout))
+        cwd = spec.get("cwd") or None
+        ifname_env: dict[str, str] = {}
+        master = spec.get("master_addr")
+        if master:
+            try:
+                iface = interface_for(master)
+            except OSError as err:
+                iface = None
+                self.send({"t": protocol.ERROR, "msg": f"no route to master {master}: {err}"})
+            if iface:
+                ifname_env = {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
+        for entry in spec["workers"]:
+            if self.stopping:
+                break
+            self._spawn(entry, cwd, ifname_env)
+        if not self.workers:
+            self.stopping = True
+
+    def _spawn(self, entry: dict[str, Any], cwd: str | None, ifname_env: dict[str, str]) -> None:
+        rank = int(entry["rank"])
+        env = dict(os.environ)
+        env.update(ifname_env)
+        env.update(entry.get("env") or {})
+        events_r, events_w = os.pipe()
+        env["ZLAUNCH_EVENTS_FD"] = str(events_w)
+        agent_pid = os.getpid()
+        try:
+            proc = subprocess.Popen(
+                list(entry["argv"]),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(events_w,),
+                start_new_session=True,
+                preexec_fn=lambda: _child_setup(agent_pid),
+            )
+        except OSError as err:
+            os.close(events_r)
+            os.close(events_w)
+            code = 126 if isinstance(err, PermissionError) else 127
+            where = f" in {cwd}" if cwd else ""
+            self.send(
+                {
+                    "t": protocol.ERROR,
+                    "msg": f"rank {rank}: cannot start {entry['argv'][0]!r}{where}: {err}",
+                }
+            )
+            self.send({"t": protocol.EXITED, "r": rank, "pid": None, "code": code, "signal": None})
+            return
+        os.close(events_w)
+        worker = Worker(rank, proc, events_r)
+        self.workers[rank] = worker
+        for fd in worker.streams:
+            os.set_blocking(fd, False)
+            self.fd_owner[fd] = worker
+            if not self.paused:
+                self.sel.register(fd, selectors.EVENT_READ, ("pipe", worker))
+        try:
+            worker.pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            worker.pidfd = None
+        if worker.pidfd is not None:
+            self.pidfd_owner[worker.pidfd] = worker
+            self.sel.register(worker.pidfd, selectors.EVENT_READ, ("pidfd", worker))
+        self.send({"t": protocol.STARTED, "r": rank, "pid": proc.pid})
+
+    # ---- workers --------------------------------------------------------------------------
+
+    def _read_pipe(self, fd: int, worker: Worker, drain: bool = False) -> None:
+        """Read what is there; with ``drain``, keep reading until the pipe is empty."""
+        while True:
+            try:
+                chunk = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            splitter = worker.splitters[fd]
+            if chunk:
+                lines = splitter.feed(chunk)
+            else:
+                lines = splitter.finish()
+            if lines:
+                self._forward(worker, worker.streams[fd], lines)
+            if not chunk:
+                self._close_pipe(fd)
+                return
+            if not drain:
+                return
+
+    def _forward(self, worker: Worker, stream: str, lines: list[bytes]) -> None:
+        if stream == "events":
+            events = []
+            for raw in lines:
+                if not raw.strip():
+                    continue
+                try:
+                    events.append(json.loads(raw))
+                except ValueError:
+                    events.append({"kind": "invalid", "text": protocol.line_text(raw)})
+            if events:
+                self.send({"t": protocol.EVENT, "r": worker.rank, "e": events})
+            return
+        text = [protocol.line_text(raw) for raw in lines]
+        self.send({"t": protocol.OUT, "r": worker.rank, "s": stream, "l": text})
+
+    def _close_pipe(self, fd: int) -> None:
+        worker = self.fd_owner.pop(fd, None)
+        if worker is None:
+            return
+        if fd in self.sel.get_map():
+            self.sel.unregister(fd)
+        worker.streams.pop(fd, None)
+        os.close(fd)
+
+    def _reap(self, worker: Worker) -> None:
+        if worker.exited:
+            return
+        code = worker.proc.poll()
+        if code is None:
+            return
+        worker.returncode = code
+        if worker.pidfd is not None:
+            self.sel.unregister(worker.pidfd)
+            self.pidfd_owner.pop(worker.pidfd, None)
+            os.close(worker.pidfd)
+            worker.pidfd = None
+        # Everything the worker wrote before it died is in the pipes now: send it first, so
+        # the controller has the last lines when it hears of the exit.
+        for fd in list(worker.streams):
+            self._read_pipe(fd, worker, drain=True)
+        sig = -code if code < 0 else None
+        self.send(
+            {
+                "t": protocol.EXITED,
+                "r": worker.rank,
+                "pid": worker.pid,
+                "code": None if sig else code,
+                "signal": sig,
+            }
+        )
+        if all(w.exited for w in self.workers.values()):
+            self.all_exited_at = time.monotonic()
+
+    def stop(self, grace: float, why: str = "") -> None:
+        """TERM every worker group now; KILL whatever is left after ``grace`` seconds."""
+        grace = max(0.0, grace)
+        deadline = time.monotonic() + grace
+        if self.stopping and self.kill_at is not None and self.kill_at <= deadline:
+            return
+        self.stopping = True
+        self.kill_at = deadline
+        sig = signal.SIGKILL if grace == 0 else signal.SIGTERM
+        for worker in self.workers.values():
+            worker.signal_group(sig)
+        if why and self.upstream_ok:
+            self.send({"t": protocol.ERROR, "msg": f"stopping workers: {why}"})
+
+    def _kill_remaining(self) -> None:
+        for worker in self.workers.values():
+            if not worker.exited or worker.group_alive():
+                worker.signal_group(signal.SIGKILL)
+        self.killed = True
+
+    # ---- controller input -----------------------------------------------------------------
+
+    def _read_stdin(self) -> None:
+        try:
+            chunk = os.read(self.stdin_fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.stdin_open = False
+            self.sel.unregister(self.stdin_fd)
+            self.stop(min(self.grace, UPSTREAM_LOST_GRACE), "controller closed the connection")
+            return
+        self.last_heard = time.monotonic()
+        try:
+            for frame in self.frames.feed(chunk):
+                self._handle(frame)
+        except protocol.ProtocolError as err:
+            self.send({"t": protocol.ERROR, "msg": str(err)})
+
+    def _handle(self, frame: dict[str, Any]) -> None:
+        kind = frame["t"]
+        if kind == protocol.SPEC and not self.spec_received and not self.stopping:
+            self.start_workers(frame)
+        elif kind == protocol.STOP:
+            self.stop(float(frame.get("grace", self.grace)), "")
+        elif kind == protocol.HEARTBEAT:
+            pass
+
+    # ---- main loop ------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.pending_signals.append(signum)
+
+    def _finished(self, now: float) -> bool:
+        if not self.stopping and not self.spec_received:
+            return False
+        if not all(w.exited for w in self.workers.values()):
+            return False
+        if any(w.group_alive() for w in self.workers.values()):
+            # Leaders are gone but something they started lives on in the group: end it too.
+            if not self.stopping:
+                self.stop(self.grace, "")
+            return False
+        if self.fd_owner and self.all_exited_at is not None:
+            return now - self.all_exited_at > DRAIN_AFTER_EXIT
+        return not self.fd_owner
+
+    def run(self) -> int:
+        os.set_blocking(self.signal_r, False)
+        os.set_blocking(self.signal_w, False)
+        signal.set_wakeup_fd(self.signal_w)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        os.set_blocking(self.stdout_fd, False)
+        self.sel.register(self.stdin_fd, selectors.EVENT_READ, "stdin")
+        self.sel.register(self.signal_r, selectors.EVENT_READ, "signal")
+        self.send(self.hello())
+        while True:
+            now = time.monotonic()
+            if self._finished(now):
+                break
+            timeout = 0.5
+            if self.stdin_open:
+                silence = now - self.last_heard
+                if silence > self.heartbeat_timeout:
+                    self.stdin_open = False
+                    self.sel.unregister(self.stdin_fd)
+                    self._upstream_lost(f"no heartbeat for {silence:.1f}s")
+                    continue
+                timeout = min(timeout, self.heartbeat_timeout - silence)
+            if self.kill_at is not None and not self.killed:
+                if now >= self.kill_at:
+                    self._kill_remaining()
+                else:
+                    timeout = min(timeout, self.kill_at - now)
+            if self.workers and not self.pidfd_owner:
+                timeout = min(timeout, 0.05)  # no pidfd support: poll for exits
+            for key, _ in self.sel.select(max(0.0, timeout)):
+                tag = key.data
+                if tag == "stdin":
+                    self._read_stdin()
+                elif tag == "stdout":
+                    self._flush()
+                elif tag == "signal":
+                    self._drain_signals()
+                elif tag[0] == "pipe":
+                    if key.fd in self.fd_owner:
+                        self._read_pipe(key.fd, tag[1])
+                elif tag[0] == "pidfd":
+                    self._reap(tag[1])
+            for worker in self.workers.values():
+                if not worker.exited and worker.pidfd is None:
+                    self._reap(worker)
+        self.send({"t": protocol.BYE})
+        self._flush_blocking()
+        return 0
+
+    def _drain_signals(self) -> None:
+        try:
+            os.read(self.signal_r, 1024)
+        except BlockingIOError:
+            pass
+        signals, self.pending_signals = self.pending_signals, []
+        for signum in signals:
+            self.stop(self.grace, f"agent received {signal.Signals(signum).name}")
+
+    def _flush_blocking(self) -> None:
+        if not self.upstream_ok or not self.outbuf:
+            return
+        os.set_blocking(self.stdout_fd, True)
+        try:
+            os.write(self.stdout_fd, bytes(self.outbuf))
+        except OSError:
+            pass
+        self.outbuf.clear()
+
+
+def _plain_ip(addr: str) -> str:
+    return addr[7:] if addr.startswith("::ffff:") and "." in addr else addr
+
+
+def _free_port(addr: str | None) -> int:
+    """A TCP port nobody listens on right now, on every address (as the TCP store binds)."""
+    family = socket.AF_INET6 if addr and ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    sys.exit(Agent().run())
+
+
+if __name__ == "__main__":
+    main()

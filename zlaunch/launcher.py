@@ -1,0 +1,510 @@
+"""Orchestration of one job: agents everywhere -> plan -> specs -> live output -> failure policy.
+
+``launch(options)`` is the whole life of a job:
+
+1. create the run directory; start one agent per host in parallel (local subprocess or SSH);
+2. collect every agent's hello, pick the rendezvous (first host: ``--master-addr`` or the
+   address its SSH connection came in on, and a port it found free; 127.0.0.1 only when every
+   host is local), build the plan and send each agent its node's spec;
+3. stream: output lines to the console and the rank logs, metrics to ``metrics.jsonl``,
+   heartbeats to every agent;
+4. the first worker to exit non-zero (or an agent lost) stops every rank on every host, in
+   parallel (TERM, grace, KILL by the agents); SIGINT/SIGTERM to zlaunch does the same, a
+   second SIGINT kills at once. The job ends when every agent has said bye (its workers gone).
+
+Only this job's agents and their process groups are ever signalled, so other jobs on the same
+hosts are untouched. One thread (the caller's) owns the console and the files; per-agent reader
+threads only decode frames into a queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from zlaunch import protocol
+from zlaunch.console import Console
+from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
+from zlaunch.options import LaunchOptions
+from zlaunch.plan import Plan, build_plan
+from zlaunch.rundir import RunDir, RunStatus, new_run_id, plan_record
+from zlaunch.transport import Link, agent_argv, open_links
+
+__all__ = ["launch", "Job", "HEARTBEAT_INTERVAL", "HEARTBEAT_TIMEOUT"]
+
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_TIMEOUT = 5.0
+TAIL_LINES = 20
+# After a stop, how long past the grace period to wait for agents before dropping them.
+STOP_SLACK = 5.0
+EXIT_LOST_AGENT = 1
+
+
+@dataclass
+class RankState:
+    rank: int
+    local_rank: int
+    host: str
+    node: int
+    log: IO[bytes]
+    pid: int | None = None
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    exit_code: int | None = None
+    signal: int | None = None
+
+    @property
+    def exited(self) -> bool:
+        return self.exit_code is not None
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _signal_name(signum: int | None) -> str | None:
+    if not signum:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Job:
+    """One launch. ``run()`` returns 0 or raises WorkerFailed/Interrupted/LaunchError."""
+
+    def __init__(self, options: LaunchOptions, console: Console | None = None):
+        self.options = options
+        self.hosts = options.hosts
+        self.console = console or Console(color=options.color, ranks=options.ranks_filter)
+        self.events: queue.Queue = queue.Queue()
+        self.links: list[Link | None] = [None] * len(self.hosts)
+        self.hellos: list[dict[str, Any] | None] = [None] * len(self.hosts)
+        self.agent_done = [False] * len(self.hosts)
+        self.ranks: dict[int, RankState] = {}
+        self.failures: list[dict[str, Any]] = []
+        self.stop_started: float | None = None
+        self.stop_grace = options.grace_period
+        self.interrupt: int | None = None
+        self.sigint_count = 0
+        self.metrics: IO[str] | None = None
+        self._stop_heartbeat = threading.Event()
+        self.run_dir: RunDir | None = None
+        self.plan: Plan | None = None
+        self.attempt = 0
+
+    # ---- entry ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        opts = self.options
+        run_id = new_run_id()
+        self.run_dir = RunDir.create(
+            opts.log_dir,
+            run_id,
+            {
+                "config": opts.config_path,
+                "hosts": [h.name for h in self.hosts],
+                "program": list(opts.program),
+                "cwd": opts.cwd,
+                "plan": None,
+            },
+        )
+        previous = self._install_signal_handlers()
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        heartbeat.start()
+        try:
+            try:
+                self._start_agents()
+                self._await_hellos()
+                if self.interrupt is None:
+                    self._send_specs(run_id)
+                else:
+                    self._stop_all(0.0)
+                self._stream()
+            finally:
+                self._stop_heartbeat.set()
+                self._close_links()
+                for state in self.ranks.values():
+                    state.log.close()
+                if self.metrics is not None:
+                    self.metrics.close()
+            return self._finish()
+        except BaseException as err:
+            self._record_end(err)
+            raise
+        finally:
+            self._restore_signal_handlers(previous)
+
+    # ---- phases ---------------------------------------------------------------------------
+
+    def _start_agents(self) -> None:
+        def on_open(index: int, link: Link) -> None:
+            self.links[index] = link
+            threading.Thread(
+                target=self._read_agent, args=(index, link), name=f"agent-{index}", daemon=True
+            ).start()
+
+        open_links(
+            self.hosts,
+            lambda _h: agent_argv(self.options.python),
+            self.options.ssh,
+            on_open=on_open,
+        )
+
+    def _read_agent(self, index: int, link: Link) -> None:
+        reader = protocol.FrameReader()
+        try:
+            while True:
+                chunk = link.read(1 << 18)
+                if not chunk:
+                    break
+                for frame in reader.feed(chunk):
+                    self.events.put(("frame", index, frame))
+            for frame in reader.finish():
+                self.events.put(("frame", index, frame))
+        except protocol.ProtocolError as err:
+            self.events.put(("garbled", index, str(err)))
+        self.events.put(("eof", index, None))
+
+    def _await_hellos(self) -> None:
+        deadline = time.monotonic() + max(self.options.ssh.timeout, 10.0) + 5.0
+        while not all(self.hellos) and self.interrupt is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                late = [self.hosts[i].display for i, h in enumerate(self.hellos) if h is None]
+                raise LaunchError(f"no answer from the agent on {', '.join(late)}")
+            try:
+                kind, index, payload = self.events.get(timeout=min(remaining, 0.25))
+            except queue.Empty:
+                continue
+            if kind == "frame" and payload["t"] == protocol.HELLO:
+                self.hellos[index] = payload
+            elif kind in ("eof", "garbled"):
+                link = self.links[index]
+                tail = link.stderr_tail() if link else []
+                status = link.wait(1.0) if link else None
+                detail = "\n".join(f"    {line}" for line in tail[-10:])
+                raise LaunchError(
+                    f"the agent on {self.hosts[index].display} ended before it started"
+                    + (f" (exit status {status})" if status is not None else "")
+                    + (f":\n{detail}" if detail else ""),
+                    hint=f"check that {self.options.python} exists there and can import zlaunch"
+                    " (--python sets the interpreter on the nodes)",
+                )
+            elif kind == "signal":
+                self._on_signal(payload)
+
+    def _rendezvous(self) -> tuple[str, int]:
+        first = self.hellos[0]
+        if self.options.master_addr:
+            addr = self.options.master_addr
+        elif all(h.is_local for h in self.hosts):
+            addr = "127.0.0.1"
+        elif self.hosts[0].is_local:
+            # This machine is the master: use the address the other hosts see us coming from.
+            seen = [h.get("client_addr") for h in self.hellos if h and h.get("client_addr")]
+            addr = seen[0] if seen else self.hosts[0].name
+        else:
+            addr = first.get("addr") or self.hosts[0].name
+        return addr, self.options.master_port or int(first["port"])
+
+    def _send_specs(self, run_id: str) -> None:
+        master_addr, master_port = self._rendezvous()
+        plan = build_plan(
+            self.options,
+            self.hosts,
+            master_addr=master_addr,
+            master_port=master_port,
+            run_id=run_id,
+            attempt=self.attempt,
+        )
+        self.plan = plan
+        self.metrics = self.run_dir.open_metrics()
+        for node in plan.nodes:
+            for worker in node.workers:
+                self.ranks[worker.rank] = RankState(
+                    rank=worker.rank,
+                    local_rank=worker.local_rank,
+                    host=node.host.display,
+                    node=node.node_rank,
+                    log=self.run_dir.open_rank_log(self.attempt, node.host.display, worker.rank),
+                )
+        self.run_dir.update(status=RunStatus.RUNNING, plan=plan_record(plan))
+        for index, node in enumerate(plan.nodes):
+            spec = {
+                "t": protocol.SPEC,
+                "cwd": node.cwd,
+                "master_addr": master_addr,
+                "grace": self.options.grace_period,
+                "heartbeat_timeout": HEARTBEAT_TIMEOUT,
+                "workers": [
+                    {
+                        "rank": w.rank,
+                        "local_rank": w.local_rank,
+                        "argv": list(w.argv),
+                        "env": dict(w.env),
+                    }
+                    for w in node.workers
+                ],
+            }
+            if not self.links[index].write(protocol.encode(spec)):
+                self._agent_lost(index, "connection closed before the spec was sent")
+
+    def _stream(self) -> None:
+        while not all(self.agent_done):
+            try:
+                kind, index, payload = self.events.get(timeout=0.25)
+            except queue.Empty:
+                kind = None
+            if kind == "frame":
+                self._on_frame(index, payload)
+            elif kind in ("eof", "garbled"):
+                if kind == "garbled":
+                    self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
+                if not self.agent_done[index]:
+                    self._agent_lost(index, "connection to the agent lost")
+            elif kind == "signal":
+                self._on_signal(payload)
+            if self.stop_started is not None:
+                if time.monotonic() - self.stop_started > self.stop_grace + STOP_SLACK:
+                    for i, done in enumerate(self.agent_done):
+                        if not done:
+                            self.console.note(
+                                f"{self.hosts[i].display}: agent did not finish stopping; "
+                                "dropping the connection",
+                                error=True,
+                            )
+                            self.agent_done[i] = True
+                    break
+
+    # ---- frames ---------------------------------------------------------------------------
+
+    def _on_frame(self, index: int, frame: dict[str, Any]) -> None:
+        kind = frame["t"]
+        if kind == protocol.OUT:
+            state = self.ranks.get(frame["r"])
+            if state is None:
+                return
+            lines = frame["l"]
+            state.log.write(b"".join(protocol.line_bytes(line) + b"\n" for line in lines))
+            state.tail.extend(lines[-TAIL_LINES:])
+            self.console.lines(state.host, state.rank, frame["s"], lines)
+        elif kind == protocol.EVENT:
+            self._on_events(frame["r"], frame["e"])
+        elif kind == protocol.STARTED:
+            state = self.ranks.get(frame["r"])
+            if state is not None:
+                state.pid = frame["pid"]
+        elif kind == protocol.EXITED:
+            self._on_exit(frame)
+        elif kind == protocol.ERROR:
+            self.console.note(f"{self.hosts[index].display}: {frame.get('msg')}", error=True)
+        elif kind == protocol.BYE:
+            self.agent_done[index] = True
+
+    def _on_events(self, rank: int, events: list[Any]) -> None:
+        state = self.ranks.get(rank)
+        for event in events:
+            if isinstance(event, dict) and event.get("kind") == "metrics" and self.metrics:
+                row = {"time": time.time(), "rank": rank, "host": state.host if state else None}
+                row.update(event)
+                self.metrics.write(json.dumps(row) + "\n")
+                self.metrics.flush()
+
+    def _on_exit(self, frame: dict[str, Any]) -> None:
+        state = self.ranks.get(frame["r"])
+        if state is None:
+            return
+        state.signal = frame.get("signal")
+        state.exit_code = protocol.exit_code_of(frame.get("code"), state.signal)
+        if frame.get("pid"):
+            state.pid = frame["pid"]
+        if state.exit_code != 0 and self.stop_started is None:
+            self.failures.append(self._failure_of(state))
+            self.console.note(
+                f"rank {state.rank} on {state.host} {self._exit_words(state)}; "
+                f"stopping all {len(self.ranks)} ranks",
+                error=True,
+            )
+            self._stop_all(self.options.grace_period)
+
+    def _exit_words(self, state: RankState) -> str:
+        if state.signal:
+            return f"was killed by {_signal_name(state.signal)} (exit code {state.exit_code})"
+        return f"exited with code {state.exit_code}"
+
+    def _failure_of(self, state: RankState, message: str | None = None) -> dict[str, Any]:
+        return {
+            "host": state.host,
+            "rank": state.rank,
+            "local_rank": state.local_rank,
+            "node_rank": state.node,
+            "pid": state.pid,
+            "exit_code": state.exit_code,
+            "signal": state.signal,
+            "signal_name": _signal_name(state.signal),
+            "time": _now_iso(),
+            "message": message,
+            "last_lines": list(state.tail),
+        }
+
+    def _agent_lost(self, index: int, why: str) -> None:
+        self.agent_done[index] = True
+        link = self.links[index]
+        tail = link.stderr_tail()[-5:] if link else []
+        message = why + (": " + " | ".join(tail) if tail else "")
+        lost = [s for s in self.ranks.values() if s.node == index and not s.exited]
+        for state in lost:
+            state.exit_code = EXIT_LOST_AGENT
+        if lost and self.stop_started is None:
+            self.failures.append(self._failure_of(lost[0], message))
+            self.console.note(f"{self.hosts[index].display}: {message}", error=True)
+            self._stop_all(self.options.grace_period)
+
+    # ---- stopping -------------------------------------------------------------------------
+
+    def _stop_all(self, grace: float) -> None:
+        """Tell every agent to stop its workers; each one TERMs, waits ``grace``, KILLs."""
+        first = self.stop_started is None
+        if first:
+            self.stop_started = time.monotonic()
+            if self.run_dir is not None:
+                self.run_dir.update(status=RunStatus.STOPPING)
+        self.stop_grace = grace if first else min(self.stop_grace, grace)
+        data = protocol.encode({"t": protocol.STOP, "grace": grace})
+        senders = [
+            threading.Thread(target=link.write, args=(data,), daemon=True)
+            for i, link in enumerate(self.links)
+            if link is not None and not self.agent_done[i]
+        ]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(timeout=2.0)
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGINT:
+            self.sigint_count += 1
+        if self.interrupt is None:
+            self.interrupt = signum
+            name = _signal_name(signum)
+            self.console.note(
+                f"{name}: stopping all ranks (grace {self.options.grace_period:g}s; "
+                "Ctrl-C again to kill now)",
+                error=True,
+            )
+            self._stop_all(self.options.grace_period)
+        elif signum == signal.SIGINT and self.sigint_count >= 2:
+            self.console.note("killing all ranks now", error=True)
+            self._stop_all(0.0)
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(
+                signum, lambda s, _f: self.events.put(("signal", None, s))
+            )
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _heartbeat_loop(self) -> None:
+        beat = protocol.encode({"t": protocol.HEARTBEAT})
+        while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
+            for i, link in enumerate(self.links):
+                if link is not None and not self.agent_done[i]:
+                    link.write(beat)
+
+    def _close_links(self) -> None:
+        closers = [
+            threading.Thread(target=link.terminate, args=(2.0,), daemon=True)
+            for link in self.links
+            if link is not None
+        ]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(timeout=5.0)
+
+    # ---- outcome --------------------------------------------------------------------------
+
+    def _finish(self) -> int:
+        if self.interrupt is not None:
+            code = 128 + self.interrupt
+            self._record_end(None, status=RunStatus.INTERRUPTED, code=code)
+            raise Interrupted(
+                f"stopped by {_signal_name(self.interrupt)}; all ranks stopped", exit_code=code
+            )
+        if self.failures:
+            root = self.failures[0]
+            code = root["exit_code"]
+            stopped = [
+                s.rank
+                for s in self.ranks.values()
+                if s.rank not in {f["rank"] for f in self.failures}
+                and (s.exit_code != 0 or s.signal)
+            ]
+            report = {
+                "run_id": self.run_dir.run_id,
+                "exit_code": code,
+                "summary": f"{len(self.failures)} failed rank(s) of {len(self.ranks)}",
+                "root_cause": root,
+                "failures": self.failures,
+                "stopped_ranks": stopped,
+                "log_dir": self.run_dir.path,
+            }
+            self.run_dir.write_failure(report)
+            self.console.failure_report(report)
+            self._record_end(None, status=RunStatus.FAILED, code=code)
+            cause = f"rank {root['rank']} on {root['host']}"
+            if root["signal"]:
+                what = f"was killed by {root['signal_name']}"
+            elif root.get("message"):
+                what = root["message"]
+            else:
+                what = f"exited with code {code}"
+            raise WorkerFailed(f"{cause} {what}; job stopped (exit code {code})", exit_code=code)
+        if any(not s.exited for s in self.ranks.values()):
+            self._record_end(None, status=RunStatus.FAILED, code=EXIT_LOST_AGENT)
+            raise LaunchError("some ranks never reported an exit")
+        self._record_end(None, status=RunStatus.SUCCEEDED, code=0)
+        return 0
+
+    def _record_end(
+        self, err: BaseException | None, *, status: str | None = None, code: int | None = None
+    ) -> None:
+        if self.run_dir is None:
+            return
+        try:
+            record = self.run_dir.record()
+            if record.get("end_time") is not None:
+                return
+            if err is not None:
+                status = RunStatus.FAILED
+                code = getattr(err, "exit_code", 1)
+                record["error"] = getattr(err, "message", str(err))
+            record.update(status=status, exit_code=code, end_time=time.time())
+            self.run_dir.write_record(record)
+        except (OSError, ValueError):
+            pass
+
+
+def launch(options: LaunchOptions) -> int:
+    """Run the job described by ``options``; 0 when every rank exited 0.
+
+    Raises WorkerFailed (the failing rank's code), Interrupted (130/143), HostUnreachable or
+    LaunchError (1) otherwise, after everything it started is stopped.
+    """
+    return Job(options).run()

@@ -1,0 +1,241 @@
+"""The run directory: what a job leaves on disk, and how to read it back.
+
+Layout (``<log_dir>`` defaults to ``./zlaunch_runs``)::
+
+    <log_dir>/<run-id>/run.json                   plan, config, status, exit code, times, hosts
+    <log_dir>/<run-id>/attempt-<n>/<host>/rank-<r>.log   every line of rank r, stdout and stderr
+    <log_dir>/<run-id>/failure.json               root cause and every failed rank
+    <log_dir>/<run-id>/metrics.jsonl              one JSON row per "metrics" event of a worker
+    <log_dir>/latest -> <run-id>
+
+Rank logs hold the raw lines (no prefix), stdout and stderr in the order they arrived, and are
+never filtered by ``--ranks``. Run ids sort by start time. ``run.json`` is rewritten atomically
+on every status change, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from zlaunch.plan import Plan, new_run_id, redact
+
+__all__ = [
+    "RunDir",
+    "RunStatus",
+    "new_run_id",
+    "find_run",
+    "list_runs",
+    "host_dirname",
+    "plan_record",
+]
+
+RUN_FILE = "run.json"
+FAILURE_FILE = "failure.json"
+METRICS_FILE = "metrics.jsonl"
+LATEST = "latest"
+
+
+class RunStatus:
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+def host_dirname(host: str) -> str:
+    """A host name as a directory name (IPv6 colons and odd characters become '_')."""
+    return re.sub(r"[^A-Za-z0-9_.@-]", "_", host) or "_"
+
+
+def _write_json_atomic(path: str, data: Any) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def plan_record(plan: Plan) -> dict[str, Any]:
+    """The plan as JSON for run.json, with secret-looking env values redacted."""
+    return {
+        "run_id": plan.run_id,
+        "attempt": plan.attempt,
+        "world_size": plan.world_size,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "nodes": [
+            {
+                "node_rank": node.node_rank,
+                "host": node.host.name,
+                "slots": list(node.host.slots),
+                "cwd": node.cwd,
+                "workers": [
+                    {
+                        "rank": w.rank,
+                        "local_rank": w.local_rank,
+                        "slot": w.slot,
+                        "argv": list(w.argv),
+                        "env": {k: redact(k, v) for k, v in sorted(w.env.items())},
+                    }
+                    for w in node.workers
+                ],
+            }
+            for node in plan.nodes
+        ],
+    }
+
+
+@dataclass
+class RunDir:
+    """One run's directory. The controller writes it; ``zlaunch logs/status/stop`` read it."""
+
+    path: str
+    run_id: str
+
+    # ---- writing (controller) -----------------------------------------------------------
+
+    @classmethod
+    def create(cls, log_dir: str, run_id: str, record: dict[str, Any]) -> RunDir:
+        path = os.path.join(os.path.abspath(log_dir), run_id)
+        os.makedirs(path, exist_ok=False)
+        run = cls(path, run_id)
+        run.write_record(
+            {
+                "run_id": run_id,
+                "status": RunStatus.STARTING,
+                "controller_pid": os.getpid(),
+                "start_time": time.time(),
+                "end_time": None,
+                "exit_code": None,
+                **record,
+            }
+        )
+        _point_latest(os.path.dirname(path), run_id)
+        return run
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        _write_json_atomic(os.path.join(self.path, RUN_FILE), record)
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        record = self.record()
+        record.update(fields)
+        self.write_record(record)
+        return record
+
+    def rank_log_path(self, attempt: int, host: str, rank: int) -> str:
+        return os.path.join(self.path, f"attempt-{attempt}", host_dirname(host), f"rank-{rank}.log")
+
+    def open_rank_log(self, attempt: int, host: str, rank: int) -> IO[bytes]:
+        path = self.rank_log_path(attempt, host, rank)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "ab")
+
+    def write_failure(self, failure: dict[str, Any]) -> None:
+        _write_json_atomic(os.path.join(self.path, FAILURE_FILE), failure)
+
+    def open_metrics(self) -> IO[str]:
+        return open(os.path.join(self.path, METRICS_FILE), "a", encoding="utf-8")
+
+    # ---- reading (any process) ----------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        with open(os.path.join(self.path, RUN_FILE), encoding="utf-8") as handle:
+            return json.load(handle)
+
+    def failure(self) -> dict[str, Any] | None:
+        try:
+            with open(os.path.join(self.path, FAILURE_FILE), encoding="utf-8") as handle:
+                return json.load(handle)
+        except FileNotFoundError:
+            return None
+
+    def metrics(self) -> Iterable[dict[str, Any]]:
+        try:
+            with open(os.path.join(self.path, METRICS_FILE), encoding="utf-8") as handle:
+                for line in handle:
+                    if line.strip():
+                        yield json.loads(line)
+        except FileNotFoundError:
+            return
+
+    def rank_logs(self, attempt: int | None = None) -> dict[int, str]:
+        """rank -> log path, for the given attempt (default: the latest one)."""
+        attempts = sorted(
+            int(name.split("-", 1)[1])
+            for name in os.listdir(self.path)
+            if name.startswith("attempt-") and name.split("-", 1)[1].isdigit()
+        )
+        if not attempts:
+            return {}
+        chosen = attempts[-1] if attempt is None else attempt
+        root = os.path.join(self.path, f"attempt-{chosen}")
+        logs: dict[int, str] = {}
+        for host in sorted(os.listdir(root)):
+            for name in os.listdir(os.path.join(root, host)):
+                match = re.fullmatch(r"rank-(\d+)\.log", name)
+                if match:
+                    logs[int(match.group(1))] = os.path.join(root, host, name)
+        return dict(sorted(logs.items()))
+
+
+def _point_latest(log_dir: str, run_id: str) -> None:
+    link = os.path.join(log_dir, LATEST)
+    tmp = f"{link}.tmp.{os.getpid()}"
+    try:
+        os.symlink(run_id, tmp)
+        os.replace(tmp, link)
+    except OSError:  # file systems without symlinks: find_run falls back to sorting ids
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def find_run(log_dir: str, run_id: str | None = None) -> RunDir:
+    """The run with this id (or unique id prefix), or the latest one. FileNotFoundError if none."""
+    log_dir = os.path.abspath(log_dir)
+    if run_id is None:
+        link = os.path.join(log_dir, LATEST)
+        if os.path.islink(link) and os.path.isfile(os.path.join(link, RUN_FILE)):
+            target = os.readlink(link)
+            return RunDir(os.path.join(log_dir, target), os.path.basename(target))
+        ids = _run_ids(log_dir)
+        if not ids:
+            raise FileNotFoundError(f"no runs in {log_dir}")
+        return RunDir(os.path.join(log_dir, ids[-1]), ids[-1])
+    ids = [i for i in _run_ids(log_dir) if i == run_id] or [
+        i for i in _run_ids(log_dir) if i.startswith(run_id)
+    ]
+    if len(ids) != 1:
+        what = "no run" if not ids else f"{len(ids)} runs"
+        raise FileNotFoundError(f"{what} matching {run_id!r} in {log_dir}")
+    return RunDir(os.path.join(log_dir, ids[0]), ids[0])
+
+
+def _run_ids(log_dir: str) -> list[str]:
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        n for n in names if n != LATEST and os.path.isfile(os.path.join(log_dir, n, RUN_FILE))
+    )
+
+
+def list_runs(log_dir: str) -> list[dict[str, Any]]:
+    """The run.json of every run under log_dir, oldest first (unreadable ones skipped)."""
+    runs = []
+    for run_id in _run_ids(log_dir):
+        try:
+            runs.append(RunDir(os.path.join(os.path.abspath(log_dir), run_id), run_id).record())
+        except (OSError, ValueError):
+            continue
+    return runs

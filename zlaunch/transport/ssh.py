@@ -1,0 +1,117 @@
+"""SSH transport: fabric for the connection (ssh config, users, ports, keys, jump hosts), then
+a raw paramiko session channel so the agent's stdin and stdout stream both ways at once.
+
+Never prompts: no passwords, no keyboard-interactive; keys come from ``-I/--identity``, the ssh
+config's ``IdentityFile``, the default key files and a running ssh-agent. Unknown host keys are
+accepted (as with ``StrictHostKeyChecking=accept-new``); a changed one is an error.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from zlaunch.errors import HostUnreachable
+from zlaunch.hostfile import Host
+from zlaunch.options import SshOptions
+from zlaunch.transport import Link
+
+__all__ = ["SshLink", "remote_command"]
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """The shell command run by sshd: no env, no secrets, just the interpreter and module.
+
+    ``cd /`` so that a stale or unmounted login directory cannot break the start; workers get
+    their own cwd from the spec.
+    """
+    return "cd / && exec " + shlex.join(argv)
+
+
+class SshLink(Link):
+    def __init__(self, host: Host, connection, channel):
+        super().__init__(host)
+        self.connection = connection
+        self.channel = channel
+        self._exit_status: int | None = None
+        self._start_stderr_thread(lambda: channel.recv_stderr(65536))
+
+    @classmethod
+    def start(cls, host: Host, argv: Sequence[str], ssh: SshOptions) -> SshLink:
+        import fabric
+        import paramiko
+
+        config = (
+            fabric.Config(runtime_ssh_path=ssh.config_file) if ssh.config_file else fabric.Config()
+        )
+        connect_kwargs = {
+            "look_for_keys": True,
+            "allow_agent": True,
+            "banner_timeout": ssh.timeout,
+            "auth_timeout": ssh.timeout,
+            "channel_timeout": ssh.timeout,
+        }
+        if ssh.identity:
+            connect_kwargs["key_filename"] = [ssh.identity]
+        connection = fabric.Connection(
+            host.name,
+            user=host.user,
+            port=host.port or ssh.port,
+            config=config,
+            connect_timeout=ssh.timeout,
+            connect_kwargs=connect_kwargs,
+        )
+        where = host.display
+        try:
+            connection.open()
+            transport = connection.client.get_transport()
+            transport.set_keepalive(5)
+            channel = transport.open_session(timeout=ssh.timeout)
+            channel.exec_command(remote_command(argv))
+        except paramiko.AuthenticationException as err:
+            connection.close()
+            raise HostUnreachable(
+                f"ssh to {where} failed: authentication refused ({err})",
+                hint="check the user and key (-I/--identity, --ssh-config); zlaunch never prompts",
+            ) from err
+        except TimeoutError as err:
+            connection.close()
+            raise HostUnreachable(
+                f"ssh to {where} timed out after {ssh.timeout:g}s",
+                hint="check the address and that sshd runs there; --ssh-timeout sets the limit",
+            ) from err
+        except (OSError, paramiko.SSHException, EOFError, ValueError) as err:
+            connection.close()
+            text = str(err) or type(err).__name__
+            raise HostUnreachable(f"ssh to {where} failed: {text}") from err
+        return cls(host, connection, channel)
+
+    def _write(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def read(self, size: int = 65536) -> bytes:
+        try:
+            return self.channel.recv(size)
+        except (OSError, EOFError):
+            return b""
+
+    def close_stdin(self) -> None:
+        with self._send_lock:
+            try:
+                self.channel.shutdown_write()
+            except (OSError, EOFError):
+                pass
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self.channel.status_event.wait(timeout):
+            return None
+        return self.channel.exit_status
+
+    def terminate(self, wait: float = 5.0) -> None:
+        self.close_stdin()
+        self.closed = True
+        self.wait(wait)
+        try:
+            self.channel.close()
+        finally:
+            self.connection.close()

@@ -184,6 +184,6 @@ def print_table(
         return
     widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
     print(title)
-    print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)).rstrip())
+    print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

@@ -30,12 +30,23 @@ __all__ = ["Host", "load_hostfile", "parse_hostfile", "default_hosts", "visible_
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 KNOWN_KEYS = ("slots", "port", "user")
+# What people write for a known key, from other launchers' hostfiles and habit.
+KEY_ALIASES = {
+    "gpus": "slots",
+    "gpu": "slots",
+    "nproc": "slots",
+    "max_slots": "slots",
+    "ssh_port": "port",
+    "username": "user",
+    "login": "user",
+}
 
 # DNS names, IPv4 addresses and ssh-config aliases: letters, digits, '.', '-', '_'.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # Inside brackets: hex digits, ':' and '.' (IPv4-mapped), optional %zone.
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(%[A-Za-z0-9_.-]+)?")
 _USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*\$?")
+_USER_HINT = "user names use letters, digits, '.', '-' and '_'"
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,8 @@ def _parse_line(line: str, where: str) -> Host:
                 hint="write one host per line as 'HOST slots=N [port=P] [user=U]'",
             )
         if key not in KNOWN_KEYS:
-            near = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.5)
+            near = [KEY_ALIASES[key]] if key in KEY_ALIASES else []
+            near = near or difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.6)
             raise HostfileError(
                 f"{where}: unknown key {key!r}",
                 hint=f"did you mean {near[0]!r}?"
@@ -147,7 +159,9 @@ def _parse_line(line: str, where: str) -> Host:
     if "port" in values:
         port = _positive_int(values["port"], "port", where, hint="an ssh port is 1-65535")
         if port > 65535:
-            raise HostfileError(f"{where}: port must be 1-65535, got {port}")
+            raise HostfileError(
+                f"{where}: port must be 1-65535, got {port}", hint="an ssh port is 1-65535"
+            )
     if "user" in values:
         if user is not None and user != values["user"]:
             raise HostfileError(
@@ -156,7 +170,7 @@ def _parse_line(line: str, where: str) -> Host:
             )
         user = values["user"]
         if not _USER.fullmatch(user):
-            raise HostfileError(f"{where}: bad user name {user!r}")
+            raise HostfileError(f"{where}: bad user name {user!r}", hint=_USER_HINT)
     return Host(name=name, slots=tuple(range(slots)), user=user, port=port)
 
 
@@ -166,7 +180,9 @@ def _parse_destination(text: str, where: str) -> tuple[str | None, str]:
     if "@" in text:
         user, _, text = text.rpartition("@")
         if not _USER.fullmatch(user):
-            raise HostfileError(f"{where}: bad user name {user!r} in {user}@{text}")
+            raise HostfileError(
+                f"{where}: bad user name {user!r} in {user}@{text}", hint=_USER_HINT
+            )
     if text.startswith("["):
         if not text.endswith("]") or not _IPV6.fullmatch(text[1:-1]):
             raise HostfileError(

@@ -68,7 +68,9 @@ def select_hosts(
 
     if num_nodes is not None:
         if num_nodes < 1:
-            raise UsageError(f"--num-nodes must be 1 or more, got {num_nodes}")
+            raise UsageError(
+                f"--num-nodes must be 1 or more, got {num_nodes}", hint="leave it out for all hosts"
+            )
         if num_nodes > len(selected):
             raise UsageError(
                 f"--num-nodes {num_nodes} asks for more hosts than the {len(selected)} available",
@@ -77,7 +79,9 @@ def select_hosts(
         selected = selected[:num_nodes]
     if num_gpus is not None:
         if num_gpus < 1:
-            raise UsageError(f"--num-gpus must be 1 or more, got {num_gpus}")
+            raise UsageError(
+                f"--num-gpus must be 1 or more, got {num_gpus}", hint="leave it out for all slots"
+            )
         short = [host for host in selected if len(host.slots) < num_gpus]
         if short:
             listing = ", ".join(f"{h.display} has {len(h.slots)}" for h in short)

@@ -19,6 +19,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -422,9 +423,13 @@ class Agent:
             if self.stdin_open:
                 silence = now - self.last_heard
                 if silence > self.heartbeat_timeout:
+                    # The link may still carry our output (a hung controller, not a dead
+                    # pipe): report, but stop as if the controller were gone.
                     self.stdin_open = False
                     self.sel.unregister(self.stdin_fd)
-                    self._upstream_lost(f"no heartbeat for {silence:.1f}s")
+                    self.stop(
+                        min(self.grace, UPSTREAM_LOST_GRACE), f"no heartbeat for {silence:.1f}s"
+                    )
                     continue
                 timeout = min(timeout, self.heartbeat_timeout - silence)
             if self.kill_at is not None and not self.killed:
@@ -463,15 +468,16 @@ class Agent:
         for signum in signals:
             self.stop(self.grace, f"agent received {signal.Signals(signum).name}")
 
-    def _flush_blocking(self) -> None:
-        if not self.upstream_ok or not self.outbuf:
-            return
-        os.set_blocking(self.stdout_fd, True)
-        try:
-            os.write(self.stdout_fd, bytes(self.outbuf))
-        except OSError:
-            pass
-        self.outbuf.clear()
+    def _flush_blocking(self, timeout: float = 5.0) -> None:
+        """Last words before exit: a bounded wait, a stuck link must not keep us alive."""
+        deadline = time.monotonic() + timeout
+        while self.outbuf and self.upstream_ok:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            _, writable, _ = select.select([], [self.stdout_fd], [], min(remaining, 0.5))
+            if writable:
+                self._flush()
 
 
 def _plain_ip(addr: str) -> str:

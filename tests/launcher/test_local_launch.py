@@ -1,0 +1,224 @@
+"""End to end on localhost: the `zlaunch` command, the local transport, the agent, real workers.
+
+"Gone" is checked by listing this machine's processes (every process that carries the job's
+ZLAUNCH_RUN_ID in its environment, plus the agent), never by trusting zlaunch's word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launcher import fake_worker
+
+FAKE = fake_worker.__file__
+
+
+def job_pids(run_id: str) -> list[int]:
+    """Live (non-zombie) processes whose environment holds this job's run id."""
+    needle = f"ZLAUNCH_RUN_ID={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Job:
+    def __init__(self, tmp_path: Path, ranks: int, worker_args: list[str], *options: str):
+        self.records = tmp_path / "records"
+        self.runs = tmp_path / "runs"
+        argv = [
+            sys.executable, "-m", "zlaunch", "--log-dir", str(self.runs), "--num-gpus", str(ranks),
+            *options, FAKE, "--record-dir", str(self.records), *worker_args,
+        ]  # fmt: skip
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path
+        )
+        self.ranks = ranks
+
+    def communicate(self, timeout: float = 60) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out.decode("utf-8", "replace"), err.decode()
+
+    def records_ready(self, timeout: float = 30) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            paths = [self.records / f"rank-{r}.json" for r in range(self.ranks)]
+            if all(p.exists() for p in paths):
+                return [json.loads(p.read_text()) for p in paths]
+            assert time.monotonic() < deadline, "not every rank started"
+            assert self.proc.poll() is None, self.communicate()
+            time.sleep(0.05)
+
+    def run_dir(self) -> Path:
+        return self.runs / os.readlink(self.runs / "latest")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def jobs():
+    started: list[Job] = []
+    yield started
+    for job in started:
+        job.kill()
+
+
+def launch(jobs, *args, **kwargs) -> Job:
+    job = Job(*args, **kwargs)
+    jobs.append(job)
+    return job
+
+
+def wait_gone(pids, timeout: float) -> float | None:
+    start = time.monotonic()
+    while any(alive(p) for p in pids):
+        if time.monotonic() - start > timeout:
+            return None
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_every_rank_gets_its_exact_env_and_the_run_is_recorded(jobs, tmp_path):
+    job = launch(jobs, tmp_path, 3, [], "--env", "HOSTILE=$(touch x); 'q' \"q\"\nüñï")
+    code, out, err = job.communicate()
+    assert code == 0, err
+    records = [json.loads((job.records / f"rank-{r}.json").read_text()) for r in range(3)]
+    run = json.loads((job.run_dir() / "run.json").read_text())
+    port = records[0]["env"]["MASTER_PORT"]
+    assert port.isdigit() and 0 < int(port) < 65536
+    for r, rec in enumerate(records):
+        env = rec["env"]
+        expected = {
+            "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
+            "NODE_RANK": "0", "NUM_NODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+            "CUDA_VISIBLE_DEVICES": "0,1,2", "ZLAUNCH_RUN_ID": run["run_id"], "ZLAUNCH_ATTEMPT": "0",
+            "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+            "HOSTILE": "$(touch x); 'q' \"q\"\nüñï",
+        }  # fmt: skip
+        assert {k: env.get(k) for k in expected} == expected
+        assert env["ZLAUNCH_EVENTS_FD"].isdigit()
+        assert rec["sid"] == rec["pid"]  # own session: its group can be stopped as a whole
+        assert rec["cwd"] == str(tmp_path)
+    assert not (tmp_path / "x").exists()
+    assert run["status"] == "succeeded" and run["exit_code"] == 0
+    assert [n["host"] for n in run["plan"]["nodes"]] == ["localhost"]
+    assert not job_pids(run["run_id"])
+
+
+def test_exit_code_propagates_and_the_rest_is_stopped(jobs, tmp_path):
+    job = launch(
+        jobs, tmp_path, 3, ["--only-rank", "1", "--exit", "3", "--others", "hang", "--delay", "0.5"]
+    )
+    code, out, err = job.communicate()
+    assert code == 3, err
+    assert "rank 1 on localhost exited with code 3" in err
+    failure = json.loads((job.run_dir() / "failure.json").read_text())
+    assert failure["root_cause"]["rank"] == 1 and failure["root_cause"]["exit_code"] == 3
+    assert failure["stopped_ranks"] == [0, 2]
+    records = [json.loads((job.records / f"rank-{r}.json").read_text()) for r in range(3)]
+    assert not [r["pid"] for r in records if alive(r["pid"])]
+    assert not alive(records[0]["ppid"])  # the agent
+    assert not job_pids(records[0]["env"]["ZLAUNCH_RUN_ID"])
+
+
+def test_death_by_sigkill_exits_137_and_names_the_signal(jobs, tmp_path):
+    job = launch(jobs, tmp_path, 2, ["--only-rank", "0", "--signal", "KILL", "--others", "hang"])
+    code, out, err = job.communicate()
+    assert code == 137, err
+    assert "rank 0 on localhost was killed by SIGKILL" in err
+    assert "pid" in err and "Root cause" in err
+    failure = json.loads((job.run_dir() / "failure.json").read_text())
+    assert failure["root_cause"]["signal_name"] == "SIGKILL"
+    assert not job_pids(failure["run_id"])
+
+
+def test_sigint_stops_everything_within_grace(jobs, tmp_path):
+    grace = 1.0
+    job = launch(jobs, tmp_path, 2, ["--hang", "--ignore-sigterm"], "--grace-period", str(grace))
+    records = job.records_ready()
+    run_id = records[0]["env"]["ZLAUNCH_RUN_ID"]
+    pids = [r["pid"] for r in records] + [records[0]["ppid"]]
+    job.proc.send_signal(signal.SIGINT)
+    took = wait_gone(pids, grace + 2.0)
+    assert took is not None, f"still alive {grace + 2.0}s after SIGINT: {job_pids(run_id)}"
+    code, out, err = job.communicate(timeout=10)
+    assert code == 130, err
+    assert (job.records / "rank-0.sigterm").exists()  # TERM first, KILL after the grace
+    assert not job_pids(run_id)
+    assert json.loads((job.run_dir() / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_sigkill_to_zlaunch_leaves_nothing_behind(jobs, tmp_path):
+    job = launch(jobs, tmp_path, 2, ["--hang"])
+    records = job.records_ready()
+    run_id = records[0]["env"]["ZLAUNCH_RUN_ID"]
+    job.proc.kill()
+    job.proc.wait()
+    assert wait_gone([r["pid"] for r in records] + [records[0]["ppid"]], 10.0) is not None
+    assert not job_pids(run_id)
+
+
+def test_many_lines_arrive_intact_and_in_order_on_console_and_in_files(jobs, tmp_path):
+    n = 20000
+    job = launch(jobs, tmp_path, 2, ["--lines", str(n)])
+    code, out, err = job.communicate(timeout=120)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x1b" not in err  # piped: no escape codes
+    want = {
+        (r, s): [fake_worker.line(r, q) for q in range(n) if (q % 2 == 0) == (s == "out")]
+        for r in range(2)
+        for s in ("out", "err")
+    }
+    console = {key: [] for key in want}
+    for text in out.splitlines():
+        prefix, _, rest = text.partition(" ")
+        rank = int(prefix.split(":")[1].split("]")[0])
+        stream = "err" if prefix.endswith("]!") else "out"
+        console[(rank, stream)].append(rest)
+    assert console == want
+    for r in range(2):
+        (path,) = job.run_dir().glob(f"attempt-0/*/rank-{r}.log")
+        lines = path.read_text().splitlines()
+        assert len(lines) == n
+        for s in ("out", "err"):
+            assert [x for x in lines if f"stream={s} " in x] == want[(r, s)]
+
+
+def test_ranks_filter_limits_the_console_not_the_files(jobs, tmp_path):
+    job = launch(jobs, tmp_path, 3, ["--lines", "10"], "--ranks", "1")
+    code, out, err = job.communicate()
+    assert code == 0, err
+    assert {line.split(" ")[0].rstrip("!") for line in out.splitlines()} == {"[localhost:1]"}
+    for r in range(3):
+        (path,) = job.run_dir().glob(f"attempt-0/*/rank-{r}.log")
+        assert len(path.read_text().splitlines()) == 10

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from tests.cluster import Cluster, find_prefixes, netns, unavailable_reason
+from tests.cluster import Cluster, find_prefixes, netns, reap_stale, unavailable_reason
+from tests.cluster.naming import owner_alive
 
 pytestmark = pytest.mark.cluster
 
@@ -57,16 +60,11 @@ def test_every_host_reaches_every_other_by_name(cluster):
         assert report["peers"] == {h: [cluster.address(h), True] for h in others}
 
 
-def test_python_and_packages_work_on_every_node(cluster):
-    for host in cluster.hosts:
-        out = cluster.run(host, f"{sys.executable} -c 'import zlaunch, torch'", timeout=60)
-        assert out.returncode == 0, out.stderr
-
-
 def test_gloo_all_reduce_across_hosts(cluster):
     script = textwrap.dedent(
         """
         import datetime, socket, torch, torch.distributed as dist
+        import zlaunch  # the editable install is visible on every node
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
         t = torch.tensor([float(dist.get_rank() + 1)])
         dist.all_reduce(t)
@@ -156,3 +154,100 @@ def test_teardown_leaves_nothing_behind():
     for pid in [*sshd, sleeper]:
         assert _is_dead(pid), netns.cmdline(pid)
     assert prefix not in find_prefixes()
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OWNER = (
+    "import time; from tests.cluster import Cluster; c = Cluster.start(n=2); "
+    "c.run('node1', 'nohup sleep 300 >/dev/null 2>&1 &'); "
+    "print(c.prefix, flush=True); time.sleep(120)"
+)
+
+
+def _start_owner() -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OWNER], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+    )
+    prefix = proc.stdout.readline().strip()
+    assert prefix, "owner failed to start a cluster"
+    return proc, prefix
+
+
+def _wait_gone(prefix: str, timeout: float = 10.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := _leftovers(prefix)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@needs_cluster
+def test_sigterm_to_the_owner_tears_down():
+    proc, prefix = _start_owner()
+    assert _leftovers(prefix)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    assert _wait_gone(prefix) == []
+
+
+@needs_cluster
+def test_leftovers_of_a_killed_owner_are_reaped():
+    proc, prefix = _start_owner()
+    proc.kill()
+    proc.wait(timeout=10)
+    assert _leftovers(prefix), "a SIGKILLed owner cannot clean up: leftovers expected"
+    assert prefix in reap_stale()
+    assert _wait_gone(prefix) == []
+
+
+@needs_cluster
+def test_fixture_tears_down_after_a_failing_test(tmp_path):
+    (tmp_path / "conftest.py").write_text("from tests.conftest import cluster  # noqa: F401\n")
+    (tmp_path / "test_inner.py").write_text(
+        "def test_fails(cluster):\n"
+        f"    open({str(tmp_path / 'prefix')!r}, 'w').write(cluster.prefix)\n"
+        "    assert False, 'deliberate'\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "deliberate" in out.stdout
+    prefix = (tmp_path / "prefix").read_text()
+    assert _leftovers(prefix) == []
+
+
+@needs_cluster
+def test_command_line_up_status_down():
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "tests.cluster", *args],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    up = cli("up", "-n", "2", "--json")
+    assert up.returncode == 0, up.stderr
+    info = json.loads(up.stdout)
+    try:
+        assert info["hosts"] == ["node1", "node2"]
+        ssh = subprocess.run(
+            ["ssh", "-F", info["ssh_config"], "node2", "hostname"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        assert ssh.stdout == "node2\n", ssh.stderr
+        assert info["prefix"] in cli("status").stdout
+    finally:
+        down = cli("down", info["prefix"])
+    assert down.returncode == 0, down.stderr
+    assert f"removed {info['prefix']}" in down.stdout
+    assert _leftovers(info["prefix"]) == []
+    assert not owner_alive(info["owner_pid"])

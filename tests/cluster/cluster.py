@@ -113,6 +113,7 @@ class Cluster:
         self.known_hosts = os.path.join(self.state_dir, "known_hosts")
         self._sshd: dict[str, subprocess.Popen] = {}
         self._hostfiles = 0
+        self._owner_pid = os.getpid()
         self.closed = False
 
     # -- public API -------------------------------------------------------------------------
@@ -223,7 +224,7 @@ class Cluster:
     def describe(self) -> dict:
         return {
             "prefix": self.prefix,
-            "owner_pid": os.getpid(),
+            "owner_pid": self._owner_pid,
             "detached": self.detached,
             "hosts": self.hosts,
             "addresses": dict(self._addresses),
@@ -375,8 +376,10 @@ _handlers_installed = False
 
 def _close_all() -> None:
     for cluster in list(_LIVE.values()):
-        with contextlib.suppress(Exception):
-            cluster.close()
+        # A forked child inherits _LIVE, the atexit hook and the handlers: it owns nothing.
+        if cluster._owner_pid == os.getpid():
+            with contextlib.suppress(Exception):
+                cluster.close()
 
 
 def _on_signal(signum: int, frame: object) -> None:

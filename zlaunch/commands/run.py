@@ -327,4 +327,6 @@ def command(**values) -> None:
 
     code = launch(options)
     if code:
-        raise click.exceptions.Exit(code)
+        # Not click's Exit: with standalone_mode=False click turns that into a return value,
+        # which cli.main does not pass on. SystemExit carries the code straight out.
+        sys.exit(code)

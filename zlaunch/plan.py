@@ -36,6 +36,7 @@ __all__ = [
     "Plan",
     "build_plan",
     "render_plan",
+    "redact",
     "new_run_id",
     "RESERVED_ENV",
     "AUTO_PORT",

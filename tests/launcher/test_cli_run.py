@@ -475,3 +475,28 @@ def test_launcher_errors_keep_their_exit_code(job, capsys, launcher):
     code, _, err = zlaunch(capsys, "train.py")
     assert code == 137
     assert "node2 rank 3 died" in err
+
+
+def test_hostile_env_file_values_reach_every_worker_byte_for_byte(job):
+    from zlaunch.plan import build_plan
+
+    values = {
+        "CMD": "$(touch /tmp/zlaunch-pwned)",
+        "SEMI": "a; b && c",
+        "QUOTES": 'it\'s "x" `y`',
+        "NEWLINE": "one\ntwo",
+        "UNICODE": "日本語 ✓ \u2028",
+    }
+    (job.dir / ".zlaunch_env").write_text(
+        "CMD=$(touch /tmp/zlaunch-pwned)\n"
+        "SEMI='a; b && c'\n"
+        'export QUOTES="it\'s \\"x\\" \\`y\\`"\n'
+        'NEWLINE="one\\ntwo"\n'
+        "UNICODE='日本語 ✓ \u2028'\n"
+    )
+    opts = build_options(script="train.py", script_args=["$(id)", "a b"], hostfile="hosts")
+    plan = build_plan(opts, opts.hosts, master_addr="node1", master_port=1, run_id="r", attempt=0)
+    assert plan.world_size == 6
+    for worker in plan.workers:
+        assert {k: worker.env[k] for k in values} == values
+        assert worker.argv == (sys.executable, "-u", "train.py", "$(id)", "a b")

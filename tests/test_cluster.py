@@ -251,3 +251,28 @@ def test_command_line_up_status_down():
     assert f"removed {info['prefix']}" in down.stdout
     assert _leftovers(info["prefix"]) == []
     assert not owner_alive(info["owner_pid"])
+
+
+def test_unavailable_reason_names_what_is_missing(monkeypatch):
+    from tests.cluster import cluster as cluster_module
+    from tests.cluster import sshfiles
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert unavailable_reason() == (
+        "test cluster needs root (network namespaces); running as uid 1000"
+    )
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sshfiles, "SSHD", "")
+    assert unavailable_reason() == "test cluster needs `sshd` (apt-get install openssh-server)"
+    monkeypatch.setattr(sshfiles, "SSHD", "/usr/sbin/sshd")
+    monkeypatch.setattr(cluster_module, "_which", lambda tool: "" if tool == "ip" else "/bin/x")
+    assert unavailable_reason() == "test cluster needs `ip` (apt-get install iproute2)"
+
+
+def test_prefix_names_fit_interface_limits():
+    from tests.cluster.naming import PREFIX_RE, bridge_name, new_prefix, owner_of, veth_name
+
+    prefix = new_prefix(owner_pid=4194304)  # the largest pid_max
+    assert owner_of(prefix) == 4194304
+    assert len(veth_name(prefix, 99)) <= 15 and len(bridge_name(prefix)) <= 15
+    assert PREFIX_RE.match(veth_name(prefix, 3)).group(1) == prefix

@@ -129,7 +129,11 @@ class Cluster:
         netns.reap_stale()
         with _machine_lock():
             subnet = _pick_subnet()
-            cluster = cls(new_prefix(), n, subnet, detached)
+            taken = netns.find_prefixes() | set(_LIVE)
+            prefix = new_prefix()
+            while prefix in taken:  # one owner, several clusters: the 2-char tag may repeat
+                prefix = new_prefix()
+            cluster = cls(prefix, n, subnet, detached)
             _LIVE[cluster.prefix] = cluster
             _install_cleanup_handlers()
             try:

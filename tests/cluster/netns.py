@@ -97,8 +97,13 @@ def netns_pids(names: Iterable[str]) -> dict[str, list[int]]:
 
 
 def prefix_processes(prefix: str) -> list[int]:
-    """Pids whose command line names the cluster's state directory (its sshd listeners)."""
-    marker = prefix + STATE_SUFFIX
+    """The cluster's sshd listeners (and their start-up chain), wherever they live.
+
+    Matched by the sshd_config path in their command line, not by the state directory alone:
+    a launcher in the root namespace holding ``--ssh-config <state dir>/ssh_config`` is the
+    test's business, not the cluster's.
+    """
+    marker = f"{prefix}{STATE_SUFFIX}/sshd_config_"
     me = os.getpid()
     return [pid for pid in _all_pids() if pid != me and marker in cmdline(pid)]
 
@@ -124,9 +129,18 @@ def _kill_until_gone(prefix: str, namespaces: list[str], timeout: float = 10.0) 
 
 
 def destroy(prefix: str) -> None:
-    """Remove every process, namespace, link, /etc/netns entry and file named by ``prefix``."""
+    """Remove every process, namespace, link, /etc/netns entry and file named by ``prefix``.
+
+    Removes all it can even when a process survives SIGKILL (then raises at the end).
+    """
     namespaces = [name for name in list_netns() if name.startswith(prefix)]
-    _kill_until_gone(prefix, namespaces)
+    try:
+        _kill_until_gone(prefix, namespaces)
+    finally:
+        _remove_names(prefix, namespaces)
+
+
+def _remove_names(prefix: str, namespaces: list[str]) -> None:
     for link in list_links():
         if link.startswith(prefix):
             ip("link", "del", link, check=False)

@@ -13,10 +13,14 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from zlaunch.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from zlaunch.options import LaunchOptions
 
 __all__ = ["command", "build_options", "find_config_in_args", "validate_config", "parse_ranks"]
 
@@ -160,7 +164,7 @@ def build_options(
     pass_local_rank: bool = False,
     environ: Mapping[str, str] | None = None,
     home: str | None = None,
-):
+) -> LaunchOptions:
     """Turn parsed command-line values into a validated `LaunchOptions` (no host contacted)."""
     from zlaunch.envfile import collect_env
     from zlaunch.hostfile import default_hosts, load_hostfile

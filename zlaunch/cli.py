@@ -20,6 +20,7 @@ __all__ = ["main", "cli"]
 # name -> (module under zlaunch.commands, one-line help shown by `zlaunch --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Launch SCRIPT on every slot of every host (the default command)."),
+    "estimate": ("estimate", "Model-state memory per GPU and per node for each ZeRO stage."),
 }
 DEFAULT_COMMAND = "run"
 
@@ -71,7 +72,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; render any ZlaunchError once, without a traceback, and exit with its code."""
     try:
-        cli.main(args=argv, prog_name="zlaunch", standalone_mode=False)
+        # Without standalone mode click returns ctx.exit()'s code instead of exiting.
+        result = cli.main(args=argv, prog_name="zlaunch", standalone_mode=False)
     except ZlaunchError as err:
         click.echo(err.render(), err=True)
         sys.exit(err.exit_code)
@@ -83,4 +85,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
-    sys.exit(0)
+    sys.exit(result if isinstance(result, int) else 0)

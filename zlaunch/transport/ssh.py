@@ -80,6 +80,15 @@ class SshLink(Link):
                 f"ssh to {where} timed out after {ssh.timeout:g}s",
                 hint="check the address and that sshd runs there; --ssh-timeout sets the limit",
             ) from err
+        except paramiko.ssh_exception.NoValidConnectionsError as err:
+            connection.close()
+            reasons = sorted({e.strerror or str(e) for e in err.errors.values()})
+            ports = sorted({addr[1] for addr in err.errors})
+            raise HostUnreachable(
+                f"ssh to {where} failed: cannot connect to port "
+                f"{', '.join(map(str, ports))} ({'; '.join(reasons)})",
+                hint="check that sshd listens there (hostfile port=, --ssh-port, ssh config Port)",
+            ) from err
         except (OSError, paramiko.SSHException, EOFError, ValueError) as err:
             connection.close()
             text = str(err) or type(err).__name__

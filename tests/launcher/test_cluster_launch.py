@@ -1,0 +1,255 @@
+"""The launcher on the real test cluster: 3 hosts x 2 slots, real sshd, real torch.distributed.
+
+Every "gone" is checked by listing each host's processes (``cluster.pids``), never by trusting
+zlaunch. Timings measured here are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launcher import fake_worker
+
+pytestmark = pytest.mark.cluster
+
+FAKE = fake_worker.__file__
+HOSTS = 3
+SLOTS = 2
+WORLD = HOSTS * SLOTS
+
+
+@pytest.fixture(autouse=True)
+def idle_cluster(cluster):
+    """Each test starts and ends with no process on any host; leftovers fail the test."""
+    cluster.kill_all()
+    yield cluster
+    left = cluster.wait_idle(timeout=10.0)
+    cluster.kill_all()
+    assert not left, f"processes left on the cluster: {left}"
+
+
+def job_processes(cluster) -> dict[str, list]:
+    return {h: p for h in cluster.hosts if (p := cluster.pids(h))}
+
+
+def wait_cluster_idle(cluster, timeout: float) -> float | None:
+    """Seconds until no host has a process (polled every 20 ms), None after ``timeout``."""
+    start = time.monotonic()
+    while job_processes(cluster):
+        if time.monotonic() - start > timeout:
+            return None
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Job:
+    def __init__(self, cluster, tmp: Path, worker_args, *options, hostfile=None, name="job"):
+        self.records = tmp / f"{name}-records"
+        self.runs = tmp / f"{name}-runs"
+        argv = [
+            sys.executable, "-m", "zlaunch",
+            "--hostfile", hostfile or cluster.hostfile(SLOTS),
+            "--ssh-config", cluster.ssh_config,
+            "--log-dir", str(self.runs),
+            *options,
+            FAKE, "--record-dir", str(self.records), *worker_args,
+        ]  # fmt: skip
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
+
+    def communicate(self, timeout: float = 120) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out.decode("utf-8", "replace"), err.decode()
+
+    def records_ready(self, n: int = WORLD, timeout: float = 60) -> list[dict]:
+        paths = [self.records / f"rank-{r}.json" for r in range(n)]
+        deadline = time.monotonic() + timeout
+        while not all(p.exists() for p in paths):
+            assert time.monotonic() < deadline, "not every rank started"
+            if self.proc.poll() is not None:
+                raise AssertionError(f"zlaunch ended early: {self.communicate()}")
+            time.sleep(0.02)
+        return [json.loads(p.read_text()) for p in paths]
+
+    def run_dir(self) -> Path:
+        return self.runs / os.readlink(self.runs / "latest")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def jobs():
+    started: list[Job] = []
+    yield started
+    for job in started:
+        job.kill()
+
+
+def launch(jobs, *args, **kwargs) -> Job:
+    job = Job(*args, **kwargs)
+    jobs.append(job)
+    return job
+
+
+def test_exact_env_per_rank_and_gloo_allreduce_across_hosts(cluster, jobs, tmp_path):
+    job = launch(jobs, cluster, tmp_path, ["--allreduce"])
+    code, out, err = job.communicate()
+    assert code == 0, err
+    records = [json.loads((job.records / f"rank-{r}.json").read_text()) for r in range(WORLD)]
+    master = cluster.address("node1")
+    port = records[0]["env"]["MASTER_PORT"]
+    assert port.isdigit()
+    for rank, rec in enumerate(records):
+        node = rank // SLOTS
+        expected = {
+            "RANK": str(rank), "LOCAL_RANK": str(rank % SLOTS), "WORLD_SIZE": str(WORLD),
+            "LOCAL_WORLD_SIZE": str(SLOTS), "NODE_RANK": str(node), "NUM_NODES": str(HOSTS),
+            "MASTER_ADDR": master, "MASTER_PORT": port, "CUDA_VISIBLE_DEVICES": "0,1",
+            "GLOO_SOCKET_IFNAME": cluster.interface,
+        }  # fmt: skip
+        assert {k: rec["env"].get(k) for k in expected} == expected
+        assert rec["hostname"] == cluster.hosts[node]
+        assert rec["allreduce"] == WORLD * (WORLD + 1) // 2
+    # Nothing secret or environment-like travelled on a command line: the agents' argv.
+    run = json.loads((job.run_dir() / "run.json").read_text())
+    assert run["status"] == "succeeded"
+
+
+def test_sigkill_of_a_worker_on_node2_stops_every_host(cluster, jobs, tmp_path):
+    job = launch(jobs, cluster, tmp_path, ["--hang"])
+    records = job.records_ready()
+    ready = time.monotonic() - job.started
+    victim = next(r for r in records if r["hostname"] == "node2")
+    running = job_processes(cluster)
+    # the listing sees the job: an agent and two workers on every host
+    assert sorted(running) == cluster.hosts and all(len(p) >= 3 for p in running.values())
+    killed_at = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    took = wait_cluster_idle(cluster, 3.0)
+    assert took is not None, f"left 3 s after the kill: {job_processes(cluster)}"
+    code, out, err = job.communicate(timeout=10)
+    print(f"\n[measure] 6 ranks started in {ready:.2f}s; all gone {took:.2f}s after a SIGKILL")
+    assert code == 137, err
+    assert f"rank {victim['rank']} on node2 was killed by SIGKILL" in err
+    failure = json.loads((job.run_dir() / "failure.json").read_text())
+    root = failure["root_cause"]
+    assert (root["host"], root["rank"], root["pid"]) == (
+        "node2",
+        int(victim["rank"]),
+        victim["pid"],
+    )
+    assert time.monotonic() - killed_at < 10
+
+
+def test_sigint_to_zlaunch_stops_every_host_within_grace(cluster, jobs, tmp_path):
+    grace = 1.0
+    job = launch(
+        jobs, cluster, tmp_path, ["--hang", "--ignore-sigterm"], "--grace-period", str(grace)
+    )
+    job.records_ready()
+    job.proc.send_signal(signal.SIGINT)
+    took = wait_cluster_idle(cluster, grace + 2.0)
+    assert took is not None, f"left {grace + 2}s after SIGINT: {job_processes(cluster)}"
+    print(f"\n[measure] SIGINT with grace {grace}s: all gone after {took:.2f}s")
+    code, out, err = job.communicate(timeout=10)
+    assert code == 130, err
+    assert all((job.records / f"rank-{r}.sigterm").exists() for r in range(WORLD))
+
+
+def test_sigkill_to_zlaunch_stops_every_host_within_10s(cluster, jobs, tmp_path):
+    job = launch(jobs, cluster, tmp_path, ["--hang"])
+    job.records_ready()
+    job.proc.kill()
+    job.proc.wait()
+    took = wait_cluster_idle(cluster, 10.0)
+    assert took is not None, f"left 10 s after zlaunch was killed: {job_processes(cluster)}"
+    print(f"\n[measure] zlaunch SIGKILLed: all gone after {took:.2f}s")
+
+
+def test_ctrl_c_to_one_job_leaves_the_other_running(cluster, jobs, tmp_path):
+    first = launch(jobs, cluster, tmp_path, ["--hang"], "--grace-period", "1", name="first")
+    second = launch(jobs, cluster, tmp_path, ["--hang"], "--grace-period", "1", name="second")
+    first_pids = [r["pid"] for r in first.records_ready()]
+    second_pids = [r["pid"] for r in second.records_ready()]
+    first.proc.send_signal(signal.SIGINT)
+    assert first.communicate(timeout=15)[0] == 130
+    assert not [p for p in first_pids if alive(p)]
+    time.sleep(1.0)
+    assert all(alive(p) for p in second_pids), "stopping one job touched the other"
+    second.proc.send_signal(signal.SIGINT)
+    assert second.communicate(timeout=15)[0] == 130
+
+
+def test_six_ranks_of_20000_lines_arrive_intact(cluster, jobs, tmp_path):
+    n = 20000
+    job = launch(jobs, cluster, tmp_path, ["--lines", str(n)])
+    code, out, err = job.communicate(timeout=180)
+    took = time.monotonic() - job.started
+    assert code == 0, err
+    print(f"\n[measure] 6 x {n} lines over ssh in {took:.2f}s")
+    want = {
+        (r, s): [fake_worker.line(r, q) for q in range(n) if (q % 2 == 0) == (s == "out")]
+        for r in range(WORLD)
+        for s in ("out", "err")
+    }
+    console = {key: [] for key in want}
+    for text in out.splitlines():
+        prefix, _, rest = text.partition(" ")
+        host, rank = prefix.strip("[]!").split(":")
+        assert host == cluster.hosts[int(rank) // SLOTS]
+        console[(int(rank), "err" if prefix.endswith("!") else "out")].append(rest)
+    assert console == want
+    for r in range(WORLD):
+        path = job.run_dir() / "attempt-0" / cluster.hosts[r // SLOTS] / f"rank-{r}.log"
+        lines = path.read_text().splitlines()
+        assert len(lines) == n
+        for s in ("out", "err"):
+            assert [x for x in lines if f"stream={s} " in x] == want[(r, s)]
+
+
+def _with_extra_host(cluster, tmp_path: Path, line: str) -> str:
+    text = Path(cluster.hostfile(SLOTS)).read_text() + line + "\n"
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["silent-address", "closed-port"])
+def test_unreachable_host_is_named_and_nothing_keeps_running(cluster, jobs, tmp_path, case):
+    if case == "silent-address":
+        net = ipaddress.ip_network(f"{cluster.address('node1')}/24", strict=False)
+        bad = str(net[250])  # on the bridge's subnet, nobody answers
+        line = f"{bad} slots=2"
+    else:
+        bad = cluster.address("node3")
+        line = f"{bad} slots=2 port=2222"  # the host is up, its sshd is not on that port
+    hostfile = _with_extra_host(cluster, tmp_path, line)
+    job = launch(jobs, cluster, tmp_path, ["--hang"], "--ssh-timeout", "3", hostfile=hostfile)
+    code, out, err = job.communicate(timeout=30)
+    took = time.monotonic() - job.started
+    assert code == 1, err
+    assert bad in err and "ssh" in err, err
+    assert took < 3 + 8, took
+    print(f"\n[measure] {case}: error after {took:.2f}s:\n{err}")
+    assert not job_processes(cluster)
+    assert not job.records.exists() or not list(job.records.iterdir())

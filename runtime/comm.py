@@ -1,0 +1,216 @@
+"""The one module that calls torch.distributed collectives, with byte accounting.
+
+Every collective takes the process group of the `Communicator` explicitly; there is no global
+group. Bytes are counted per rank and per collective kind as the logical traffic of the ring
+algorithm, so that numbers compare across backends:
+
+=============== ==========================
+all_reduce      2 (N-1)/N x tensor bytes
+reduce_scatter  (N-1)/N x input bytes
+all_gather      (N-1)/N x output bytes
+all_to_all      (N-1)/N x input bytes
+broadcast       (N-1)/N x tensor bytes
+=============== ==========================
+
+Gloo quirks (torch 2.13): gloo's reduce-scatter is a full all-reduce that keeps one chunk
+(twice the traffic) and ignores the reduce op, while all_to_all_single is native. On gloo
+`reduce_scatter` therefore runs all_to_all_single into a scratch buffer and sums the N
+received chunks locally: true (N-1)/N traffic, and about 1.5x faster than the built-in on
+2 ranks here (23 ms vs 35 ms for 16 MiB). Reductions always use SUM; callers divide.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CommStats", "Communicator", "Handle"]
+
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@dataclass
+class CommStats:
+    """Logical bytes sent by this rank, per collective kind."""
+
+    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, kind: str, nbytes: float) -> None:
+        with self._lock:
+            self.bytes[kind] += int(round(nbytes))
+            self.calls[kind] += 1
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.bytes)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes.clear()
+            self.calls.clear()
+
+
+class Handle:
+    """An in-flight collective; `wait()` blocks and then runs the local post-processing."""
+
+    __slots__ = ("_work", "_then", "_done")
+
+    def __init__(self, work=None, then: Callable[[], None] | None = None):
+        self._work = work
+        self._then = then
+        self._done = False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        if self._work is not None:
+            self._work.wait()
+        if self._then is not None:
+            self._then()
+        self._done = True
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+_DONE = Handle()
+_DONE._done = True
+
+
+class Communicator:
+    """Collectives over one process group, counting bytes into `stats`."""
+
+    def __init__(self, group, stats: CommStats | None = None):
+        self.group = group
+        self.stats = stats if stats is not None else CommStats()
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group)).lower()
+
+    @property
+    def is_gloo(self) -> bool:
+        return self.backend == "gloo"
+
+    @property
+    def needs_reduce_scatter_scratch(self) -> bool:
+        """Whether `reduce_scatter` needs a scratch buffer as large as its input."""
+        return self.is_gloo and self.world_size > 1
+
+    def _frac(self) -> float:
+        n = self.world_size
+        return (n - 1) / n
+
+    @staticmethod
+    def _nbytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> Handle:
+        """Sum `tensor` over all ranks, in place."""
+        if self.world_size == 1:
+            return _DONE
+        self.stats.add("all_reduce", 2 * self._frac() * self._nbytes(tensor))
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
+        return self._finish(work, None, async_op)
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        *,
+        scratch: torch.Tensor | None = None,
+        accumulate: bool = False,
+        async_op: bool = False,
+    ) -> Handle:
+        """output (+)= this rank's chunk of the sum over ranks of `input`.
+
+        `input` is split into N equal chunks (its numel must divide by N); `output` may be a
+        view of this rank's chunk of `input`. On gloo, `scratch` (at least input's numel, same
+        dtype) receives the other ranks' chunks; without it one is allocated.
+        """
+        n = self.world_size
+        if input.numel() != output.numel() * n:
+            raise ValueError(f"reduce_scatter: input {input.numel()} != {n} x {output.numel()}")
+        if n == 1:
+            if accumulate:
+                output.add_(input.view_as(output))
+            elif output.data_ptr() != input.data_ptr():
+                output.copy_(input.view_as(output))
+            return _DONE
+        self.stats.add("reduce_scatter", self._frac() * self._nbytes(input))
+        if self.is_gloo:
+            recv = scratch[: input.numel()] if scratch is not None else torch.empty_like(input)
+            work = dist.all_to_all_single(recv, input, group=self.group, async_op=async_op)
+            chunks = recv.view(n, -1)
+            flat_out = output.view(-1)
+
+            def then() -> None:
+                if accumulate:
+                    for c in chunks:
+                        flat_out.add_(c)
+                else:
+                    torch.sum(chunks, dim=0, out=flat_out)
+
+            return self._finish(work, then, async_op)
+        if accumulate:
+            tmp = torch.empty_like(output)
+            work = _reduce_scatter(
+                tmp, input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op
+            )
+            return self._finish(work, lambda: output.add_(tmp), async_op)
+        work = _reduce_scatter(
+            output, input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op
+        )
+        return self._finish(work, None, async_op)
+
+    def all_gather(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False
+    ) -> Handle:
+        """Concatenate every rank's `input` into `output` (input may be its own chunk of it)."""
+        if self.world_size == 1:
+            if output.data_ptr() != input.data_ptr():
+                output.copy_(input.view_as(output))
+            return _DONE
+        self.stats.add("all_gather", self._frac() * self._nbytes(output))
+        work = _all_gather(output, input, group=self.group, async_op=async_op)
+        return self._finish(work, None, async_op)
+
+    def all_to_all(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False
+    ) -> Handle:
+        if self.world_size == 1:
+            output.copy_(input)
+            return _DONE
+        self.stats.add("all_to_all", self._frac() * self._nbytes(input))
+        work = dist.all_to_all_single(output, input, group=self.group, async_op=async_op)
+        return self._finish(work, None, async_op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Handle:
+        if self.world_size == 1:
+            return _DONE
+        self.stats.add("broadcast", self._frac() * self._nbytes(tensor))
+        work = dist.broadcast(tensor, src=src, group=self.group, async_op=async_op)
+        return self._finish(work, None, async_op)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.group)
+
+    @staticmethod
+    def _finish(work, then, async_op: bool) -> Handle:
+        handle = Handle(work if async_op else None, then)
+        if not async_op:
+            handle.wait()
+        return handle

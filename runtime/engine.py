@@ -1,0 +1,347 @@
+"""The training engine: a DeepSpeed-compatible wrapper around a torch module (ZeRO 0-2).
+
+Loop contract (DeepSpeed's)::
+
+    for batch in loader:
+        loss = engine(batch)
+        engine.backward(loss)   # scales by 1/gradient_accumulation_steps (and the loss scale)
+        engine.step()           # every micro-batch; updates only at the accumulation boundary
+
+How the pieces fit: trainable parameters are flattened into one buffer laid out by
+`zero.partition.plan_layout` (groups = buckets, in reverse registration order, which is the
+order backward produces gradients). `zero.buckets.GradReducer` reduces gradients group by
+group while backward runs; `zero.optimizer.ZeroOptimizer` owns master weights for what this
+rank owns, clips on the global norm, steps, and all-gathers the parameters back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+
+from .comm import Communicator
+from .dist_env import DistEnv
+from .precision import Precision
+from .zero.buckets import GradReducer, ReduceMode
+from .zero.flat import FlatBuffer, flatten_params_into
+from .zero.optimizer import ZeroOptimizer
+from .zero.partition import ParamSpec, plan_layout
+
+__all__ = ["Engine", "AccumulationError", "LiveLossScale"]
+
+log = logging.getLogger("runtime.engine")
+
+# Shard starts are aligned to this many elements (vector loads, NCCL alignment).
+_ALIGN = 16
+
+
+class AccumulationError(RuntimeError):
+    """backward() was called again without the step() that must follow it."""
+
+
+class LiveLossScale(float):
+    """The current loss scale. Works as a value (``engine.loss_scale``) and, for scripts written
+    for DeepSpeed, as a call (``engine.loss_scale()``). Unlike DeepSpeed, whose
+    ``loss_scale()`` returns the *configured* static scale (0 under dynamic scaling), this is
+    always the scale the last backward actually used (1.0 without fp16)."""
+
+    def __call__(self) -> float:
+        return float(self)
+
+
+def _cast_floats(obj, dtype):
+    if torch.is_tensor(obj):
+        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_floats(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+class Engine(torch.nn.Module):
+    def __init__(
+        self,
+        *,
+        module: torch.nn.Module,
+        config,
+        env: DistEnv,
+        optimizer=None,
+        model_parameters=None,
+        lr_scheduler=None,
+        training_data=None,
+        collate_fn=None,
+    ):
+        super().__init__()
+        zero = config.zero_optimization
+        if zero.stage == 3:
+            raise NotImplementedError(
+                "zero_optimization.stage 3 is not available in this runtime yet; use stage 0, 1 or 2"
+            )
+        self.module = module
+        self.config = config
+        self.env = env
+        self.device = env.device
+        self.local_rank = env.local_rank
+        self.global_rank = env.rank
+        self.world_size = env.world_size
+        self.comm = Communicator(env.group)
+        self.precision = Precision.from_config(config)
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._backward_calls = 0
+        self._reduced_since_step = False
+
+        dtype = self.precision.param_dtype
+        module.to(device=self.device, dtype=dtype if self.precision.mixed else None)
+
+        groups = self._param_groups(module, optimizer, model_parameters)
+        names = {id(p): n for n, p in module.named_parameters()}
+        order = {id(p): i for i, p in enumerate(module.parameters())}
+        specs, params_by_name = [], {}
+        for pg, (_, params) in enumerate(groups):
+            for p in sorted(params, key=lambda q: order[id(q)], reverse=True):
+                if id(p) not in names:
+                    raise ValueError(
+                        "an optimizer parameter is not a parameter of the model; build the "
+                        "optimizer from model.parameters()"
+                    )
+                specs.append(ParamSpec(names[id(p)], tuple(p.shape), pg))
+                params_by_name[names[id(p)]] = p
+        dtypes = {p.dtype for p in params_by_name.values()}
+        if len(dtypes) > 1:
+            raise TypeError(
+                f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
+                "cast the model to one dtype, or enable fp16/bf16 in the config"
+            )
+        partitioned = zero.stage in (1, 2)
+        bucket = zero.reduce_bucket_size
+        if partitioned:
+            bucket = min(bucket, zero.allgather_bucket_size)
+        self.layout = plan_layout(
+            specs, self.world_size if partitioned else 1, bucket, align=_ALIGN
+        )
+        params_by_group = [[params_by_name[s.name] for s in g.slots] for g in self.layout.groups]
+        self.flat_params = FlatBuffer(
+            self.layout, dtype if self.precision.mixed else dtypes.pop(), self.device
+        )
+        flatten_params_into(self.flat_params, params_by_group)
+        # Every rank starts from rank 0's weights (as DDP and DeepSpeed do).
+        self.comm.broadcast(self.flat_params.data, src=0)
+
+        mode = {
+            0: ReduceMode.ALL_REDUCE,
+            1: ReduceMode.SCATTER_AT_BOUNDARY,
+            2: ReduceMode.SCATTER_EVERY_MICRO_STEP,
+        }[zero.stage]
+        self.reducer = GradReducer(
+            self.layout,
+            params_by_group,
+            self.comm,
+            mode,
+            self.flat_params.data.dtype,
+            self.device,
+            overlap=bool(zero.overlap_comm),
+        )
+        offload = zero.offload_optimizer.enabled
+        self.optimizer = ZeroOptimizer(
+            layout=self.layout,
+            params=self.flat_params,
+            reducer=self.reducer,
+            comm=self.comm,
+            precision=self.precision,
+            partitioned=partitioned,
+            offload=offload,
+            pin_memory=zero.offload_optimizer.pin_memory,
+            clip=float(config.gradient_clipping or 0.0),
+            make_optimizer=self._optimizer_factory(optimizer, groups),
+            group_options=[opts for opts, _ in groups],
+        )
+        self.lr_scheduler = self._build_scheduler(lr_scheduler)
+        self.training_dataloader = None
+        if training_data is not None:
+            self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
+
+    # ------------------------------------------------------------------ construction helpers
+    @staticmethod
+    def _param_groups(module, optimizer, model_parameters) -> list[tuple[dict, list]]:
+        """(options, params) per optimizer param group, trainable parameters only."""
+        if isinstance(optimizer, torch.optim.Optimizer):
+            raw = [
+                ({k: v for k, v in g.items() if k != "params"}, list(g["params"]))
+                for g in optimizer.param_groups
+            ]
+        elif model_parameters is not None:
+            items = list(model_parameters)
+            if items and isinstance(items[0], dict):
+                raw = [
+                    ({k: v for k, v in g.items() if k != "params"}, list(g["params"]))
+                    for g in items
+                ]
+            else:
+                raw = [({}, items)]
+        else:
+            raw = [({}, list(module.parameters()))]
+        seen, groups = set(), []
+        for opts, params in raw:
+            keep = []
+            for p in params:
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    keep.append(p)
+            groups.append((opts, keep))
+        if not any(params for _, params in groups):
+            raise ValueError("the model has no trainable parameters (none requires grad)")
+        return groups
+
+    def _optimizer_factory(self, client, groups):
+        def make(param_groups: list[dict]) -> torch.optim.Optimizer:
+            if isinstance(client, torch.optim.Optimizer):
+                # Keep the client's object (a client scheduler may already hold it) but point
+                # it at this rank's master weights.
+                for target, new in zip(client.param_groups, param_groups, strict=True):
+                    target["params"] = new["params"]
+                client.state.clear()
+                return client
+            if callable(client):
+                return client(param_groups)
+            if self.config.optimizer is None:
+                raise ValueError(
+                    'no optimizer: add an "optimizer" block to the config, or pass optimizer= '
+                    "to runtime.initialize"
+                )
+            from .optimizers import build_optimizer
+
+            return build_optimizer(self.config.optimizer, param_groups)
+
+        return make
+
+    def _build_scheduler(self, client):
+        inner = self.optimizer.optimizer
+        if client is not None:
+            # A scheduler object steps; a factory is called with the optimizer.
+            return client if hasattr(client, "step") else client(inner)
+        if self.config.scheduler is None:
+            return None
+        from .lr_schedules import build_scheduler
+
+        return build_scheduler(self.config.scheduler, inner)
+
+    def deepspeed_io(self, dataset, *, collate_fn=None, batch_size=None, shuffle=True):
+        from .dataloader import build_dataloader
+
+        return build_dataloader(
+            dataset,
+            micro_batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+            rank=self.global_rank,
+            world_size=self.world_size,
+            collate_fn=collate_fn,
+            drop_last=getattr(self.config, "dataloader_drop_last", False),
+            shuffle=shuffle,
+        )
+
+    # ------------------------------------------------------------------ training loop
+    def forward(self, *args, **kwargs):
+        if self.precision.mixed:
+            args = _cast_floats(args, self.precision.param_dtype)
+            kwargs = _cast_floats(kwargs, self.precision.param_dtype)
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        """Backpropagate ``loss / gradient_accumulation_steps`` (times the loss scale).
+
+        Returns the loss divided by the accumulation steps, as DeepSpeed does.
+        """
+        gas = self.gradient_accumulation_steps()
+        if self._reduced_since_step or self._backward_calls >= gas:
+            raise AccumulationError(
+                f"engine.backward() was called {self._backward_calls + 1} times without "
+                f"engine.step() (gradient_accumulation_steps={gas}). Call engine.step() after "
+                "EVERY engine.backward(loss): the engine counts micro-batches itself and updates "
+                "only at the accumulation boundary. Write the loop as\n"
+                "    for batch in loader:\n"
+                "        loss = engine(batch)\n"
+                "        engine.backward(loss)\n"
+                "        engine.step()\n"
+                "(not `if engine.global_steps % accum == 0: engine.step()`)."
+            )
+        boundary = self.is_gradient_accumulation_boundary()
+        self._backward_calls += 1
+        self._reduced_since_step = boundary
+        scaled = loss / gas if scale_wrt_gas else loss
+        # Gradients are summed over ranks, so fold the 1/world_size of the mean in here.
+        factor = self.precision.loss_scale / self.world_size
+        target = scaled.float() * factor if (factor != 1.0 or self.precision.mixed) else scaled
+        self.reducer.prepare(boundary)
+        target.backward(retain_graph=retain_graph)
+        self.reducer.finish()
+        return scaled
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def step(self) -> None:
+        """Call after every backward; applies the update at the accumulation boundary."""
+        self._backward_calls = 0
+        self._reduced_since_step = False
+        if self.is_gradient_accumulation_boundary():
+            outcome = self.optimizer.step()
+            self.precision.update(outcome.skipped, step=self.global_steps, rank=self.global_rank)
+            if outcome.skipped:
+                self.skipped_steps += 1
+            elif self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            self.optimizer.zero_grad()
+            self.global_steps += 1
+            self.global_samples += self.train_batch_size()
+            every = self.config.steps_per_print
+            if self.global_rank == 0 and every and self.global_steps % every == 0:
+                norm = outcome.grad_norm
+                log.info(
+                    "step %d: lr %s, grad norm %s, loss scale %g, skipped %d",
+                    self.global_steps,
+                    ", ".join(f"{lr:.3g}" for lr in self.get_lr()),
+                    "overflow" if norm is None else f"{norm:.4g}",
+                    self.precision.loss_scale,
+                    self.skipped_steps,
+                )
+        self.micro_steps += 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - torch signature
+        self.optimizer.zero_grad()
+
+    # ------------------------------------------------------------------ queries
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def get_lr(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> float | None:
+        """Norm of the last step's gradients over all ranks, before clipping."""
+        return self.optimizer.last_grad_norm
+
+    @property
+    def loss_scale(self) -> LiveLossScale:
+        return LiveLossScale(self.precision.loss_scale)
+
+    @property
+    def zero_stage(self) -> int:
+        return self.config.zero_optimization.stage
+
+    def zero_optimization_stage(self) -> int:
+        return self.zero_stage
+
+    def named_master_shards(self) -> Iterable[tuple[int, torch.Tensor]]:
+        """(group index, fp32 master tensor) for what this rank owns."""
+        return zip(range(len(self.layout.groups)), self.optimizer.master, strict=True)

@@ -1,0 +1,106 @@
+"""Training precision: parameter dtype, loss scaling, and the one per-step gradient check.
+
+fp16 trains 16-bit parameters and gradients against fp32 master weights with a loss scale
+(dynamic or static, runtime.loss_scaler); bf16 the same without scaling; fp32 uses the
+parameters themselves as master weights. Whether the step overflowed and the global gradient
+norm are decided together by ONE all-reduce of ``[sum of squares, non-finite flag]``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .comm import Communicator
+
+__all__ = ["PrecisionMode", "Precision", "GradStats", "global_grad_stats"]
+
+log = logging.getLogger("runtime.precision")
+
+
+class PrecisionMode(enum.Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+_DTYPES = {
+    PrecisionMode.FP32: torch.float32,
+    PrecisionMode.FP16: torch.float16,
+    PrecisionMode.BF16: torch.bfloat16,
+}
+
+
+class Precision:
+    """The precision policy of one engine."""
+
+    def __init__(self, mode: PrecisionMode, fp16_config=None):
+        self.mode = mode
+        self.param_dtype = _DTYPES[mode]
+        self.scaler = None
+        if mode is PrecisionMode.FP16:
+            from .loss_scaler import build_loss_scaler
+
+            self.scaler = build_loss_scaler(fp16_config)
+
+    @classmethod
+    def from_config(cls, config) -> Precision:
+        return cls(PrecisionMode(config.precision), config.fp16)
+
+    @property
+    def mixed(self) -> bool:
+        """Master weights are a separate fp32 copy."""
+        return self.mode is not PrecisionMode.FP32
+
+    @property
+    def skips_on_overflow(self) -> bool:
+        return self.mode is PrecisionMode.FP16
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self.scaler.scale) if self.scaler is not None else 1.0
+
+    def update(self, overflow: bool, *, step: int, rank: int) -> None:
+        """Feed the step's overflow to the scaler; rank 0 logs one line on overflow."""
+        if self.scaler is None:
+            return
+        before = self.loss_scale
+        self.scaler.update(overflow)
+        if overflow and rank == 0:
+            message = getattr(self.scaler, "last_message", None) or (
+                f"gradient overflow: skipping step, loss scale {before:g} -> {self.loss_scale:g}"
+            )
+            log.warning("step %d: fp16 %s", step, message)
+
+
+@dataclass(frozen=True)
+class GradStats:
+    sq_norm: float
+    """Sum of squares of the (scaled) gradients over all ranks."""
+    nonfinite: bool
+    """Some rank saw an inf or nan."""
+
+
+def global_grad_stats(
+    grads: list[torch.Tensor], comm: Communicator, partitioned: bool
+) -> GradStats:
+    """Squared norm and overflow of gradients, summed over ranks with one all-reduce.
+
+    ``partitioned``: each rank holds a disjoint shard (stages 1-2), so the partial sums add up;
+    otherwise every rank holds the same full gradients and no collective is needed.
+    """
+    if grads:
+        norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+        sq = norms.double().square().sum()
+        flag = (~torch.isfinite(norms)).any().double()
+        packed = torch.stack([sq, flag])
+    else:
+        packed = torch.zeros(2, dtype=torch.float64)
+    if partitioned:
+        comm.all_reduce(packed)
+    sq_norm, flag = packed.tolist()
+    return GradStats(sq_norm, flag > 0 or not math.isfinite(sq_norm))

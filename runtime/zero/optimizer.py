@@ -1,0 +1,168 @@
+"""The partitioned optimizer step (stages 0-2): master weights, clipping, update, all-gather.
+
+Each rank steps only what it owns: for stage 0 every group whole, for stages 1 and 2 its shard
+of every group. Master weights are one tensor per owned group range:
+
+* fp32 without offload: a *view* of the flat parameter buffer (no copy; the parameters are the
+  master weights, which is what DESIGN.md's fp32 formulas count);
+* mixed precision: an fp32 copy; the step's fp32 gradient is made from the 16-bit shard and
+  freed after the step;
+* offload: an fp32 copy in (pinned) CPU memory with a persistent CPU gradient buffer; the
+  update runs there and the result is copied back into the device parameters.
+
+After the update each rank writes its shard into the flat parameter buffer and every group is
+all-gathered in place (stages 1-2), so all ranks hold the full updated parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..comm import Communicator
+from ..precision import Precision, global_grad_stats
+from .buckets import GradReducer
+from .flat import FlatBuffer
+from .partition import FlatLayout
+
+__all__ = ["StepOutcome", "ZeroOptimizer"]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    skipped: bool
+    grad_norm: float | None
+    """Global gradient norm before clipping (unscaled); None when the step overflowed."""
+
+
+class ZeroOptimizer:
+    """Owns the master weights of this rank and the wrapped torch optimizer.
+
+    ``optimizer`` is the torch optimizer over the master tensors (schedulers attach to it);
+    ``param_groups`` and ``state`` are its own.
+    """
+
+    def __init__(
+        self,
+        *,
+        layout: FlatLayout,
+        params: FlatBuffer,
+        reducer: GradReducer,
+        comm: Communicator,
+        precision: Precision,
+        partitioned: bool,
+        offload: bool,
+        pin_memory: bool,
+        clip: float,
+        make_optimizer: Callable[[list[dict]], torch.optim.Optimizer],
+        group_options: list[dict],
+    ):
+        self.layout = layout
+        self.params = params
+        self.reducer = reducer
+        self.comm = comm
+        self.precision = precision
+        self.partitioned = partitioned
+        self.offload = offload
+        self.clip = clip
+        rank = comm.rank
+        self._sources = params.shards(rank) if partitioned else params.groups()
+        self.masters_are_views = not (precision.mixed or offload)
+        pin = offload and pin_memory and torch.cuda.is_available()
+        master_device = torch.device("cpu") if offload else params.data.device
+        if self.masters_are_views:
+            self.master = list(self._sources)
+        else:
+            self.master = [
+                torch.empty(
+                    s.numel(), dtype=torch.float32, device=master_device, pin_memory=pin
+                ).copy_(s)
+                for s in self._sources
+            ]
+        self._grad_buffers = (
+            [torch.zeros_like(m, pin_memory=pin) for m in self.master] if offload else None
+        )
+        groups = []
+        for pg, options in enumerate(group_options):
+            tensors = [
+                m for m, g in zip(self.master, layout.groups, strict=True) if g.param_group == pg
+            ]
+            groups.append({**options, "params": tensors})
+        self.optimizer = make_optimizer(groups)
+        self.last_grad_norm: float | None = None
+
+    # torch.optim.Optimizer look-alikes ----------------------------------------------------
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def loss_scale(self) -> float:
+        return self.precision.loss_scale
+
+    cur_scale = loss_scale
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - torch signature
+        self.reducer.zero()
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+    # the step -------------------------------------------------------------------------------
+    def step(self) -> StepOutcome:
+        """Check, clip and apply the reduced gradients; gather the updated parameters."""
+        grads = self.reducer.owned_grads()
+        stats = global_grad_stats(grads, self.comm, self.partitioned)
+        if stats.nonfinite and self.precision.skips_on_overflow:
+            self.last_grad_norm = None
+            return StepOutcome(True, None)
+        scale = self.precision.loss_scale
+        norm = math.sqrt(stats.sq_norm) / scale
+        coef = 1.0 / scale
+        if self.clip > 0:
+            coef *= min(1.0, self.clip / (norm + 1e-6))
+        if self.masters_are_views:
+            master_grads = grads
+        elif self.offload:
+            master_grads = self._grad_buffers
+            for buf, g in zip(master_grads, grads, strict=True):
+                buf.copy_(g, non_blocking=True)
+            if master_grads and master_grads[0].is_pinned():
+                torch.cuda.synchronize()
+        else:
+            master_grads = [g.float() for g in grads]
+        if coef != 1.0:
+            torch._foreach_mul_(master_grads, coef)
+        for m, g in zip(self.master, master_grads, strict=True):
+            m.grad = g
+        self.optimizer.step()
+        for m in self.master:
+            m.grad = None
+        if not self.masters_are_views:
+            for dst, m in zip(self._sources, self.master, strict=True):
+                dst.copy_(m, non_blocking=True)
+        self.gather_params()
+        self.last_grad_norm = norm
+        return StepOutcome(False, norm)
+
+    def gather_params(self) -> None:
+        """All-gather every group in place so each rank holds the full parameters."""
+        if not self.partitioned or self.comm.world_size == 1:
+            return
+        rank = self.comm.rank
+        handles = [
+            self.comm.all_gather(self.params.group(g), self.params.shard(g, rank), async_op=True)
+            for g in self.layout.groups
+        ]
+        for h in handles:
+            h.wait()

@@ -165,6 +165,11 @@ class Engine(torch.nn.Module):
         self.training_dataloader = None
         if training_data is not None:
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
+        # --- step metrics (runtime/metrics.py) ---
+        from .metrics import StepMetrics
+
+        self.step_metrics = StepMetrics(self)
+        # --- end step metrics ---
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -246,6 +251,7 @@ class Engine(torch.nn.Module):
 
     # ------------------------------------------------------------------ training loop
     def forward(self, *args, **kwargs):
+        self.step_metrics.on_forward(args, kwargs)  # step metrics: window start, tokens
         if self.precision.mixed:
             args = _cast_floats(args, self.precision.param_dtype)
             kwargs = _cast_floats(kwargs, self.precision.param_dtype)
@@ -269,6 +275,7 @@ class Engine(torch.nn.Module):
                 "        engine.step()\n"
                 "(not `if engine.global_steps % accum == 0: engine.step()`)."
             )
+        self.step_metrics.on_backward(loss)  # step metrics: this rank's loss
         boundary = self.is_gradient_accumulation_boundary()
         self._backward_calls += 1
         self._reduced_since_step = boundary
@@ -298,18 +305,20 @@ class Engine(torch.nn.Module):
             self.optimizer.zero_grad()
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
-            every = self.config.steps_per_print
-            if self.global_rank == 0 and every and self.global_steps % every == 0:
-                norm = outcome.grad_norm
-                log.info(
-                    "step %d: lr %s, grad norm %s, loss scale %g, skipped %d",
-                    self.global_steps,
-                    ", ".join(f"{lr:.3g}" for lr in self.get_lr()),
-                    "overflow" if norm is None else f"{norm:.4g}",
-                    self.precision.loss_scale,
-                    self.skipped_steps,
-                )
+            # --- step metrics: report steps emit one event from rank 0 (runtime/metrics.py) ---
+            self.step_metrics.on_boundary(outcome.grad_norm)
         self.micro_steps += 1
+
+    # --- step metrics API (runtime/metrics.py) ---
+    def log_metrics(self, values: dict, step: int | None = None) -> None:
+        """Send the script's own metrics (name -> number) from rank 0, like the step metrics."""
+        self.step_metrics.log_metrics(values, step)
+
+    def set_total_steps(self, total: int | None) -> None:
+        """The number of optimizer steps of the run, for the progress bar and ETA."""
+        self.step_metrics.set_total_steps(total)
+
+    # --- end step metrics API ---
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - torch signature
         self.optimizer.zero_grad()

@@ -1,0 +1,380 @@
+"""Step metrics: what rank 0 tells the controller (or the log) every ``steps_per_print`` steps.
+
+On the first optimizer step and on every ``steps_per_print``-th one, each rank takes part in
+ONE small all-reduce (two numbers: its mean micro-batch loss of the step and the tokens it saw
+since the last report), and rank 0 emits one event::
+
+    {"kind": "metrics", "source": "engine", "step", "samples", "total_steps", "loss", "lr",
+     "loss_scale", "grad_norm", "skipped_steps", "step_time", "samples_per_s", "tokens_per_s",
+     "memory_kind", "memory_bytes", "memory_peak_bytes", "comm_bytes", "world_size"}
+
+Every key is always present (``None`` where it does not apply: ``grad_norm`` on an overflow
+step, ``tokens_per_s`` when the batch is not a token tensor, ``total_steps`` when unknown).
+``step_time`` and the rates are averaged over the steps since the previous report, so they
+include data loading. Memory is the device's allocated/peak bytes on GPU, the process RSS and
+peak RSS on CPU. ``comm_bytes`` is this rank's logical traffic so far (`runtime.comm`).
+
+Under zlaunch (``ZLAUNCH_EVENTS_FD`` set by the agent) the event is one JSON line on that pipe,
+never on the script's stdout; the controller writes it to ``metrics.jsonl`` and the live view.
+Without zlaunch it is logged as one line on the ``runtime.metrics`` logger (printed to stdout
+when logging is not configured). ``engine.log_metrics({...})`` sends a script's own values the
+same way (``"source": "user"``). The DeepSpeed ``tensorboard`` block writes the same scalars
+with ``torch.utils.tensorboard`` when the ``tensorboard`` package is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+
+__all__ = ["StepMetrics", "EventSink", "EVENTS_FD_ENV", "TOTAL_STEPS_ENV", "METRIC_FIELDS"]
+
+log = logging.getLogger("runtime.metrics")
+
+EVENTS_FD_ENV = "ZLAUNCH_EVENTS_FD"
+TOTAL_STEPS_ENV = "ZLAUNCH_TOTAL_STEPS"
+METRIC_FIELDS = (
+    "step",
+    "samples",
+    "total_steps",
+    "loss",
+    "lr",
+    "loss_scale",
+    "grad_norm",
+    "skipped_steps",
+    "step_time",
+    "samples_per_s",
+    "tokens_per_s",
+    "memory_kind",
+    "memory_bytes",
+    "memory_peak_bytes",
+    "comm_bytes",
+    "world_size",
+)
+
+
+class EventSink:
+    """Where rank 0's events go: the zlaunch events pipe if there is one, else the log."""
+
+    def __init__(self, environ: dict[str, str] | None = None):
+        environ = os.environ if environ is None else environ
+        self.fd: int | None = None
+        raw = environ.get(EVENTS_FD_ENV, "")
+        if raw.isdigit():
+            fd = int(raw)
+            try:
+                os.fstat(fd)
+                self.fd = fd
+            except OSError:
+                warnings.warn(
+                    f"{EVENTS_FD_ENV}={raw} is not an open file descriptor; metrics go to the "
+                    "log instead",
+                    stacklevel=3,
+                )
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.fd is not None:
+            data = (json.dumps(event, allow_nan=False, default=_jsonable) + "\n").encode()
+            try:
+                # One write of a short line (< PIPE_BUF) is atomic: lines never interleave.
+                os.write(self.fd, data)
+                return
+            except OSError:  # the agent is gone; keep training, keep reporting locally
+                self.fd = None
+        _log_line(format_line(event))
+
+
+def _jsonable(value: Any) -> Any:
+    if torch.is_tensor(value) and value.numel() == 1:
+        return value.item()
+    return str(value)
+
+
+def _log_line(text: str) -> None:
+    if not log.handlers and not logging.getLogger().handlers:
+        # Logging not configured by the script: make the line visible anyway, on stdout.
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    log.info("%s", text)
+
+
+def format_line(event: dict[str, Any]) -> str:
+    """One event as one human line: ``step 10/100 | loss 2.3041 | lr 0.001 | ...``."""
+    if event.get("source") == "user":
+        values = " | ".join(f"{k} {_short(v)}" for k, v in event.items() if k not in _META)
+        return f"step {event.get('step')} | {values}"
+    step = f"step {event['step']}"
+    if event.get("total_steps"):
+        step += f"/{event['total_steps']}"
+    parts = [
+        step,
+        f"loss {_short(event['loss'])}",
+        f"lr {_short(event['lr'])}",
+        f"grad norm {_short(event['grad_norm'])}",
+        f"loss scale {_short(event['loss_scale'])}",
+        f"skipped {event['skipped_steps']}",
+        f"step {event['step_time'] * 1000:.1f} ms",
+        f"{event['samples_per_s']:.1f} samples/s",
+    ]
+    if event.get("tokens_per_s") is not None:
+        parts.append(f"{event['tokens_per_s']:.0f} tokens/s")
+    parts.append(f"{event['memory_kind']} {event['memory_bytes'] / 2**20:.0f} MiB")
+    parts.append(f"comm {event['comm_bytes'] / 2**20:.1f} MiB")
+    return " | ".join(parts)
+
+
+_META = ("kind", "source", "step")
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _memory(device: torch.device) -> tuple[str, int, int]:
+    if device.type == "cuda":
+        return (
+            "cuda",
+            int(torch.cuda.memory_allocated(device)),
+            int(torch.cuda.max_memory_allocated(device)),
+        )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    try:
+        with open("/proc/self/statm") as handle:
+            rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = peak
+    return "rss", rss, max(peak, rss)
+
+
+def _token_count(args: tuple, kwargs: dict) -> int | None:
+    """numel of the input ids when the batch is a token tensor (integer dtype), else None."""
+    candidate = kwargs.get("input_ids")
+    if candidate is None and args:
+        candidate = args[0]
+        if isinstance(candidate, dict):
+            candidate = candidate.get("input_ids")
+        elif isinstance(candidate, (list, tuple)) and candidate:
+            candidate = candidate[0]
+    if torch.is_tensor(candidate) and not candidate.is_floating_point():
+        if candidate.dtype not in (torch.bool, torch.complex64, torch.complex128):
+            return candidate.numel()
+    return None
+
+
+class StepMetrics:
+    """Collects one engine's per-step numbers and reports them on report steps.
+
+    The engine calls ``on_forward`` / ``on_backward`` / ``on_boundary``; every rank must call
+    ``on_boundary`` on every optimizer step, since report steps run one collective.
+    """
+
+    def __init__(self, engine: Any, sink: EventSink | None = None):
+        self.engine = engine
+        self.rank = engine.global_rank
+        self.every = int(engine.config.steps_per_print or 0)
+        self.sink = (sink or EventSink()) if self.rank == 0 else None
+        self._total_steps: int | None = None
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_count = 0
+        self._tokens = 0
+        self._saw_tokens = False
+        self._window_start: float | None = None
+        self._window_steps = 0
+        self._window_samples = 0
+        self._tb = _tensorboard_writer(engine.config, self.rank)
+
+    # ---- total steps, for the progress bar ----------------------------------------------
+
+    def set_total_steps(self, total: int | None) -> None:
+        if total is not None and (isinstance(total, bool) or int(total) <= 0):
+            raise ValueError(f"set_total_steps: a positive number of steps, got {total!r}")
+        self._total_steps = None if total is None else int(total)
+
+    @property
+    def total_steps(self) -> int | None:
+        if self._total_steps is not None:
+            return self._total_steps
+        raw = os.environ.get(TOTAL_STEPS_ENV, "")
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+        total = getattr(self.engine.lr_scheduler, "total_num_steps", None)
+        return int(total) if isinstance(total, int) and total > 0 else None
+
+    # ---- hooks ----------------------------------------------------------------------------
+
+    def on_forward(self, args: tuple, kwargs: dict) -> None:
+        if self._window_start is None:
+            self._window_start = time.perf_counter()
+        tokens = _token_count(args, kwargs)
+        if tokens is not None:
+            self._tokens += tokens
+            self._saw_tokens = True
+
+    def on_backward(self, loss: torch.Tensor) -> None:
+        if self._window_start is None:
+            self._window_start = time.perf_counter()
+        if not torch.is_tensor(loss):
+            return
+        value = loss.detach().float().mean()
+        self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
+        self._loss_count += 1
+
+    def on_boundary(self, grad_norm: float | None) -> None:
+        """After an optimizer step (``engine.global_steps`` already counts it)."""
+        engine = self.engine
+        self._window_steps += 1
+        self._window_samples += engine.train_batch_size()
+        step = engine.global_steps
+        report = step == 1 or (self.every > 0 and step % self.every == 0)
+        if not report:
+            self._reset_loss()
+            return
+        now = time.perf_counter()
+        elapsed = max(now - (self._window_start or now), 1e-9)
+        loss, tokens = self._reduce()
+        if self.rank == 0:
+            event = self._event(step, loss, tokens, elapsed, grad_norm)
+            self.sink.emit(event)
+            if self._tb is not None:
+                self._tb.write(event)
+        self._window_start = now
+        self._window_steps = 0
+        self._window_samples = 0
+        self._tokens = 0
+        self._reset_loss()
+
+    def log_metrics(self, values: dict[str, Any], step: int | None = None) -> None:
+        """A script's own values, sent by rank 0 like the step metrics."""
+        if not isinstance(values, dict) or not values:
+            raise TypeError("log_metrics expects a non-empty dict of name -> number")
+        if self.rank != 0:
+            return
+        clean: dict[str, Any] = {}
+        for key, value in values.items():
+            if torch.is_tensor(value):
+                value = value.detach().float().mean().item()
+            if not isinstance(key, str) or key in _META:
+                raise ValueError(f"log_metrics: bad metric name {key!r}")
+            clean[key] = value
+        event = {
+            "kind": "metrics",
+            "source": "user",
+            "step": self.engine.global_steps if step is None else int(step),
+            **clean,
+        }
+        self.sink.emit(event)
+        if self._tb is not None:
+            self._tb.write_user(event, self.engine.global_samples)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _reset_loss(self) -> None:
+        self._loss_sum = None
+        self._loss_count = 0
+
+    def _reduce(self) -> tuple[float | None, int]:
+        """Mean loss over data-parallel ranks and tokens over ranks: one all-reduce of 3."""
+        engine = self.engine
+        local = torch.zeros(3, dtype=torch.float64, device=engine.device)
+        if self._loss_sum is not None and self._loss_count:
+            local[0] = self._loss_sum.to(local.device, torch.float64) / self._loss_count
+            local[1] = 1.0
+        local[2] = float(self._tokens)
+        engine.comm.all_reduce(local)
+        loss_sum, reporting, tokens = local.tolist()
+        loss = loss_sum / reporting if reporting else None
+        if loss is not None and not math.isfinite(loss):
+            loss = None  # JSON has no inf/nan; grad_norm None and skipped_steps tell the story
+        return loss, int(tokens)
+
+    def _event(
+        self, step: int, loss: float | None, tokens: int, elapsed: float, grad_norm: float | None
+    ) -> dict[str, Any]:
+        engine = self.engine
+        kind, mem, peak = _memory(engine.device)
+        lrs = engine.get_lr()
+        steps = max(self._window_steps, 1)
+        return {
+            "kind": "metrics",
+            "source": "engine",
+            "step": step,
+            "samples": engine.global_samples,
+            "total_steps": self.total_steps,
+            "loss": loss,
+            "lr": lrs[0] if lrs else None,
+            "loss_scale": float(engine.precision.loss_scale),
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "skipped_steps": engine.skipped_steps,
+            "step_time": elapsed / steps,
+            "samples_per_s": self._window_samples / elapsed,
+            "tokens_per_s": tokens / elapsed if self._saw_tokens else None,
+            "memory_kind": kind,
+            "memory_bytes": mem,
+            "memory_peak_bytes": peak,
+            "comm_bytes": engine.comm.stats.total_bytes,
+            "world_size": engine.world_size,
+        }
+
+
+class _TensorBoard:
+    """Scalars against the number of samples seen, under DeepSpeed's names."""
+
+    _SCALARS = {
+        "loss": "Train/Samples/train_loss",
+        "lr": "Train/Samples/lr",
+        "loss_scale": "Train/Samples/loss_scale",
+        "grad_norm": "Train/Samples/grad_norm",
+        "samples_per_s": "Train/Samples/samples_per_s",
+        "tokens_per_s": "Train/Samples/tokens_per_s",
+        "memory_bytes": "Train/Samples/memory_bytes",
+    }
+
+    def __init__(self, writer: Any):
+        self.writer = writer
+
+    def write(self, event: dict[str, Any]) -> None:
+        for key, tag in self._SCALARS.items():
+            value = event.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(tag, value, event["samples"])
+        self.writer.flush()
+
+    def write_user(self, event: dict[str, Any], samples: int) -> None:
+        for key, value in event.items():
+            if key not in _META and isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(f"Train/Samples/{key}", value, samples)
+        self.writer.flush()
+
+
+def _tensorboard_writer(config: Any, rank: int) -> _TensorBoard | None:
+    block = getattr(config, "tensorboard", None)
+    if rank != 0 or block is None or not block.enabled:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        warnings.warn(
+            "tensorboard.enabled is true in the config but the tensorboard package is not "
+            "installed, so no TensorBoard events are written; install it with "
+            "pip install 'zlaunch[tensorboard]' (or pip install tensorboard)",
+            stacklevel=2,
+        )
+        return None
+    path = os.path.join(block.output_path or "runs", block.job_name or "DeepSpeedJobName")
+    return _TensorBoard(SummaryWriter(log_dir=path))

@@ -102,6 +102,16 @@ def test_gloo_all_reduce_across_hosts(cluster):
     assert cluster.wait_idle() == {}
 
 
+def test_fabric_uses_the_ssh_config(cluster):
+    fabric = pytest.importorskip("fabric")
+    config = fabric.Config(runtime_ssh_path=cluster.ssh_config)
+    for host in cluster.hosts:
+        with fabric.Connection(host, config=config) as conn:
+            # in_stream=False: fabric otherwise reads our stdin in a thread (pytest's raises).
+            assert conn.run("hostname", hide=True, in_stream=False).stdout == f"{host}\n"
+            assert conn.host == cluster.address(host) and conn.user == "root"
+
+
 def test_pids_lists_processes_started_over_ssh(cluster):
     out = cluster.run("node2", "nohup sleep 300 >/dev/null 2>&1 & echo $!")
     pid = int(out.stdout)
@@ -158,6 +168,8 @@ def test_teardown_leaves_nothing_behind():
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OWNER = (
+    # SIGINT as in a terminal, even where the test runner was started with it ignored.
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
     "import time; from tests.cluster import Cluster; c = Cluster.start(n=2); "
     "c.run('node1', 'nohup sleep 300 >/dev/null 2>&1 &'); "
     "print(c.prefix, flush=True); time.sleep(120)"
@@ -181,11 +193,12 @@ def _wait_gone(prefix: str, timeout: float = 10.0) -> list[str]:
 
 
 @needs_cluster
-def test_sigterm_to_the_owner_tears_down():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_the_owner_tears_down(signum):
     proc, prefix = _start_owner()
     assert _leftovers(prefix)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == -signal.SIGTERM
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == -signum  # torn down, then died of the signal as asked
     assert _wait_gone(prefix) == []
 
 

@@ -20,7 +20,8 @@ What it provides:
   pre-filled with the host keys (so ``StrictHostKeyChecking yes`` holds), ``BatchMode yes``,
   ``ConnectTimeout 5``. paramiko/fabric read it as is:
   ``fabric.Connection("node1", config=fabric.Config(runtime_ssh_path=c.ssh_config))`` picks up
-  HostName, User, IdentityFile and ConnectTimeout. Note fabric never reads known_hosts (it uses
+  HostName, User, IdentityFile and ConnectTimeout (pass ``in_stream=False`` to ``.run`` where stdin
+  is not readable, as under pytest). Note fabric never reads known_hosts (it uses
   paramiko's AutoAddPolicy); ``paramiko.SSHClient.load_host_keys(c.known_hosts)`` reads the file
   as written (plain ``name,address keytype key`` lines) if strict checking is wanted.
 - ``c.run(host, cmd, timeout=10)``: a shell command over ssh, returns ``CompletedProcess``.

@@ -9,7 +9,7 @@ FSDP2 and this runtime, so the columns of the comparison table mean the same thi
   from the framework's root objects and summing each unique tensor storage once.
 - ``CollectiveCounter``: wraps the ``torch.distributed`` collective functions in the worker
   process and adds up the bytes each rank sends, with one cost model for every framework.
-- ``synthetic_batch``: the deterministic token stream every framework trains on.
+- ``window_batch``: the deterministic micro-batches every framework trains on.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ __all__ = [
     "peak_rss_bytes",
     "pin_threads",
     "reachable_tensor_bytes",
-    "synthetic_batch",
+    "window_batch",
 ]
 
 # Every rank gets one compute thread: with 2 ranks on a 2-core host this is the only setting
@@ -364,20 +364,18 @@ class CollectiveCounter:
 # --------------------------------------------------------------------------------------------
 
 
-def synthetic_batch(
-    step: int, rank: int, micro_batch: int, seq_len: int, vocab_size: int, seed: int = 1234
-):
-    """The (inputs, targets) micro-batch of ``rank`` at ``step``: same for every framework.
+def window_batch(tokens, step: int, rank: int, micro_batch: int, seq_len: int, seed: int = 1234):
+    """The (inputs, targets) micro-batch of ``rank`` at ``step``: the same for every framework.
 
-    Each row is a window of a fixed pseudo-random "text" (one per seed) at a step- and
-    rank-dependent offset, so the model can learn something and the loss falls, while the
-    stream stays reproducible on any machine without any file.
+    Rows are windows of the token stream ``tokens`` at offsets drawn from a generator seeded by
+    (seed, step, rank), so every framework, run and machine sees the same batches in the same
+    order, and a run needs no data loader (whose workers would cost CPU of their own).
     """
     import torch
 
-    text_len = 8192
-    text = torch.randint(0, vocab_size, (text_len,), generator=torch.Generator().manual_seed(seed))
-    offsets_rng = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
-    starts = torch.randint(0, text_len - seq_len - 1, (micro_batch,), generator=offsets_rng)
-    rows = torch.stack([text[s : s + seq_len + 1] for s in starts.tolist()])
+    if tokens.numel() <= seq_len + 1:
+        raise ValueError(f"the token stream ({tokens.numel()}) is shorter than seq_len + 1")
+    rng = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    starts = torch.randint(0, tokens.numel() - seq_len - 1, (micro_batch,), generator=rng)
+    rows = torch.stack([tokens[s : s + seq_len + 1] for s in starts.tolist()])
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

@@ -42,7 +42,7 @@ __all__ = ["BenchSpec", "FRAMEWORKS", "main", "run_benchmark"]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = ("ddp", "deepspeed", "zlaunch", "fsdp2")
 LOSS_MATCH_RTOL = {"fp32": 1e-4, "bf16": 5e-2}
-VOCAB_SIZE = 96  # printable-ASCII character vocabulary
+CORPUS_CHARS = 400_000
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,17 @@ class ModelShape:
     """The GPT's size: the benchmark model by default, a tiny one for smoke tests."""
 
     n_layer: int = 6
-    n_embd: int = 512
+    d_model: int = 512
     n_head: int = 8
     seq_len: int = 128
     micro_batch: int = 4
+    vocab_size: int = 8192
+    """Rows of the (tied) embedding. The data are characters (ids below 97, examples/data.py);
+    8192 rows give the benchmark model its ~23.2M parameters (see examples/gpt.py)."""
 
     @classmethod
     def tiny(cls) -> ModelShape:
-        return cls(n_layer=2, n_embd=64, n_head=4, seq_len=32, micro_batch=2)
+        return cls(n_layer=2, d_model=64, n_head=4, seq_len=32, micro_batch=2, vocab_size=97)
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,6 @@ class BenchSpec:
     precision: str = "fp32"
     world_size: int = 2
     shape: ModelShape = field(default_factory=ModelShape)
-    model_file: str = str(REPO_ROOT / "examples" / "gpt.py")
     seed: int = 1234
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -117,32 +119,29 @@ class BenchSpec:
 # --------------------------------------------------------------------------------------------
 
 
-def _load_model_module(path: str):
-    import importlib.util
-
-    module_spec = importlib.util.spec_from_file_location("bench_gpt_model", path)
-    if module_spec is None or module_spec.loader is None:
-        raise FileNotFoundError(f"--model-file {path}: not a Python file")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
 def build_model(spec: BenchSpec):
-    """The GPT of ``spec.model_file`` at ``spec.shape``, initialised from ``spec.seed``."""
+    """The GPT of ``examples/gpt.py`` at ``spec.shape``, initialised from ``spec.seed``."""
     import torch
 
-    module = _load_model_module(spec.model_file)
+    from examples.gpt import GPT, GPTConfig
+
     shape = spec.shape
-    config = module.GPTConfig(
-        vocab_size=VOCAB_SIZE,
-        block_size=shape.seq_len,
+    config = GPTConfig(
+        vocab_size=shape.vocab_size,
         n_layer=shape.n_layer,
         n_head=shape.n_head,
-        n_embd=shape.n_embd,
+        d_model=shape.d_model,
+        seq_len=shape.seq_len,
     )
     torch.manual_seed(spec.seed)
-    return module.GPT(config)
+    return GPT(config)
+
+
+def load_tokens(spec: BenchSpec):
+    """The character corpus of ``examples/data.py`` (the Python stdlib's own sources)."""
+    from examples.data import load_corpus
+
+    return load_corpus(max_chars=CORPUS_CHARS)
 
 
 def _loss_of(output):
@@ -351,16 +350,10 @@ class RuntimeAdapter(DeepSpeedAdapter):
 
 
 def _runtime_sent_bytes(engine) -> float | None:
-    """Total bytes sent according to the runtime's own comm counters (None if it has none)."""
-    try:
-        from runtime import comm
-    except ImportError:
-        return None
-    counters = getattr(comm, "COUNTERS", None) or getattr(engine, "comm_counters", None)
-    if counters is None:
-        return None
-    total = getattr(counters, "total_sent_bytes", None)
-    return float(total() if callable(total) else total) if total is not None else None
+    """Total bytes sent so far according to the runtime's own counters (``runtime.comm``)."""
+    stats = getattr(getattr(engine, "comm", None), "stats", None)
+    total = getattr(stats, "total_bytes", None)
+    return None if total is None else float(total)
 
 
 def _time_checkpoint(engine, directory: Path) -> tuple[float, float]:
@@ -392,7 +385,7 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
         peak_rss_bytes,
         pin_threads,
         reachable_tensor_bytes,
-        synthetic_batch,
+        window_batch,
     )
 
     pin_threads()
@@ -407,6 +400,7 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
     adapter.init_process_group()
     rank = dist.get_rank()
     baseline_rss = current_rss_bytes()
+    tokens = load_tokens(spec)
     model = build_model(spec)
     num_params = sum(p.numel() for p in model.parameters())
     adapter.setup(model)
@@ -416,28 +410,30 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
     step_times: list[float] = []
     losses: list[float] = []
     own_before = None
-    for step in range(spec.steps + 1):
+    for step in range(spec.steps):
         if step == spec.warmup:
             counter.reset()
             counter.enabled = True
             own_before = adapter.own_counter_bytes()
-        inputs, targets = synthetic_batch(
-            step, rank, shape.micro_batch, shape.seq_len, VOCAB_SIZE, spec.seed
+        inputs, targets = window_batch(
+            tokens, step, rank, shape.micro_batch, shape.seq_len, spec.seed
         )
-        if step == spec.steps:
-            # One extra step, untimed: measure model states between backward and step, when
-            # parameters, gradients and optimizer state all exist.
-            counter.enabled = False
-            adapter.forward_backward(inputs, targets)
-            model_state_bytes = reachable_tensor_bytes(*adapter.state_roots())
-            adapter.step()
-            break
         tick = time.perf_counter()
         loss = adapter.forward_backward(inputs, targets)
         adapter.step()
         step_times.append(time.perf_counter() - tick)
         losses.append(float(loss.detach().float()))
+    counter.enabled = False
     own_after = adapter.own_counter_bytes()
+
+    # One extra step, untimed: measure model states between backward and step, when
+    # parameters, gradients and optimizer state all exist.
+    inputs, targets = window_batch(
+        tokens, spec.steps, rank, shape.micro_batch, shape.seq_len, spec.seed
+    )
+    adapter.forward_backward(inputs, targets)
+    model_state_bytes = reachable_tensor_bytes(*adapter.state_roots())
+    adapter.step()
     peak_rss = peak_rss_bytes()
     comm_steps = spec.steps - spec.warmup
 
@@ -741,7 +737,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="tiny model (smoke tests)")
-    parser.add_argument("--model-file", default=str(REPO_ROOT / "examples" / "gpt.py"))
     parser.add_argument(
         "--bucket-size",
         type=int,
@@ -776,7 +771,6 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision,
             world_size=args.world_size,
             shape=ModelShape.tiny() if args.tiny else ModelShape(),
-            model_file=args.model_file,
             bucket_size=args.bucket_size,
             checkpoint=args.checkpoint,
             timeout_s=args.timeout,

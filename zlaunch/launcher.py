@@ -32,6 +32,7 @@ from typing import IO, Any
 from zlaunch import protocol
 from zlaunch.console import Console
 from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
+from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
 from zlaunch.plan import Plan, build_plan
 from zlaunch.rundir import RunDir, RunStatus, new_run_id, plan_record
@@ -99,6 +100,11 @@ class Job:
         self.run_dir: RunDir | None = None
         self.plan: Plan | None = None
         self.attempt = 0
+        # --- live view and per-rank state (zlaunch/live_view.py, ranks.json) ---
+        self.view: JobView = PlainView(self.console)
+        self.last_step: int | None = None
+        self.exit_steps: dict[int, int | None] = {}
+        # --- end live view ---
 
     # ---- entry ----------------------------------------------------------------------------
 
@@ -117,6 +123,7 @@ class Job:
             },
         )
         previous = self._install_signal_handlers()
+        self.view = open_view(self.console)  # live view: rich panel on a terminal
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         heartbeat.start()
         try:
@@ -129,6 +136,8 @@ class Job:
                     self._stop_all(0.0)
                 self._stream()
             finally:
+                self.view.set_status("ended")
+                self.view.close()  # live view: final panel stays; outcome printed below it
                 self._stop_heartbeat.set()
                 self._close_links()
                 for state in self.ranks.values():
@@ -237,6 +246,13 @@ class Job:
                     log=self.run_dir.open_rank_log(self.attempt, node.host.display, worker.rank),
                 )
         self.run_dir.update(status=RunStatus.RUNNING, plan=plan_record(plan))
+        # --- live view and per-rank state ---
+        expected: dict[str, int] = {}
+        for state in self.ranks.values():
+            expected[state.host] = expected.get(state.host, 0) + 1
+        self.view.start(run_id, expected)
+        self._record_ranks()
+        # --- end live view ---
         for index, node in enumerate(plan.nodes):
             spec = {
                 "t": protocol.SPEC,
@@ -263,6 +279,7 @@ class Job:
                 kind, index, payload = self.events.get(timeout=0.25)
             except queue.Empty:
                 kind = None
+            self.view.tick()  # live view: due line batches and panel refresh
             if kind == "frame":
                 self._on_frame(index, payload)
             elif kind in ("eof", "garbled"):
@@ -302,6 +319,8 @@ class Job:
             state = self.ranks.get(frame["r"])
             if state is not None:
                 state.pid = frame["pid"]
+                self.view.rank_started(state.rank, state.host)  # live view
+                self._record_ranks()
         elif kind == protocol.EXITED:
             self._on_exit(frame)
         elif kind == protocol.ERROR:
@@ -317,6 +336,44 @@ class Job:
                 row.update(event)
                 self.metrics.write(json.dumps(row) + "\n")
                 self.metrics.flush()
+                # --- live view ---
+                if isinstance(event.get("step"), int) and event.get("source") != "user":
+                    self.last_step = event["step"]
+                self.view.metrics(rank, row["host"], row)
+                # --- end live view ---
+
+    # --- per-rank state in ranks.json (read by `zlaunch status`) ---
+    def _record_ranks(self) -> None:
+        if self.run_dir is None:
+            return
+        rows = []
+        for state in sorted(self.ranks.values(), key=lambda s: s.rank):
+            if state.exited:
+                what = "exited"
+            else:
+                what = "running" if state.pid else "starting"
+            rows.append(
+                {
+                    "rank": state.rank,
+                    "local_rank": state.local_rank,
+                    "host": state.host,
+                    "node_rank": state.node,
+                    "pid": state.pid,
+                    "state": what,
+                    "exit_code": state.exit_code,
+                    "signal": state.signal,
+                    "signal_name": _signal_name(state.signal),
+                    "last_step": self.exit_steps.get(state.rank, self.last_step)
+                    if state.exited
+                    else self.last_step,
+                }
+            )
+        try:
+            self.run_dir.write_ranks(self.attempt, rows)
+        except OSError as err:
+            self.console.note(f"cannot write ranks.json: {err}", error=True)
+
+    # --- end per-rank state ---
 
     def _on_exit(self, frame: dict[str, Any]) -> None:
         state = self.ranks.get(frame["r"])
@@ -326,6 +383,11 @@ class Job:
         state.exit_code = protocol.exit_code_of(frame.get("code"), state.signal)
         if frame.get("pid"):
             state.pid = frame["pid"]
+        # --- live view and per-rank state ---
+        self.exit_steps[state.rank] = self.last_step
+        self.view.rank_exited(state.rank, state.host, state.exit_code)
+        self._record_ranks()
+        # --- end live view ---
         if state.exit_code != 0 and self.stop_started is None:
             self.failures.append(self._failure_of(state))
             self.console.note(
@@ -363,6 +425,10 @@ class Job:
         lost = [s for s in self.ranks.values() if s.node == index and not s.exited]
         for state in lost:
             state.exit_code = EXIT_LOST_AGENT
+            self.exit_steps[state.rank] = self.last_step  # per-rank state
+            self.view.rank_exited(state.rank, state.host, EXIT_LOST_AGENT)
+        if lost:
+            self._record_ranks()
         if lost and self.stop_started is None:
             self.failures.append(self._failure_of(lost[0], message))
             self.console.note(f"{self.hosts[index].display}: {message}", error=True)
@@ -377,6 +443,7 @@ class Job:
             self.stop_started = time.monotonic()
             if self.run_dir is not None:
                 self.run_dir.update(status=RunStatus.STOPPING)
+            self.view.set_status("stopping")  # live view
         self.stop_grace = grace if first else min(self.stop_grace, grace)
         data = protocol.encode({"t": protocol.STOP, "grace": grace})
         senders = [

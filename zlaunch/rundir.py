@@ -6,6 +6,7 @@ Layout (``<log_dir>`` defaults to ``./zlaunch_runs``)::
     <log_dir>/<run-id>/attempt-<n>/<host>/rank-<r>.log   every line of rank r, stdout and stderr
     <log_dir>/<run-id>/failure.json               root cause and every failed rank
     <log_dir>/<run-id>/metrics.jsonl              one JSON row per "metrics" event of a worker
+    <log_dir>/<run-id>/ranks.json                 per rank: host, pid, alive or exit, last step
     <log_dir>/latest -> <run-id>
 
 Rank logs hold the raw lines (no prefix), stdout and stderr in the order they arrived, and are
@@ -38,6 +39,7 @@ __all__ = [
 RUN_FILE = "run.json"
 FAILURE_FILE = "failure.json"
 METRICS_FILE = "metrics.jsonl"
+RANKS_FILE = "ranks.json"
 LATEST = "latest"
 
 
@@ -143,6 +145,23 @@ class RunDir:
 
     def open_metrics(self) -> IO[str]:
         return open(os.path.join(self.path, METRICS_FILE), "a", encoding="utf-8")
+
+    # --- per-rank state (read by `zlaunch status`) ---
+    def write_ranks(self, attempt: int, ranks: list[dict[str, Any]]) -> None:
+        """Every rank's current state; rewritten atomically on each start and exit."""
+        _write_json_atomic(
+            os.path.join(self.path, RANKS_FILE),
+            {"attempt": attempt, "time": time.time(), "ranks": ranks},
+        )
+
+    def ranks(self) -> dict[str, Any] | None:
+        try:
+            with open(os.path.join(self.path, RANKS_FILE), encoding="utf-8") as handle:
+                return json.load(handle)
+        except FileNotFoundError:
+            return None
+
+    # --- end per-rank state ---
 
     # ---- reading (any process) ----------------------------------------------------------
 

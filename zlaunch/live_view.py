@@ -1,0 +1,389 @@
+"""The job as it runs: rank logs scrolling above a pinned panel of progress, metrics and health.
+
+``open_view(console)`` picks the view for the terminal:
+
+- ``LiveView`` when stdout is a terminal: a rich ``Live`` panel (progress bar with step/total
+  and ETA when the total is known, the latest step metrics, throughput, the script's own
+  metrics, and ranks alive/expected per host). Every rank line and controller note is printed
+  *through the same rich console* above the panel, by the one thread that owns the console, so
+  the panel is erased and redrawn around each batch and nothing is ever garbled. The view takes
+  over the plain console's output streams, so ``Console`` keeps its formatting (prefixes,
+  colors) and this module only decides where the bytes go.
+- ``PlainView`` otherwise (pipes, files, ``TERM=dumb``, ``ZLAUNCH_LIVE=0``): no panel, no
+  cursor movement; each metrics event becomes one plain ``zlaunch: step ...`` line on stderr
+  (escape-free when stderr is not a terminal, like every note).
+
+The launcher calls ``start(run_id, expected)`` once the plan is known, ``rank_started`` /
+``rank_exited`` / ``metrics`` as frames arrive, ``tick()`` from its loop, and ``close()``
+before printing the outcome.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from typing import IO, Any
+
+from zlaunch.console import Console
+
+__all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
+
+LIVE_ENV = "ZLAUNCH_LIVE"
+# Lines are printed at most this often (the panel is redrawn with each print); the rest wait
+# for the next tick, so a flood of output does not turn into a flood of panel redraws.
+PRINT_INTERVAL = 0.05
+PANEL_INTERVAL = 0.5
+
+_META = ("kind", "source", "step", "time", "rank", "host")
+
+
+def _num(value: Any, spec: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def _bytes(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{int(value)} B"
+
+
+def _rate(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:.1f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def format_metrics(event: dict[str, Any]) -> str:
+    """One metrics event as one plain line."""
+    if event.get("source") == "user":
+        values = "  ".join(f"{k} {_num(v)}" for k, v in event.items() if k not in _META)
+        return f"step {event.get('step')}  {values}"
+    step = f"step {event.get('step')}"
+    if event.get("total_steps"):
+        step += f"/{event['total_steps']}"
+    parts = [
+        step,
+        f"loss {_num(event.get('loss'))}",
+        f"lr {_num(event.get('lr'), '.3g')}",
+        f"grad_norm {_num(event.get('grad_norm'))}",
+        f"loss_scale {_num(event.get('loss_scale'), 'g')}",
+        f"skipped {_num(event.get('skipped_steps'))}",
+    ]
+    if isinstance(event.get("step_time"), (int, float)):
+        parts.append(f"step_time {event['step_time'] * 1000:.1f}ms")
+    parts.append(f"samples/s {_rate(event.get('samples_per_s'))}")
+    if event.get("tokens_per_s") is not None:
+        parts.append(f"tokens/s {_rate(event.get('tokens_per_s'))}")
+    parts.append(f"mem {_bytes(event.get('memory_bytes'))}")
+    parts.append(f"comm {_bytes(event.get('comm_bytes'))}")
+    return "  ".join(parts)
+
+
+class JobView:
+    """What both views track: the latest metrics and which ranks live on which host."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.run_id = ""
+        self.expected: dict[str, int] = {}
+        self.alive: dict[int, str] = {}
+        self.exits: dict[int, int] = {}
+        self.latest: dict[str, Any] | None = None
+        self.latest_at: float | None = None
+        self.user: dict[str, Any] = {}
+        self.started_at = time.monotonic()
+        self.status = "starting"
+
+    def start(self, run_id: str, expected: dict[str, int]) -> None:
+        self.run_id = run_id
+        self.expected = dict(expected)
+        self.status = "running"
+
+    def rank_started(self, rank: int, host: str) -> None:
+        self.alive[rank] = host
+
+    def rank_exited(self, rank: int, host: str, code: int) -> None:
+        self.alive.pop(rank, None)
+        self.exits[rank] = code
+
+    def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
+        if event.get("source") == "user":
+            self.user.update({k: v for k, v in event.items() if k not in _META})
+        else:
+            self.latest = event
+            self.latest_at = time.monotonic()
+
+    def set_status(self, status: str) -> None:
+        self.status = status
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # ---- derived --------------------------------------------------------------------------
+
+    def eta(self) -> float | None:
+        event = self.latest
+        if not event or not event.get("total_steps") or not event.get("step_time"):
+            return None
+        left = (event["total_steps"] - event["step"]) * event["step_time"]
+        since = time.monotonic() - (self.latest_at or time.monotonic())
+        return max(0.0, left - since)
+
+    def health(self) -> list[tuple[str, int, int]]:
+        """(host, ranks alive, ranks expected) per host, in plan order."""
+        alive: dict[str, int] = {}
+        for host in self.alive.values():
+            alive[host] = alive.get(host, 0) + 1
+        return [(host, alive.get(host, 0), n) for host, n in self.expected.items()]
+
+
+class PlainView(JobView):
+    """No panel: one ``zlaunch: step ...`` line per metrics event, through the console notes."""
+
+    def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
+        super().metrics(rank, host, event)
+        self.console.note(format_metrics(event))
+
+
+class _BytesOut(io.RawIOBase):
+    """Stands in for the console's stdout: bytes go to the live view."""
+
+    def __init__(self, view: LiveView):
+        self.view = view
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:
+        self.view.queue(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self.view.flush_lines()
+
+    def isatty(self) -> bool:
+        return True
+
+
+class _TextOut(io.TextIOBase):
+    """Stands in for the console's stderr: notes go to the live view, at once."""
+
+    def __init__(self, view: LiveView):
+        self.view = view
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.view.queue(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.view.flush_lines(force=True)
+
+    def isatty(self) -> bool:
+        return True
+
+
+class LiveView(JobView):
+    """The rich live panel pinned under the scrolling rank logs (a terminal only)."""
+
+    def __init__(self, console: Console, stream: IO[str] | None = None):
+        super().__init__(console)
+        from rich.console import Console as RichConsole
+        from rich.live import Live
+
+        self.rich = RichConsole(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+        self.pending: list[str] = []
+        self.last_print = 0.0
+        self.last_panel = 0.0
+        self.saved = (console.out, console.err)
+        console.out = _BytesOut(self)
+        console.err = _TextOut(self)
+        self.live = Live(
+            self._panel(),
+            console=self.rich,
+            auto_refresh=False,  # only the console's thread draws: no interleaving
+            redirect_stdout=False,
+            redirect_stderr=False,
+            transient=False,
+        )
+        self.live.start()
+        self.closed = False
+
+    # ---- output -----------------------------------------------------------------------------
+
+    def queue(self, text: str) -> None:
+        self.pending.append(text)
+
+    def flush_lines(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.pending and (force or now - self.last_print >= PRINT_INTERVAL):
+            self._print_pending()
+
+    def _print_pending(self) -> None:
+        from rich.text import Text
+
+        text = "".join(self.pending)
+        self.pending.clear()
+        if text.endswith("\n"):
+            text = text[:-1]
+        self.rich.print(Text.from_ansi(text), soft_wrap=True)
+        self.last_print = time.monotonic()
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def start(self, run_id: str, expected: dict[str, int]) -> None:
+        super().start(run_id, expected)
+        self._redraw()
+
+    def rank_exited(self, rank: int, host: str, code: int) -> None:
+        super().rank_exited(rank, host, code)
+        self._redraw()
+
+    def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
+        super().metrics(rank, host, event)
+        self._redraw()
+
+    def set_status(self, status: str) -> None:
+        super().set_status(status)
+        self._redraw()
+
+    def tick(self) -> None:
+        if self.closed:
+            return
+        if self.pending:
+            self.flush_lines()
+        if time.monotonic() - self.last_panel >= PANEL_INTERVAL:
+            self._redraw()
+
+    def _redraw(self) -> None:
+        if self.closed:
+            return
+        if self.pending:
+            self._print_pending()
+        self.live.update(self._panel(), refresh=True)
+        self.last_panel = time.monotonic()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self.pending:
+            self._print_pending()
+        self.live.update(self._panel(), refresh=True)
+        self.live.stop()
+        self.closed = True
+        self.console.out, self.console.err = self.saved
+
+    # ---- the panel ---------------------------------------------------------------------------
+
+    def _panel(self) -> Any:
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        event = self.latest or {}
+        step, total = event.get("step"), event.get("total_steps")
+        bar = Table.grid(padding=(0, 1))
+        bar.add_column(width=40)
+        bar.add_column()
+        elapsed = _duration(time.monotonic() - self.started_at)
+        if total:
+            done = min(step or 0, total)
+            label = (
+                f"step {step}/{total}  {100 * done / total:.0f}%  ETA {_duration(self.eta())}"
+                f"  elapsed {elapsed}"
+            )
+            bar.add_row(ProgressBar(total=total, completed=done, width=40), Text(label))
+        else:
+            waiting = "waiting for the first step" if step is None else f"step {step}"
+            bar.add_row(ProgressBar(total=None, width=40), Text(f"{waiting}  elapsed {elapsed}"))
+
+        grid = Table.grid(padding=(0, 2))
+        for _ in range(4):
+            grid.add_column()
+        if event:
+            grid.add_row(
+                f"loss [bold]{_num(event.get('loss'))}[/]",
+                f"lr {_num(event.get('lr'), '.3g')}",
+                f"grad norm {_num(event.get('grad_norm'))}",
+                f"loss scale {_num(event.get('loss_scale'), 'g')}",
+            )
+            step_ms = event.get("step_time")
+            grid.add_row(
+                f"step time {step_ms * 1000:.1f} ms"
+                if isinstance(step_ms, float)
+                else "step time -",
+                f"samples/s {_rate(event.get('samples_per_s'))}",
+                f"tokens/s {_rate(event.get('tokens_per_s'))}",
+                f"skipped {_num(event.get('skipped_steps'))}",
+            )
+            grid.add_row(
+                f"mem {_bytes(event.get('memory_bytes'))}",
+                f"peak {_bytes(event.get('memory_peak_bytes'))}",
+                f"comm {_bytes(event.get('comm_bytes'))}",
+                f"samples {_num(event.get('samples'))}",
+            )
+        parts: list[Any] = [bar, grid]
+        if self.user:
+            parts.append(Text("  ".join(f"{k} {_num(v)}" for k, v in self.user.items())))
+        hosts = Text("ranks alive: ")
+        for host, alive, expected in self.health():
+            style = "green" if alive == expected else ("red" if alive == 0 else "yellow")
+            if self.status not in ("running", "starting") and alive == 0:
+                style = "dim"
+            hosts.append(f"{host} {alive}/{expected}", style=style)
+            hosts.append("  ")
+        failed = sorted(r for r, c in self.exits.items() if c != 0)
+        if failed:
+            hosts.append(f"failed ranks: {','.join(map(str, failed))}", style="bold red")
+        parts.append(hosts)
+        return Panel(
+            Group(*parts),
+            title=f"zlaunch {self.run_id}".strip(),
+            subtitle=self.status,
+            title_align="left",
+            subtitle_align="right",
+        )
+
+
+def live_wanted(console: Console) -> bool:
+    """The panel only on a real terminal that can move the cursor, unless ZLAUNCH_LIVE=0."""
+    if os.environ.get(LIVE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if os.environ.get("TERM", "") == "dumb":
+        return False
+    try:
+        return sys.stdout.isatty() and console.out in (sys.stdout.buffer, sys.stdout)
+    except (AttributeError, ValueError):
+        return False
+
+
+def open_view(console: Console) -> JobView:
+    return LiveView(console) if live_wanted(console) else PlainView(console)

@@ -308,6 +308,8 @@ class Engine(torch.nn.Module):
             # --- step metrics: report steps emit one event from rank 0 (runtime/metrics.py) ---
             self.step_metrics.on_boundary(outcome.grad_norm)
         self.micro_steps += 1
+        if self.save_on_signal is not None:
+            self.save_on_signal.at_boundary(self)  # checkpoint on signal (runtime/checkpoint)
 
     # --- step metrics API (runtime/metrics.py) ---
     def log_metrics(self, values: dict, step: int | None = None) -> None:
@@ -350,6 +352,45 @@ class Engine(torch.nn.Module):
 
     def zero_optimization_stage(self) -> int:
         return self.zero_stage
+
+    # --- checkpoints (runtime/checkpoint/) ---
+    save_on_signal = None
+    """Set by runtime.initialize under zlaunch --save-on: saves at the next step boundary."""
+
+    def save_checkpoint(self, save_dir=None, tag=None, client_state=None, save_latest=True):
+        """Write a sharded checkpoint (call on every rank); returns its directory.
+
+        ``save_dir`` defaults to $ZLAUNCH_CHECKPOINT_DIR (zlaunch --checkpoint-dir), ``tag`` to
+        ``global_step<N>``; ``client_state`` must be JSON-serialisable (nothing is pickled).
+        """
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
+
+    def load_checkpoint(
+        self,
+        load_dir=None,
+        tag=None,
+        load_module_strict=True,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+        load_module_only=False,
+    ):
+        """Load a checkpoint saved at any world size and stage: ``(path, client_state)``, or
+        ``(None, None)`` with a warning when ``load_dir`` has no ``latest``."""
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint(
+            self,
+            load_dir,
+            tag,
+            load_module_strict=load_module_strict,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
+        )
+
+    # --- end checkpoints ---
 
     def named_master_shards(self) -> Iterable[tuple[int, torch.Tensor]]:
         """(group index, fp32 master tensor) for what this rank owns."""

@@ -166,3 +166,12 @@ class ZeroOptimizer:
         ]
         for h in handles:
             h.wait()
+
+    @torch.no_grad()
+    def refresh_params_from_master(self) -> None:
+        """Write the master weights into the parameters and gather them on every rank (after
+        the masters were replaced, e.g. by a checkpoint load)."""
+        if not self.masters_are_views:
+            for dst, m in zip(self._sources, self.master, strict=True):
+                dst.copy_(m)
+        self.gather_params()

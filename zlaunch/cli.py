@@ -20,6 +20,7 @@ __all__ = ["main", "cli"]
 # name -> (module under zlaunch.commands, one-line help shown by `zlaunch --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Launch SCRIPT on every slot of every host (the default command)."),
+    "check": ("check", "Preflight every host: ssh, python, zlaunch, torch, GPUs, cwd, port."),
     "estimate": ("estimate", "Model-state memory per GPU and per node for each ZeRO stage."),
 }
 DEFAULT_COMMAND = "run"

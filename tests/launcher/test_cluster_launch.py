@@ -253,3 +253,22 @@ def test_unreachable_host_is_named_and_nothing_keeps_running(cluster, jobs, tmp_
     print(f"\n[measure] {case}: error after {took:.2f}s:\n{err}")
     assert not job_processes(cluster)
     assert not job.records.exists() or not list(job.records.iterdir())
+
+
+def test_check_reaches_every_host_and_names_the_broken_one(cluster, tmp_path):
+    bad = cluster.address("node3")
+    hostfile = _with_extra_host(cluster, tmp_path, f"{bad} slots=2 port=2222")
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "zlaunch", "check", "--hostfile", hostfile,
+            "--ssh-config", cluster.ssh_config, "--ssh-timeout", "3", "--chdir", str(tmp_path),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    lines = [line.replace(" (master)", "") for line in out.stdout.splitlines()[2:]]
+    rows = {line.split()[0]: line for line in lines}
+    for host in cluster.hosts:
+        assert rows[host].split()[1] == "ok" and rows[host].rstrip().endswith("ok"), rows[host]
+    assert "FAILED" in rows[bad] and "2222" in rows[bad]
+    assert "3 of 4 hosts ready" in out.stdout

@@ -222,3 +222,26 @@ def test_ranks_filter_limits_the_console_not_the_files(jobs, tmp_path):
     for r in range(3):
         (path,) = job.run_dir().glob(f"attempt-0/*/rank-{r}.log")
         assert len(path.read_text().splitlines()) == 10
+
+
+def test_check_reports_a_busy_master_port_and_a_missing_interpreter(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "zlaunch", "check", "--master-port", str(port)],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("localhost")]
+    assert "in use" in row and f"master port {port} is in use" in row
+    assert "\x1b" not in out.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "check", "--python", str(tmp_path / "nopython")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert missing.returncode == 1
+    assert "nopython" in missing.stdout and "FAILED" in missing.stdout

@@ -64,6 +64,10 @@ def initialize(
         training_data=training_data,
         collate_fn=collate_fn,
     )
+    # zlaunch --resume / --save-on (ZLAUNCH_RESUME, ZLAUNCH_SAVE_ON): runtime/checkpoint/preempt.py
+    from .checkpoint.preempt import attach
+
+    attach(engine)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 

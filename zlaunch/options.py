@@ -77,6 +77,14 @@ class LaunchOptions:
     """Print the plan and start nothing."""
     pass_local_rank: bool = False
     """Append `--local_rank=N` to every worker's arguments, as DeepSpeed's launcher does."""
+    checkpoint_dir: str | None = None
+    """Absolute checkpoint directory, exported as ZLAUNCH_CHECKPOINT_DIR."""
+    resume: bool = False
+    """Workers load the latest checkpoint in checkpoint_dir at start (ZLAUNCH_RESUME=1)."""
+    max_restarts: int = 0
+    """Restarts of the whole job after a rank fails (a budget for the whole job)."""
+    save_on: str | None = "SIGUSR1"
+    """Signal that makes every rank save at the next step and exit 0; None disables."""
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -89,6 +97,10 @@ class LaunchOptions:
             raise UsageError("with --module, program must be ('-m', MODULE, *ARGS)")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise UsageError(f"--master-port must be 0-65535, got {self.master_port}")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
+        if self.resume and not self.checkpoint_dir:
+            raise UsageError("--resume needs --checkpoint-dir DIR (where to resume from)")
         if self.grace_period < 0:
             raise UsageError(f"--grace-period must be 0 or more, got {self.grace_period}")
         # Own copies, so later changes to the caller's dict or lists do not leak in.

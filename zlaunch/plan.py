@@ -13,6 +13,8 @@ win because they define the job:
                                                                                     (DeepSpeed)
     MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES (the host's selected slots, comma-joined),
     ZLAUNCH_RUN_ID, ZLAUNCH_ATTEMPT, ZLAUNCH_CONFIG (only when there is a config)
+    ZLAUNCH_CHECKPOINT_DIR, ZLAUNCH_SAVE_ON, ZLAUNCH_RESUME (with --checkpoint-dir; RESUME
+    with --resume and on every restart)
 
 ZLAUNCH_EVENTS_FD and the *_SOCKET_IFNAME defaults are added by the agent on each host.
 """
@@ -65,6 +67,9 @@ RESERVED_ENV = frozenset(
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_RESTART_COUNT",
         "TORCHELASTIC_MAX_RESTARTS",
+        "ZLAUNCH_CHECKPOINT_DIR",
+        "ZLAUNCH_RESUME",
+        "ZLAUNCH_SAVE_ON",
     }
 )
 
@@ -176,6 +181,15 @@ def build_plan(
     }
     if options.config_path is not None:
         job_env["ZLAUNCH_CONFIG"] = options.config_path
+    # Checkpoints: where, whether to resume (always on a restart), which signal saves.
+    checkpoint_dir = getattr(options, "checkpoint_dir", None)
+    if checkpoint_dir:
+        job_env["ZLAUNCH_CHECKPOINT_DIR"] = checkpoint_dir
+        if getattr(options, "resume", False) or attempt > 0:
+            job_env["ZLAUNCH_RESUME"] = "1"
+        save_on = getattr(options, "save_on", None)
+        if save_on:
+            job_env["ZLAUNCH_SAVE_ON"] = save_on
 
     nodes = []
     rank = 0

@@ -162,6 +162,10 @@ def build_options(
     dry_run: bool = False,
     config: str | None = None,
     pass_local_rank: bool = False,
+    checkpoint_dir: str | None = None,
+    resume: bool = False,
+    max_restarts: int = 0,
+    save_on: str | None = "SIGUSR1",
     environ: Mapping[str, str] | None = None,
     home: str | None = None,
 ) -> LaunchOptions:
@@ -251,7 +255,30 @@ def build_options(
         grace_period=grace_period,
         dry_run=dry_run,
         pass_local_rank=pass_local_rank,
+        checkpoint_dir=os.path.abspath(os.path.expanduser(checkpoint_dir))
+        if checkpoint_dir
+        else None,
+        resume=resume,
+        max_restarts=max_restarts,
+        save_on=_save_on_signal(save_on),
     )
+
+
+def _save_on_signal(value: str | None) -> str | None:
+    """--save-on SIGUSR1|USR1|none -> the canonical signal name, or None."""
+    import signal
+
+    if value is None or value.strip().lower() in ("", "none", "off"):
+        return None
+    name = value.strip().upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+        raise UsageError(f"--save-on {value}: not a signal that can be caught", hint="e.g. SIGUSR1")
+    if name in ("SIGINT", "SIGTERM"):
+        raise UsageError(
+            f"--save-on {value}: zlaunch uses {name} to stop the job", hint="use SIGUSR1 or SIGUSR2"
+        )
+    return name
 
 
 @click.command(
@@ -302,6 +329,25 @@ def build_options(
     "--pass-local-rank",
     is_flag=True,
     help="Append --local_rank=N to each worker's args (as DeepSpeed does).",
+)
+@click.option(
+    "--checkpoint-dir",
+    help="Checkpoint directory for the workers (ZLAUNCH_CHECKPOINT_DIR); also resumes restarts.",
+)
+@click.option("--resume", is_flag=True, help="Load the latest checkpoint in --checkpoint-dir.")
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Restart every rank after a failure, up to N times for the whole job.",
+)
+@click.option(
+    "--save-on",
+    default="SIGUSR1",
+    show_default=True,
+    metavar="SIGNAL|none",
+    help="This signal to zlaunch makes every rank save a checkpoint and exit 0.",
 )
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)

@@ -1,0 +1,84 @@
+"""What zlaunch's checkpoint options do inside a worker: resume at start, save on a signal.
+
+zlaunch exports (see ``zlaunch --checkpoint-dir/--resume/--save-on``):
+
+* ``ZLAUNCH_CHECKPOINT_DIR``: where `Engine.save_checkpoint()` / `load_checkpoint()` go by
+  default;
+* ``ZLAUNCH_RESUME=1``: `runtime.initialize` loads the latest checkpoint there (none yet: a
+  warning, and training starts fresh);
+* ``ZLAUNCH_SAVE_ON=SIGUSR1``: the signal sets a flag; at the next optimizer-step boundary the
+  ranks all-reduce the flag (so all of them decide at the same step, whichever got the signal
+  first), save, and exit with status 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import torch
+
+from .errors import CheckpointError
+
+__all__ = ["RESUME_ENV", "SAVE_ON_ENV", "SaveOnSignal", "attach", "SAVED_MARKER"]
+
+log = logging.getLogger("runtime.checkpoint")
+
+RESUME_ENV = "ZLAUNCH_RESUME"
+SAVE_ON_ENV = "ZLAUNCH_SAVE_ON"
+SAVED_MARKER = "zlaunch: saved checkpoint"
+
+
+class SaveOnSignal:
+    """Sets a flag on ``signum``; `at_boundary` saves on every rank once any rank saw it."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.requested = False
+        signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, _signum, _frame) -> None:
+        self.requested = True
+
+    def at_boundary(self, engine) -> None:
+        """Called by `Engine.step` after every micro step; acts only at step boundaries."""
+        if engine.micro_steps % engine.gradient_accumulation_steps() != 0:
+            return
+        flag = torch.tensor([1.0 if self.requested else 0.0], device=engine.device)
+        engine.comm.all_reduce(flag)
+        if float(flag.item()) == 0.0:
+            return
+        path = engine.save_checkpoint()
+        if engine.global_rank == 0:
+            name = signal.Signals(self.signum).name
+            print(
+                f"{SAVED_MARKER} {path} at step {engine.global_steps} on {name}; exiting",
+                flush=True,
+            )
+        raise SystemExit(0)
+
+
+def _signal_number(name: str) -> int:
+    try:
+        return int(
+            signal.Signals[name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()]
+        )
+    except KeyError:
+        raise CheckpointError(
+            f"{SAVE_ON_ENV}={name!r} is not a signal name (e.g. SIGUSR1)"
+        ) from None
+
+
+def attach(engine) -> None:
+    """Apply the environment's checkpoint options to a freshly built engine."""
+    engine.resumed_from = None
+    engine.resumed_client_state = None
+    if os.environ.get(RESUME_ENV) == "1":
+        path, client = engine.load_checkpoint()
+        engine.resumed_from, engine.resumed_client_state = path, client
+        if path is not None and engine.global_rank == 0:
+            print(f"zlaunch: resumed from {path} at step {engine.global_steps}", flush=True)
+    name = os.environ.get(SAVE_ON_ENV, "").strip()
+    if name and name.lower() != "none":
+        engine.save_on_signal = SaveOnSignal(_signal_number(name))

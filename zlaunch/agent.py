@@ -382,6 +382,13 @@ class Agent:
             self.start_workers(frame)
         elif kind == protocol.STOP:
             self.stop(float(frame.get("grace", self.grace)), "")
+        elif kind == protocol.SIGNAL:  # --save-on: to the worker itself, not its group
+            for worker in self.workers.values():
+                if not worker.exited:
+                    try:
+                        os.kill(worker.pid, int(frame["sig"]))
+                    except (ProcessLookupError, PermissionError):
+                        pass
         elif kind == protocol.HEARTBEAT:
             pass
 

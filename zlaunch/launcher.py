@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import datetime
 import json
+import os
 import queue
 import signal
 import threading
@@ -100,6 +101,9 @@ class Job:
         self.run_dir: RunDir | None = None
         self.plan: Plan | None = None
         self.attempt = 0
+        # --- checkpoints: --save-on forwarding (see _forward_save_signal) ---
+        self.save_signal = signal.Signals[options.save_on] if options.save_on else None
+        self.save_requested = False
         # --- live view and per-rank state (zlaunch/live_view.py, ranks.json) ---
         self.view: JobView = PlainView(self.console)
         self.last_step: int | None = None
@@ -110,18 +114,19 @@ class Job:
 
     def run(self) -> int:
         opts = self.options
-        run_id = new_run_id()
-        self.run_dir = RunDir.create(
-            opts.log_dir,
-            run_id,
-            {
-                "config": opts.config_path,
-                "hosts": [h.name for h in self.hosts],
-                "program": list(opts.program),
-                "cwd": opts.cwd,
-                "plan": None,
-            },
-        )
+        if self.run_dir is None:  # a restart (launch, --max-restarts) reuses the run directory
+            self.run_dir = RunDir.create(
+                opts.log_dir,
+                new_run_id(),
+                {
+                    "config": opts.config_path,
+                    "hosts": [h.name for h in self.hosts],
+                    "program": list(opts.program),
+                    "cwd": opts.cwd,
+                    "plan": None,
+                },
+            )
+        run_id = self.run_dir.run_id
         previous = self._install_signal_handlers()
         self.view = open_view(self.console)  # live view: rich panel on a terminal
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
@@ -434,6 +439,22 @@ class Job:
             self.console.note(f"{self.hosts[index].display}: {message}", error=True)
             self._stop_all(self.options.grace_period)
 
+    # ---- --save-on: forward the save signal to every worker ----------------------------
+
+    def _forward_save_signal(self, signum: int) -> None:
+        name = _signal_name(signum)
+        if not self.options.checkpoint_dir:
+            self.console.note(f"{name} ignored: no --checkpoint-dir to save to", error=True)
+            return
+        if self.stop_started is not None or self.save_requested:
+            return
+        self.save_requested = True
+        self.console.note(f"{name}: every rank saves a checkpoint at its next step, then exits")
+        data = protocol.encode({"t": protocol.SIGNAL, "sig": int(signum)})
+        for i, link in enumerate(self.links):
+            if link is not None and not self.agent_done[i]:
+                link.write(data)
+
     # ---- stopping -------------------------------------------------------------------------
 
     def _stop_all(self, grace: float) -> None:
@@ -457,6 +478,9 @@ class Job:
             sender.join(timeout=2.0)
 
     def _on_signal(self, signum: int) -> None:
+        if signum == self.save_signal:  # --save-on: every rank saves at its next step, exits 0
+            self._forward_save_signal(signum)
+            return
         if signum == signal.SIGINT:
             self.sigint_count += 1
         if self.interrupt is None:
@@ -476,6 +500,10 @@ class Job:
         if threading.current_thread() is not threading.main_thread():
             return {}
         previous = {}
+        if self.save_signal is not None:
+            previous[self.save_signal] = signal.signal(
+                self.save_signal, lambda s, _f: self.events.put(("signal", None, s))
+            )
         for signum in (signal.SIGINT, signal.SIGTERM):
             previous[signum] = signal.signal(
                 signum, lambda s, _f: self.events.put(("signal", None, s))
@@ -574,4 +602,35 @@ def launch(options: LaunchOptions) -> int:
     Raises WorkerFailed (the failing rank's code), Interrupted (130/143), HostUnreachable or
     LaunchError (1) otherwise, after everything it started is stopped.
     """
-    return Job(options).run()
+    # --- checkpoints: --max-restarts restarts every rank after a failure, same run dir ---
+    job = Job(options)
+    restarts_left = options.max_restarts
+    while True:
+        try:
+            code = job.run()
+        except WorkerFailed as err:
+            if restarts_left <= 0:
+                raise
+            restarts_left -= 1
+            previous = job
+            job = Job(options, previous.console)
+            job.run_dir, job.attempt = previous.run_dir, previous.attempt + 1
+            job.run_dir.update(status=RunStatus.STARTING, end_time=None, exit_code=None)
+            resume = " from the latest checkpoint" if options.checkpoint_dir else ""
+            job.console.note(
+                f"{err.message}; restarting all ranks{resume} (attempt {job.attempt}, "
+                f"{restarts_left} restart(s) left)",
+                error=True,
+            )
+            continue
+        if job.save_requested and options.checkpoint_dir:
+            job.console.note(f"saved checkpoint {_latest_checkpoint(options.checkpoint_dir)}")
+        return code
+
+
+def _latest_checkpoint(directory: str) -> str:
+    try:
+        with open(os.path.join(directory, "latest"), encoding="utf-8") as f:
+            return os.path.join(directory, f.read().strip())
+    except OSError:
+        return f"in {directory} (no 'latest' file: did the ranks save?)"

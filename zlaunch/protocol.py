@@ -43,6 +43,7 @@ __all__ = [
     "SPEC",
     "HEARTBEAT",
     "STOP",
+    "SIGNAL",
     "STDOUT",
     "STDERR",
     "ProtocolError",
@@ -65,6 +66,7 @@ HELLO, OUT, STARTED, EXITED, EVENT, ERROR, BYE = (
     "bye",
 )
 SPEC, HEARTBEAT, STOP = "spec", "hb", "stop"
+SIGNAL = "signal"  # controller -> agent: deliver {"sig": N} to every worker process
 STDOUT, STDERR = "o", "e"
 
 # A line longer than this without a newline is cut: the agent must not hold unbounded memory

@@ -22,6 +22,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Launch SCRIPT on every slot of every host (the default command)."),
     "check": ("check", "Preflight every host: ssh, python, zlaunch, torch, GPUs, cwd, port."),
     "estimate": ("estimate", "Model-state memory per GPU and per node for each ZeRO stage."),
+    "ls": ("ls", "List runs: id, start, hosts, ranks, status, last step."),
+    "logs": ("logs", "Print or follow the output of any rank of a run, tagged [host:rank]."),
+    "status": ("status", "A run's state, last metrics, and every rank: alive or how it ended."),
+    "stop": ("stop", "Stop a running job (every rank, as on Ctrl-C)."),
+    "plot": ("plot", "Plot loss, lr, throughput and loss scale of a run to a PNG."),
+    "consolidate": ("consolidate", "One full state dict (safetensors) from a sharded checkpoint."),
 }
 DEFAULT_COMMAND = "run"
 

@@ -1,0 +1,96 @@
+"""What the run-directory commands (ls, logs, status, stop, plot) share.
+
+They only read the run directory (`zlaunch.rundir`), so they work from any terminal while the
+job runs and after it ended. A run is "ended" when its run.json says so, or when the
+controller that wrote it is no longer alive on this machine (killed without cleanup).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import click
+
+from zlaunch.errors import UsageError
+from zlaunch.options import DEFAULT_LOG_DIR
+from zlaunch.rundir import RunDir, RunStatus, find_run
+
+__all__ = [
+    "run_options",
+    "open_run",
+    "ENDED",
+    "controller_alive",
+    "effective_status",
+    "run_ended",
+    "engine_rows",
+    "last_engine_row",
+]
+
+ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.INTERRUPTED})
+
+
+def run_options(func: Callable) -> Callable:
+    """``[RUN]`` (id or unique prefix; default the latest) and ``--log-dir``, like ``run``."""
+    func = click.option(
+        "--log-dir",
+        default=None,
+        help=f"Root of run directories. Default: ./{DEFAULT_LOG_DIR}.",
+    )(func)
+    return click.argument("run", required=False)(func)
+
+
+def open_run(log_dir: str | None, run: str | None) -> RunDir:
+    root = os.path.abspath(os.path.expanduser(log_dir or DEFAULT_LOG_DIR))
+    try:
+        return find_run(root, run)
+    except FileNotFoundError as err:
+        raise UsageError(
+            str(err),
+            hint="give the run id (see `zlaunch ls`) and the --log-dir the job was started with",
+        ) from None
+
+
+def controller_alive(record: dict[str, Any]) -> bool:
+    """Whether the controller that owns the run still lives (checked on this machine)."""
+    pid = record.get("controller_pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read()
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    # A recycled pid belongs to some other program: it is not our controller.
+    return b"zlaunch" in cmdline and state != "Z"
+
+
+def effective_status(record: dict[str, Any]) -> str:
+    """run.json's status, or "lost" when it says running but its controller is gone."""
+    status = record.get("status") or "unknown"
+    if status not in ENDED and record.get("end_time") is None and not controller_alive(record):
+        return "lost"
+    return status
+
+
+def run_ended(record: dict[str, Any]) -> bool:
+    return record.get("end_time") is not None or effective_status(record) in ENDED | {"lost"}
+
+
+def engine_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step-metrics rows (not the script's own ``log_metrics`` rows)."""
+    return [r for r in rows if r.get("source", "engine") == "engine" and "step" in r]
+
+
+def last_engine_row(run: RunDir) -> dict[str, Any] | None:
+    last = None
+    try:
+        for row in run.metrics():
+            if row.get("source", "engine") == "engine" and "step" in row:
+                last = row
+    except ValueError:  # a row half-written right now
+        pass
+    return last

@@ -1,0 +1,122 @@
+"""``zlaunch status``: a run's state, its last metrics, and every rank: alive or how it ended.
+
+Reads run.json, ranks.json (written by the controller on every rank start and exit),
+failure.json and metrics.jsonl. A rank is "alive" only while its run is live; a rank that
+ranks.json still shows running in a run whose controller is gone is "unknown".
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import click
+
+from zlaunch.commands.runs_common import effective_status, last_engine_row, open_run, run_options
+from zlaunch.console import print_table
+from zlaunch.live_view import format_metrics
+
+__all__ = ["command", "rank_rows"]
+
+
+def _when(stamp: Any) -> str:
+    if not isinstance(stamp, (int, float)):
+        return "-"
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _rank_state(rank: dict[str, Any], live: bool) -> str:
+    if rank.get("state") == "exited":
+        code = rank.get("exit_code")
+        if rank.get("signal_name"):
+            return f"killed by {rank['signal_name']} (exit {code})"
+        return f"exited {code}" if code else "exited 0"
+    if not live:
+        return "unknown (controller gone)"
+    return "alive" if rank.get("state") == "running" else "starting"
+
+
+def rank_rows(record: dict[str, Any], ranks: dict[str, Any] | None, live: bool) -> list[list[str]]:
+    """HOST, RANK, LOCAL, PID, STATE, LAST STEP for every rank of the plan."""
+    if ranks is None:
+        # Not started yet (or an older controller): the plan tells at least who should run.
+        plan = record.get("plan") or {}
+        entries = [
+            {"rank": w["rank"], "local_rank": w["local_rank"], "host": node["host"]}
+            for node in plan.get("nodes", [])
+            for w in node.get("workers", [])
+        ]
+    else:
+        entries = ranks.get("ranks", [])
+    rows = []
+    for rank in sorted(entries, key=lambda r: r["rank"]):
+        last = rank.get("last_step")
+        rows.append(
+            [
+                str(rank.get("host", "-")),
+                str(rank["rank"]),
+                str(rank.get("local_rank", "-")),
+                str(rank.get("pid") or "-"),
+                _rank_state(rank, live) if ranks is not None else "not started",
+                "-" if last is None else str(last),
+            ]
+        )
+    return rows
+
+
+@click.command("status")
+@run_options
+@click.option("--json", "as_json", is_flag=True, help="Print run, ranks and last metrics as JSON.")
+@click.option("--no-color", is_flag=True, help="Plain table.")
+def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool) -> None:
+    """Show RUN (default: the latest): status, last metrics, every rank's state."""
+    rundir = open_run(log_dir, run)
+    record = rundir.record()
+    ranks = rundir.ranks()
+    status = effective_status(record)
+    live = status in ("starting", "running", "stopping")
+    last = last_engine_row(rundir)
+    failure = rundir.failure()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "run_id": rundir.run_id,
+                    "status": status,
+                    "exit_code": record.get("exit_code"),
+                    "ranks": (ranks or {}).get("ranks"),
+                    "last_metrics": last,
+                    "root_cause": (failure or {}).get("root_cause"),
+                },
+                indent=2,
+            )
+        )
+        return
+    lines = [
+        f"run      {rundir.run_id}  ({rundir.path})",
+        f"status   {status}"
+        + (f", exit code {record['exit_code']}" if record.get("exit_code") is not None else ""),
+        f"started  {_when(record.get('start_time'))}"
+        + (f"   ended {_when(record['end_time'])}" if record.get("end_time") else ""),
+        f"hosts    {', '.join(record.get('hosts') or []) or '-'}",
+    ]
+    if last is not None:
+        lines.append(f"metrics  {format_metrics(last)}")
+    else:
+        lines.append("metrics  none reported yet")
+    if failure:
+        root = failure.get("root_cause", {})
+        how = (
+            f"killed by {root['signal_name']}"
+            if root.get("signal_name")
+            else root.get("message") or f"exit code {root.get('exit_code')}"
+        )
+        lines.append(f"cause    rank {root.get('rank')} on {root.get('host')}: {how}")
+    click.echo("\n".join(lines))
+    print_table(
+        "ranks",
+        ["HOST", "RANK", "LOCAL", "PID", "STATE", "LAST STEP"],
+        rank_rows(record, ranks, live),
+        color=False if no_color else None,
+    )

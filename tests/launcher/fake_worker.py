@@ -45,7 +45,10 @@ def line(rank: str | int, seq: int) -> str:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="fake training worker for launcher tests")
+    # No abbreviations: launchers append their own flags (``--local_rank=N``), never ours.
+    p = argparse.ArgumentParser(
+        description="fake training worker for launcher tests", allow_abbrev=False
+    )
     p.add_argument("--record-dir", required=True, help="where rank-<RANK>.json is written")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--exit", type=int, metavar="CODE", help="exit with CODE")

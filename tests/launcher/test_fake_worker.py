@@ -162,3 +162,26 @@ def test_allreduce_over_gloo(tmp_path):
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     assert [record(tmp_path, r)["allreduce"] for r in range(2)] == [3, 3]
+
+
+def test_other_ranks_hang_ignoring_sigterm(tmp_path):
+    proc = start(
+        tmp_path, "--exit", "3", "--only-rank", "1", "--others", "hang", "--ignore-sigterm"
+    )
+    wait_for_record(tmp_path, 0)
+    proc.send_signal(signal.SIGTERM)
+    marker = tmp_path / "rank-0.sigterm"
+    deadline = time.monotonic() + 10
+    while not marker.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert proc.poll() is None
+    proc.kill()
+    proc.communicate(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_launcher_flags_are_recorded_not_mistaken_for_ours(tmp_path):
+    rc, _, _ = run(tmp_path, "--li", "--local_rank=0", "--exit", "5")
+    assert rc == 5
+    assert record(tmp_path)["extra_args"] == ["--li", "--local_rank=0"]

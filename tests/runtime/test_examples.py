@@ -98,33 +98,44 @@ def losses_printed(output):
     return [(int(s), float(v)) for s, v in LINE.findall(output)]
 
 
-def test_train_gpt_single_process():
+def train_gpt(*args):
     out = subprocess.run(
         [
             sys.executable,
             "examples/train_gpt.py",
             "--config",
             "examples/configs/zero1.json",
-            "--steps",
-            "30",
             "--print-every",
-            "10",
+            "5",
             "--threads",
             "1",
             "--max-chars",
             "200000",
+            *args,
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
-        env={k: v for k, v in os.environ.items() if k != "ZLAUNCH_CONFIG"},
+        env={k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    losses = losses_printed(out.stdout)
-    assert [s for s, _ in losses] == [10, 20, 30]
-    assert losses[-1][1] < losses[0][1] - 0.5, out.stdout
-    assert "world size 1" in out.stdout and "done: 30 steps" in out.stdout
+    return out.stdout
+
+
+def test_train_gpt_single_process_and_exact_resume(tmp_path):
+    full = train_gpt("--steps", "30")
+    losses = losses_printed(full)
+    assert [s for s, _ in losses] == [5, 10, 15, 20, 25, 30]
+    assert losses[-1][1] < losses[0][1] - 0.8, full
+    assert "world size 1" in full and "done: 30 steps" in full
+    # Stop at 15 with a checkpoint, resume to 30: the same losses as the uninterrupted run.
+    first = train_gpt("--steps", "15", "--save-dir", str(tmp_path))
+    assert losses_printed(first) == losses[:3]
+    assert (tmp_path / "global_step15").is_dir()
+    second = train_gpt("--steps", "30", "--save-dir", str(tmp_path), "--resume")
+    assert "resumed from" in second and "at step 15" in second
+    assert losses_printed(second) == losses[3:]
 
 
 def test_train_gpt_needs_a_config():

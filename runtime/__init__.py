@@ -78,7 +78,16 @@ def _hidden_size(model: Any) -> int | None:
             value = getattr(holder, name, None) if holder is not None else None
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
-    return None
+    # No such attribute: the most common last dimension of the 2-D weights (their full shape
+    # when zero.Init has partitioned them).
+    from collections import Counter
+
+    dims = Counter(
+        tuple(getattr(p, "ds_shape", None) or p.shape)[-1]
+        for p in getattr(model, "parameters", lambda: [])()
+        if len(getattr(p, "ds_shape", None) or p.shape) == 2
+    )
+    return dims.most_common(1)[0][0] if dims else None
 
 
 def __getattr__(name: str):
@@ -86,4 +95,8 @@ def __getattr__(name: str):
         from .engine import Engine
 
         return Engine
+    if name == "zero":  # runtime.zero.Init / GatheredParameters, as deepspeed.zero
+        import importlib
+
+        return importlib.import_module(".zero", __name__)
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")

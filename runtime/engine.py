@@ -76,10 +76,6 @@ class Engine(torch.nn.Module):
     ):
         super().__init__()
         zero = config.zero_optimization
-        if zero.stage == 3:
-            raise NotImplementedError(
-                "zero_optimization.stage 3 is not available in this runtime yet; use stage 0, 1 or 2"
-            )
         self.module = module
         self.config = config
         self.env = env
@@ -100,67 +96,76 @@ class Engine(torch.nn.Module):
         module.to(device=self.device, dtype=dtype if self.precision.mixed else None)
 
         groups = self._param_groups(module, optimizer, model_parameters)
-        names = {id(p): n for n, p in module.named_parameters()}
-        order = {id(p): i for i, p in enumerate(module.parameters())}
-        specs, params_by_name = [], {}
-        for pg, (_, params) in enumerate(groups):
-            for p in sorted(params, key=lambda q: order[id(q)], reverse=True):
-                if id(p) not in names:
-                    raise ValueError(
-                        "an optimizer parameter is not a parameter of the model; build the "
-                        "optimizer from model.parameters()"
-                    )
-                specs.append(ParamSpec(names[id(p)], tuple(p.shape), pg))
-                params_by_name[names[id(p)]] = p
-        dtypes = {p.dtype for p in params_by_name.values()}
-        if len(dtypes) > 1:
-            raise TypeError(
-                f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
-                "cast the model to one dtype, or enable fp16/bf16 in the config"
-            )
-        partitioned = zero.stage in (1, 2)
-        bucket = zero.reduce_bucket_size
-        if partitioned:
-            bucket = min(bucket, zero.allgather_bucket_size)
-        self.layout = plan_layout(
-            specs, self.world_size if partitioned else 1, bucket, align=_ALIGN
-        )
-        params_by_group = [[params_by_name[s.name] for s in g.slots] for g in self.layout.groups]
-        self.flat_params = FlatBuffer(
-            self.layout, dtype if self.precision.mixed else dtypes.pop(), self.device
-        )
-        flatten_params_into(self.flat_params, params_by_group)
-        # Every rank starts from rank 0's weights (as DDP and DeepSpeed do).
-        self.comm.broadcast(self.flat_params.data, src=0)
+        if zero.stage == 3:
+            # --- stage 3 (runtime/zero/stage3.py): parameters partitioned into per-module
+            # units; sets self.layout, flat_params (the shard store), reducer, optimizer ---
+            from .zero.stage3 import build_stage3
 
-        mode = {
-            0: ReduceMode.ALL_REDUCE,
-            1: ReduceMode.SCATTER_AT_BOUNDARY,
-            2: ReduceMode.SCATTER_EVERY_MICRO_STEP,
-        }[zero.stage]
-        self.reducer = GradReducer(
-            self.layout,
-            params_by_group,
-            self.comm,
-            mode,
-            self.flat_params.data.dtype,
-            self.device,
-            overlap=bool(zero.overlap_comm),
-        )
-        offload = zero.offload_optimizer.enabled
-        self.optimizer = ZeroOptimizer(
-            layout=self.layout,
-            params=self.flat_params,
-            reducer=self.reducer,
-            comm=self.comm,
-            precision=self.precision,
-            partitioned=partitioned,
-            offload=offload,
-            pin_memory=zero.offload_optimizer.pin_memory,
-            clip=float(config.gradient_clipping or 0.0),
-            make_optimizer=self._optimizer_factory(optimizer, groups),
-            group_options=[opts for opts, _ in groups],
-        )
+            build_stage3(self, groups, self._optimizer_factory(optimizer, groups))
+        else:
+            names = {id(p): n for n, p in module.named_parameters()}
+            order = {id(p): i for i, p in enumerate(module.parameters())}
+            specs, params_by_name = [], {}
+            for pg, (_, params) in enumerate(groups):
+                for p in sorted(params, key=lambda q: order[id(q)], reverse=True):
+                    if id(p) not in names:
+                        raise ValueError(
+                            "an optimizer parameter is not a parameter of the model; build the "
+                            "optimizer from model.parameters()"
+                        )
+                    specs.append(ParamSpec(names[id(p)], tuple(p.shape), pg))
+                    params_by_name[names[id(p)]] = p
+            dtypes = {p.dtype for p in params_by_name.values()}
+            if len(dtypes) > 1:
+                raise TypeError(
+                    f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
+                    "cast the model to one dtype, or enable fp16/bf16 in the config"
+                )
+            partitioned = zero.stage in (1, 2)
+            bucket = zero.reduce_bucket_size
+            if partitioned:
+                bucket = min(bucket, zero.allgather_bucket_size)
+            self.layout = plan_layout(
+                specs, self.world_size if partitioned else 1, bucket, align=_ALIGN
+            )
+            params_by_group = [
+                [params_by_name[s.name] for s in g.slots] for g in self.layout.groups
+            ]
+            self.flat_params = FlatBuffer(
+                self.layout, dtype if self.precision.mixed else dtypes.pop(), self.device
+            )
+            flatten_params_into(self.flat_params, params_by_group)
+            # Every rank starts from rank 0's weights (as DDP and DeepSpeed do).
+            self.comm.broadcast(self.flat_params.data, src=0)
+
+            mode = {
+                0: ReduceMode.ALL_REDUCE,
+                1: ReduceMode.SCATTER_AT_BOUNDARY,
+                2: ReduceMode.SCATTER_EVERY_MICRO_STEP,
+            }[zero.stage]
+            self.reducer = GradReducer(
+                self.layout,
+                params_by_group,
+                self.comm,
+                mode,
+                self.flat_params.data.dtype,
+                self.device,
+                overlap=bool(zero.overlap_comm),
+            )
+            offload = zero.offload_optimizer.enabled
+            self.optimizer = ZeroOptimizer(
+                layout=self.layout,
+                params=self.flat_params,
+                reducer=self.reducer,
+                comm=self.comm,
+                precision=self.precision,
+                partitioned=partitioned,
+                offload=offload,
+                pin_memory=zero.offload_optimizer.pin_memory,
+                clip=float(config.gradient_clipping or 0.0),
+                make_optimizer=self._optimizer_factory(optimizer, groups),
+                group_options=[opts for opts, _ in groups],
+            )
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
         if training_data is not None:
@@ -391,6 +396,21 @@ class Engine(torch.nn.Module):
         )
 
     # --- end checkpoints ---
+
+    # --- consolidated weights (runtime/zero/stage3_save.py) ---
+    def save_16bit_model(
+        self, save_dir, save_filename: str = "model.safetensors", exclude_frozen_parameters=False
+    ) -> bool:
+        """Write the full weights (the module's dtype) as safetensors from rank 0 (collective).
+
+        Under stage 3 this needs ``stage3_gather_16bit_weights_on_model_save: true``; without it
+        nothing is written and False is returned, as in DeepSpeed.
+        """
+        from .zero.stage3_save import save_16bit_model
+
+        return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
+    # --- end consolidated weights ---
 
     def named_master_shards(self) -> Iterable[tuple[int, torch.Tensor]]:
         """(group index, fp32 master tensor) for what this rank owns."""

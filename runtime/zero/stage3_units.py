@@ -1,0 +1,194 @@
+"""Stage 3 partitioning: parameters grouped into fetch units, each split across the ranks.
+
+A *unit* is the parameters one module owns directly (per optimizer param group): the unit of
+every stage-3 collective, all-gathered before the module runs and reduce-scattered after its
+backward. Units are the groups of a `zero.partition.FlatLayout`, so the partition arithmetic,
+padding and checkpoint description are those of stages 1-2: rank ``r`` owns shard ``r`` of
+every unit (a contiguous range of the unit's padded flat buffer).
+
+Gathered, a unit's parameters are views into one flat buffer (``Unit.full``); released, the
+buffer's storage is resized to zero and every parameter's ``.data`` is an empty tensor, so the
+memory is really returned while tensors autograd saved during forward (views of the buffer)
+become valid again as soon as the storage is re-grown and re-gathered for backward. Touching a
+released parameter fails cleanly (it has no elements) instead of reading freed memory.
+
+Parameters at or below ``stage3_param_persistence_threshold`` elements go to *persistent* units
+that are gathered once and stay whole; their gradients are still reduce-scattered and their
+shards stepped like every other unit's, then re-gathered after the step (the same bytes as the
+all-reduce DeepSpeed uses for them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+import torch
+
+from ..comm import Communicator, Handle
+from .param_offload import ShardStore
+from .partition import FlatGroup, FlatLayout, ParamSpec, plan_layout
+
+__all__ = ["UnitState", "Unit", "plan_units", "param_numel", "param_shape"]
+
+_ALIGN = 16
+
+
+class UnitState(enum.Enum):
+    RELEASED = "released"
+    INFLIGHT = "inflight"
+    GATHERED = "gathered"
+
+
+def param_shape(p: torch.Tensor) -> tuple[int, ...]:
+    """The parameter's full shape, also while it is partitioned."""
+    shape = getattr(p, "ds_shape", None)
+    return tuple(shape) if shape is not None else tuple(p.shape)
+
+
+def param_numel(p: torch.Tensor) -> int:
+    n = 1
+    for d in param_shape(p):
+        n *= d
+    return n
+
+
+class Unit:
+    """One group of parameters gathered and released together."""
+
+    def __init__(
+        self,
+        group: FlatGroup,
+        params: Sequence[torch.nn.Parameter],
+        persistent: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.index = group.index
+        self.group = group
+        self.params = list(params)
+        self.persistent = persistent
+        self.numel = group.padded_numel
+        self.full = torch.zeros(group.padded_numel, dtype=dtype, device=device)
+        self._nbytes = self.full.untyped_storage().nbytes()
+        self.views = [self.full.narrow(0, s.offset, s.numel).view(s.shape) for s in group.slots]
+        self.placeholders = [torch.empty(0, dtype=dtype, device=device) for _ in self.params]
+        self.state = UnitState.GATHERED
+        self.handle: Handle | None = None
+        self.users = 0
+        """Modules (or GatheredParameters contexts) using the gathered parameters right now."""
+        self.last_pos = -1
+        """Position in the pass's fetch sequence of this unit's latest fetch."""
+        self.trainable = [p.requires_grad for p in self.params]
+        self.expected_grads = sum(self.trainable)
+        self.arrived = [False] * len(self.params)
+        self.n_arrived = 0
+        self.staging: torch.Tensor | None = None
+        self.bwd_hold = False
+        """Fetched for backward and still needed by it (never released to make room)."""
+        self.coordinator = None
+
+    # ------------------------------------------------------------------ gather / release
+    def start_gather(self, store: ShardStore, comm: Communicator) -> None:
+        """Launch the all-gather of this unit (asynchronously) if it is released."""
+        if self.state is not UnitState.RELEASED:
+            return
+        storage = self.full.untyped_storage()
+        if storage.nbytes() != self._nbytes:
+            storage.resize_(self._nbytes)
+        lo, hi = self.group.shard_range(comm.rank)
+        own = self.full[lo:hi]
+        store.load_into(self.group, own)
+        self.handle = comm.all_gather(self.full, own, async_op=True)
+        self.state = UnitState.INFLIGHT
+
+    def wait(self) -> None:
+        if self.state is UnitState.INFLIGHT:
+            self.handle.wait()
+            self.handle = None
+            self.state = UnitState.GATHERED
+            self.point_at_full()
+
+    def point_at_full(self) -> None:
+        for p, v in zip(self.params, self.views, strict=True):
+            p.data = v
+
+    def release(self, force: bool = False) -> None:
+        """Free the gathered buffer (persistent units only when ``force``)."""
+        if self.persistent and not force:
+            return
+        if self.state is UnitState.INFLIGHT:
+            self.wait()
+        if self.state is UnitState.RELEASED:
+            return
+        for p, empty in zip(self.params, self.placeholders, strict=True):
+            p.data = empty
+        self.full.untyped_storage().resize_(0)
+        self.state = UnitState.RELEASED
+
+    @property
+    def gathered(self) -> bool:
+        return self.state is UnitState.GATHERED
+
+    # ------------------------------------------------------------------ GatheredParameters
+    def gather_for_user(self) -> None:
+        self.coordinator.user_gather(self)
+
+    def release_for_user(self, modifier_rank: int | None) -> None:
+        self.coordinator.user_release(self, modifier_rank)
+
+    # ------------------------------------------------------------------ gradients
+    def reset_grads(self) -> None:
+        self.arrived = [False] * len(self.params)
+        self.n_arrived = 0
+        self.staging = None
+
+
+def plan_units(
+    module: torch.nn.Module,
+    param_groups: Sequence[Sequence[torch.nn.Parameter]],
+    world_size: int,
+    persistence_threshold: int,
+) -> tuple[FlatLayout, list[tuple[list[torch.nn.Parameter], bool]]]:
+    """Group the optimizer's parameters into units, in module registration order.
+
+    Returns the layout (one group per unit) and, per unit, its parameters and whether it is
+    persistent. A parameter shared by several modules (tied weights) belongs to the first.
+    """
+    pg_of = {id(p): i for i, params in enumerate(param_groups) for p in params}
+    names = {}
+    for name, p in module.named_parameters():
+        names.setdefault(id(p), name)
+    assigned: set[int] = set()
+    units: list[tuple[int, bool, list[torch.nn.Parameter]]] = []
+    persistent: dict[int, list[torch.nn.Parameter]] = {}
+    for _, m in module.named_modules():
+        by_pg: dict[int, list[torch.nn.Parameter]] = {}
+        for p in m._parameters.values():
+            if p is None or id(p) not in pg_of or id(p) in assigned:
+                continue
+            assigned.add(id(p))
+            pg = pg_of[id(p)]
+            if param_numel(p) <= persistence_threshold:
+                persistent.setdefault(pg, []).append(p)
+            else:
+                by_pg.setdefault(pg, []).append(p)
+        units.extend((pg, False, ps) for pg, ps in by_pg.items())
+    units.extend((pg, True, ps) for pg, ps in sorted(persistent.items()))
+    missing = [p for params in param_groups for p in params if id(p) not in assigned]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} optimizer parameter(s) are not parameters of the model; build the "
+            "optimizer from model.parameters()"
+        )
+    groups, start = [], 0
+    for i, (pg, _, params) in enumerate(units):
+        specs = [ParamSpec(names[id(p)], param_shape(p), pg) for p in params]
+        total = sum(s.numel for s in specs)
+        (g,) = plan_layout(specs, world_size, max(total, 1), align=_ALIGN).groups
+        g = dataclasses.replace(g, index=i, start=start)
+        groups.append(g)
+        start += g.padded_numel
+    layout = FlatLayout(tuple(groups), world_size)
+    return layout, [(params, pers) for _, pers, params in units]

@@ -83,11 +83,13 @@ def current_rss_bytes() -> int:
 
 
 def format_bytes(n: float | None) -> str:
+    """MiB with one decimal from 1 MiB up (so that table columns compare at a glance)."""
     if n is None:
         return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
+    if abs(n) >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    if abs(n) >= 2**10:
+        return f"{n / 2**10:.1f} KiB"
     return f"{n:.0f} B"
 
 

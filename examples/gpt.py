@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GPT", "GPTConfig", "count_parameters"]
+__all__ = ["GPT", "GPTConfig", "bench_model", "count_parameters"]
 
 
 @dataclass
@@ -153,3 +153,9 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss
+
+
+def bench_model() -> GPT:
+    """The benchmarks' model: 6 layers, d_model 512, 8 heads, seq_len 128, vocab 8192, tied
+    head: 23,175,168 parameters (`zlaunch estimate --model examples.gpt:bench_model`)."""
+    return GPT(GPTConfig(vocab_size=8192, n_layer=6, n_head=8, d_model=512, seq_len=128))

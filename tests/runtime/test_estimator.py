@@ -144,7 +144,8 @@ def zlaunch(*args, block_torch=True):
         if block_torch
         else [sys.executable, "-m", "zlaunch", *args]
     )
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=root)
 
 
 def test_command_shows_24_gb_for_stage_0_without_torch():
@@ -226,6 +227,13 @@ def test_command_counts_a_model_factory(tmp_path):
     out = zlaunch("estimate", "--model", f"{factory}:make", "--json", block_torch=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["params"] == 10 * 20 + 20 + 20 * 3 + 3
+    out = zlaunch("estimate", "--model", "examples.gpt:bench_model", "--json", block_torch=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["params"] == 23_175_168
+    out = zlaunch("estimate", "--model", "examples/gpt.py:GPT", block_torch=False)
+    assert out.returncode == 2
+    assert "--model 'examples/gpt.py:GPT' failed: TypeError" in out.stderr
+    assert "called with no arguments" in out.stderr
 
 
 def test_estimate_module_imports_no_torch():

@@ -46,8 +46,11 @@ def _load_factory(spec: str):
         if module_name.endswith(".py"):
             if not os.path.isfile(module_name):
                 raise UsageError(f"--model: no such file {module_name!r}")
-            loaded = importlib.util.spec_from_file_location("_zlaunch_model_factory", module_name)
+            name = "_zlaunch_model_factory"
+            loaded = importlib.util.spec_from_file_location(name, module_name)
             module = importlib.util.module_from_spec(loaded)
+            sys.modules[name] = module  # dataclasses and pickling look the module up there
+            sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
             loaded.loader.exec_module(module)
         else:
             if os.getcwd() not in sys.path:
@@ -64,7 +67,14 @@ def _load_factory(spec: str):
 
 
 def _count_model(spec: str) -> int:
-    model = _load_factory(spec)()
+    factory = _load_factory(spec)
+    try:
+        model = factory()
+    except Exception as err:  # the user's code: report it, whatever it raised
+        raise UsageError(
+            f"--model {spec!r} failed: {type(err).__name__}: {err}",
+            hint="the factory is called with no arguments and must return a torch module",
+        ) from None
     parameters = getattr(model, "parameters", None)
     if not callable(parameters):
         raise UsageError(f"--model {spec!r} returned {type(model).__name__}, not a torch module")
@@ -109,7 +119,11 @@ def _count_weights_file(path: str) -> int:
 
 
 def _gb(value: float) -> str:
-    return f"{value / 1e9:.2f} GB"
+    """Decimal units (GB = 10^9 bytes), GB from 1 GB up, MB or kB below."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} B"
 
 
 def _human(count: int) -> str:
@@ -229,7 +243,7 @@ def command(
     kind = "fp32" if precision == "fp32" else f"{precision} mixed precision"
     title = (
         f"Model states for {_human(params)} parameters ({params:,}) on {nodes} node(s) x "
-        f"{gpus_per_node} GPU(s), {kind}, Adam (GB = 10^9 bytes)"
+        f"{gpus_per_node} GPU(s), {kind}, Adam (GB = 10^9 bytes, MB = 10^6)"
     )
     columns = ["stage", "offload", "model states/GPU", "buffers/GPU", "total/GPU", "CPU/node"]
     table = [

@@ -22,10 +22,10 @@ import ipaddress
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,7 +35,7 @@ from .naming import bridge_name, netns_name, new_prefix, state_dir, veth_name
 
 __all__ = ["Cluster", "ClusterError", "unavailable_reason"]
 
-UNSHARE = "/usr/bin/unshare"
+
 LOCK_FILE = "/tmp/zlaunch-cluster.lock"
 INTERFACE = "eth0"
 
@@ -61,8 +61,6 @@ def unavailable_reason() -> str | None:
 
 
 def _which(tool: str) -> str:
-    import shutil
-
     return shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") or ""
 
 
@@ -329,7 +327,7 @@ class Cluster:
                 self._sshd[host] = subprocess.Popen(
                     [
                         netns.IP, "netns", "exec", self._netns[host],
-                        UNSHARE, "--uts",
+                        _which("unshare"), "--uts",
                         "sh", "-c", f'hostname {host} && exec "$0" -D -e -f "$1"',
                         sshfiles.SSHD, cfg,
                     ],
@@ -375,6 +373,7 @@ def _is_sshd(pid: int) -> bool:
 # -- cleanup on exit and on signals -----------------------------------------------------------
 
 _LIVE: dict[str, Cluster] = {}
+_PREVIOUS: dict[int, object] = {}
 _handlers_installed = False
 
 
@@ -398,9 +397,6 @@ def _on_signal(signum: int, frame: object) -> None:
     os.kill(os.getpid(), signum)
 
 
-_PREVIOUS: dict[int, object] = {}
-
-
 def _install_cleanup_handlers() -> None:
     global _handlers_installed
     if _handlers_installed:
@@ -411,7 +407,3 @@ def _install_cleanup_handlers() -> None:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             _PREVIOUS[signum] = signal.getsignal(signum)
             signal.signal(signum, _on_signal)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("run `python -m tests.cluster` instead")

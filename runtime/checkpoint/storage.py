@@ -225,9 +225,7 @@ def write_checkpoint(
 
     try:
         _write_rank(partial, tag, rank, world_size, pieces, extra or {}, rank_state)
-    except CheckpointError as err:
-        error = err
-    except (OSError, ValueError, TypeError, RuntimeError) as err:
+    except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as err:
         error = CheckpointError(f"rank {rank}: writing its shard in {partial} failed: {err}")
     if not agree(error is None):
         raise error or CheckpointError(

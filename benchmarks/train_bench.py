@@ -199,7 +199,11 @@ class Adapter:
     def setup(self, model) -> None:
         raise NotImplementedError
 
-    def forward_backward(self, inputs, targets):
+    def forward(self, inputs, targets):
+        """The loss of one micro-batch."""
+        raise NotImplementedError
+
+    def backward(self, loss) -> None:
         raise NotImplementedError
 
     def step(self) -> None:
@@ -236,11 +240,12 @@ class TorchAdapter(Adapter):
         kwargs["betas"] = tuple(kwargs["betas"])
         return torch.optim.AdamW(params, **kwargs)
 
-    def forward_backward(self, inputs, targets):
+    def forward(self, inputs, targets):
         with self._autocast():
-            loss = _loss_of(self.model(inputs, targets))
+            return _loss_of(self.model(inputs, targets))
+
+    def backward(self, loss) -> None:
         loss.backward()
-        return loss
 
     def step(self) -> None:
         import torch
@@ -311,10 +316,11 @@ class DeepSpeedAdapter(Adapter):
             model=model, model_parameters=model.parameters(), config=config
         )
 
-    def forward_backward(self, inputs, targets):
-        loss = _loss_of(self.engine(inputs, targets))
+    def forward(self, inputs, targets):
+        return _loss_of(self.engine(inputs, targets))
+
+    def backward(self, loss) -> None:
         self.engine.backward(loss)
-        return loss
 
     def step(self) -> None:
         self.engine.step()
@@ -340,7 +346,9 @@ class RuntimeAdapter(DeepSpeedAdapter):
         import runtime
 
         self.engine, _, _, _ = runtime.initialize(
-            model=model, model_parameters=model.parameters(), config=_engine_config(self.spec)
+            model=model,
+            model_parameters=model.parameters(),
+            config=_engine_config(self.spec),
         )
 
     def own_counter_bytes(self) -> float | None:
@@ -412,6 +420,7 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
     shape = spec.shape
     step_times: list[float] = []
     cpu_times: list[float] = []  # all threads of the process: compute and gloo's
+    phases: list[tuple[float, float, float]] = []  # forward, backward, step (wall)
     losses: list[float] = []
     own_before = None
     for step in range(spec.steps):
@@ -423,10 +432,15 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
             tokens, step, rank, shape.micro_batch, shape.seq_len, spec.seed
         )
         tick, cpu_tick = time.perf_counter(), time.process_time()
-        loss = adapter.forward_backward(inputs, targets)
+        loss = adapter.forward(inputs, targets)
+        forward_done = time.perf_counter()
+        adapter.backward(loss)
+        backward_done = time.perf_counter()
         adapter.step()
-        step_times.append(time.perf_counter() - tick)
+        done = time.perf_counter()
+        step_times.append(done - tick)
         cpu_times.append(time.process_time() - cpu_tick)
+        phases.append((forward_done - tick, backward_done - forward_done, done - backward_done))
         losses.append(float(loss.detach().float()))
     counter.enabled = False
     own_after = adapter.own_counter_bytes()
@@ -436,7 +450,7 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
     inputs, targets = window_batch(
         tokens, spec.steps, rank, shape.micro_batch, shape.seq_len, spec.seed
     )
-    adapter.forward_backward(inputs, targets)
+    adapter.backward(adapter.forward(inputs, targets))
     model_state_bytes = reachable_tensor_bytes(*adapter.state_roots())
     adapter.step()
     peak_rss = peak_rss_bytes()
@@ -449,6 +463,7 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
         "init_s": init_s,
         "step_times": step_times,
         "cpu_times": cpu_times,
+        "phases": phases,
         "losses": losses,
         "comm": counter.snapshot(),
         "comm_steps": comm_steps,
@@ -611,6 +626,11 @@ def summarize(spec: BenchSpec, framework: str, ranks: list[dict[str, Any]]) -> d
         "step_time_s": median(timed),
         "step_times_s": per_step,
         "min_step_time_s": min(timed),
+        # Rank 0's median wall time per phase: where a step's time goes.
+        "phase_s": {
+            name: median(p[k] for p in ranks[0]["phases"][spec.warmup :])
+            for k, name in enumerate(("forward", "backward", "step"))
+        },
         "cpu_time_s": median(
             max(r["cpu_times"][i] for r in ranks) for i in range(spec.warmup, steps)
         ),
@@ -660,7 +680,8 @@ def run_benchmark(spec: BenchSpec, workdir: Path | None = None) -> dict[str, Any
             row["load_avg_1min_after"] = os.getloadavg()[0]
             rows.append(row)
             print(
-                f"[train_bench] {framework}: done in {time.monotonic() - started:.0f} s", flush=True
+                f"[train_bench] {framework}: done in {time.monotonic() - started:.0f} s",
+                flush=True,
             )
     finally:
         if own_tmp:
@@ -672,9 +693,57 @@ def run_benchmark(spec: BenchSpec, workdir: Path | None = None) -> dict[str, Any
         row["loss_matches"] = row["loss_max_rel_diff"] <= LOSS_MATCH_RTOL[spec.precision]
     return {
         "spec": asdict(spec),
+        "command": command_line(spec),
+        "environment": environment(),
         "reference": reference["framework"],
         "threads_per_rank": 1,
         "rows": rows,
+    }
+
+
+def command_line(spec: BenchSpec) -> str:
+    """The command that reproduces ``spec``."""
+    parts = [
+        "python benchmarks/train_bench.py",
+        f"--stage {spec.stage}",
+        f"--steps {spec.steps}",
+        f"--warmup {spec.warmup}",
+        f"--frameworks {','.join(spec.frameworks)}",
+        f"--precision {spec.precision}",
+        f"--world-size {spec.world_size}",
+    ]
+    if spec.shape == ModelShape.tiny():
+        parts.append("--tiny")
+    if spec.bucket_size is not None:
+        parts.append(f"--bucket-size {spec.bucket_size}")
+    if spec.checkpoint:
+        parts.append("--checkpoint")
+    return " ".join(parts)
+
+
+def environment() -> dict[str, Any]:
+    """Versions and host facts that the numbers depend on (no framework is imported here)."""
+    import platform
+    from importlib import metadata
+
+    versions = {}
+    for package in ("torch", "deepspeed"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "python": platform.python_version(),
+        **versions,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
 
 
@@ -728,12 +797,20 @@ def format_details(result: dict[str, Any]) -> str:
             for kind, c in row["comm_by_kind"].items()
             if c["calls"]
         )
+        phases = row.get("phase_s")
         extra = [
             f"fastest step {row['min_step_time_s'] * 1e3:.1f} ms",
             f"init {row['init_s']:.1f} s",
             f"RSS after imports {format_bytes(row['baseline_rss_bytes'])}",
             f"collectives/step: {kinds or 'none'}",
         ]
+        if phases:
+            extra.insert(
+                1,
+                "rank 0 forward/backward/step "
+                + "/".join(f"{phases[k] * 1e3:.1f}" for k in ("forward", "backward", "step"))
+                + " ms",
+            )
         if row["runtime_counter_bytes_per_step"] is not None:
             extra.append(
                 f"runtime's own counter {format_bytes(row['runtime_counter_bytes_per_step'])}/step"
@@ -762,9 +839,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(default: their own default, 5e8)",
     )
     parser.add_argument(
-        "--checkpoint", action="store_true", help="also time save/load_checkpoint after training"
+        "--checkpoint",
+        action="store_true",
+        help="also time save/load_checkpoint after training",
     )
     parser.add_argument("--json", help="write the full result (per-step data) here")
+    parser.add_argument("--markdown", help="write a results page (markdown) here")
+    parser.add_argument(
+        "--render",
+        metavar="JSON",
+        help="print (and --markdown) a saved result instead of running",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per framework")
     # worker mode (internal)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -778,6 +863,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         spec = BenchSpec.from_json(Path(args.spec).read_text())
         run_worker(args.worker, spec, Path(args.out))
+        return 0
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        print(format_report(result))
+        _write_outputs(result, args)
         return 0
     try:
         spec = BenchSpec(
@@ -801,20 +891,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train_bench: {error}", file=sys.stderr)
         return 1
     print()
-    print(format_table(result))
-    print()
-    print(format_details(result))
-    print(
-        f"\n{spec.world_size} ranks, gloo on CPU, 1 thread per rank, {spec.precision}, "
-        f"{result['rows'][0]['num_params'] / 1e6:.2f}M parameters, micro-batch "
-        f"{spec.shape.micro_batch} x {spec.shape.seq_len} tokens; median over steps "
-        f"{spec.warmup + 1}..{spec.steps} of the slowest rank's step time."
-    )
-    if args.json:
-        with contextlib.suppress(FileNotFoundError):
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    print(format_report(result))
+    _write_outputs(result, args)
     return 0
+
+
+def _write_outputs(result: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(format_markdown(result))
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """Table, per-framework details and the one-line description of the setup."""
+    spec = result["spec"]
+    shape = spec["shape"]
+    summary = (
+        f"{spec['world_size']} ranks, gloo on CPU, 1 thread per rank, {spec['precision']}, "
+        f"{result['rows'][0]['num_params'] / 1e6:.2f}M parameters, micro-batch "
+        f"{shape['micro_batch']} x {shape['seq_len']} tokens; median over steps "
+        f"{spec['warmup'] + 1}..{spec['steps']} of the slowest rank's step time."
+    )
+    return f"{format_table(result)}\n\n{format_details(result)}\n\n{summary}\n"
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    """A results page: what ran, on what, the table, and the loss sequences in full."""
+    spec = result["spec"]
+    env = result.get("environment", {})
+    title = f"ZeRO stage {spec['stage']}, {spec['precision']}, {spec['world_size']} ranks"
+    lines = [f"# Training benchmark: {title}", ""]
+    lines.append(
+        f"Command: `{result.get('command') or command_line(BenchSpec.from_json(json.dumps(spec)))}`"
+    )
+    lines.append("")
+    if env:
+        facts = ", ".join(f"{k} {v}" for k, v in env.items() if v is not None)
+        lines += [f"Environment: {facts}.", ""]
+    lines += [format_report(result), "## Losses per step (mean over ranks)", ""]
+    names = [row["framework"] for row in result["rows"]]
+    lines.append("| step | " + " | ".join(names) + " |")
+    lines.append("|---|" + "---|" * len(names))
+    for i in range(len(result["rows"][0]["losses"])):
+        cells = [f"{row['losses'][i]:.6f}" for row in result["rows"]]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

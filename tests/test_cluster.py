@@ -125,12 +125,15 @@ def test_pids_lists_processes_started_over_ssh(cluster):
 
 
 def _leftovers(prefix: str) -> list[str]:
-    found = [n for n in netns.list_netns() if n.startswith(prefix)]
-    found += [n for n in netns.list_links() if n.startswith(prefix)]
+    """Everything on the machine that carries ``prefix``, observed with the plain tools."""
+    found = []
+    for argv in (["ip", "netns", "list"], ["ip", "-o", "link", "show"]):
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        found += [f"{argv[1]}: {line}" for line in out.splitlines() if prefix in line]
     if os.path.isdir("/etc/netns"):
-        found += [n for n in os.listdir("/etc/netns") if n.startswith(prefix)]
-    found += [f"pid {p}" for p in netns.prefix_processes(prefix)]
-    found += [f"/proc {p}" for p in _processes_mentioning(prefix)]
+        found += [f"/etc/netns/{n}" for n in os.listdir("/etc/netns") if prefix in n]
+    found += [f"/tmp/{n}" for n in os.listdir("/tmp") if prefix in n]
+    found += [f"pid {p}: {netns.cmdline(p)}" for p in _processes_mentioning(prefix)]
     return found
 
 

@@ -35,7 +35,6 @@ from .naming import bridge_name, netns_name, new_prefix, state_dir, veth_name
 
 __all__ = ["Cluster", "ClusterError", "unavailable_reason"]
 
-
 LOCK_FILE = "/tmp/zlaunch-cluster.lock"
 INTERFACE = "eth0"
 

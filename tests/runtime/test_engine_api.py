@@ -226,3 +226,42 @@ def test_import_runtime_is_light():
         check=True,
     )
     assert out.stdout.strip() == "False"
+
+
+def test_config_scheduler_is_built_and_does_not_step_on_accumulation():
+    cfg = config(
+        scheduler={
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": 0.01,
+                "warmup_num_steps": 4,
+                "warmup_type": "linear",
+            },
+        }
+    )
+    engine, _, _, sched = runtime.initialize(model=model(), config=cfg)
+    lrs = []
+    for i in range(6):
+        engine.backward(loss_of(engine, i))
+        engine.step()
+        lrs.append(engine.get_lr()[0])
+    assert sched is engine.lr_scheduler and sched.last_epoch == 3
+    # the lr changes only at the accumulation boundaries (every second micro-step)
+    assert lrs[0] < lrs[1] == lrs[2] < lrs[3] == lrs[4]
+    assert lrs[1] < lrs[3] < lrs[5]
+
+
+def test_incomplete_distributed_environment_is_a_clear_error():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update(RANK="0", WORLD_SIZE="2")
+    code = (
+        "from runtime.dist_env import init_distributed, DistInitError\n"
+        "try:\n    init_distributed()\nexcept DistInitError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "MASTER_ADDR, MASTER_PORT not set" in out.stdout, out.stderr

@@ -101,6 +101,7 @@ class Job:
         self.run_dir: RunDir | None = None
         self.plan: Plan | None = None
         self.attempt = 0
+        self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
         # --- checkpoints: --save-on forwarding (see _forward_save_signal) ---
         self.save_signal = signal.Signals[options.save_on] if options.save_on else None
         self.save_requested = False
@@ -112,8 +113,14 @@ class Job:
 
     # ---- entry ----------------------------------------------------------------------------
 
+    def _trace(self, what: str) -> None:
+        """Phase timings on stderr with ZLAUNCH_TRACE=1 (where does launch time go?)."""
+        if self._trace_start is not None:
+            self.console.note(f"trace {time.monotonic() - self._trace_start:7.3f}s {what}")
+
     def run(self) -> int:
         opts = self.options
+        self._trace("start")
         if self.run_dir is None:  # a restart (launch, --max-restarts) reuses the run directory
             self.run_dir = RunDir.create(
                 opts.log_dir,
@@ -134,9 +141,12 @@ class Job:
         try:
             try:
                 self._start_agents()
+                self._trace("every agent connected")
                 self._await_hellos()
+                self._trace("every hello received")
                 if self.interrupt is None:
                     self._send_specs(run_id)
+                    self._trace("specs sent")
                 else:
                     self._stop_all(0.0)
                 self._stream()
@@ -160,6 +170,7 @@ class Job:
 
     def _start_agents(self) -> None:
         def on_open(index: int, link: Link) -> None:
+            self._trace(f"connected to {self.hosts[index].display}")
             self.links[index] = link
             threading.Thread(
                 target=self._read_agent, args=(index, link), name=f"agent-{index}", daemon=True

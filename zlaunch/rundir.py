@@ -138,7 +138,9 @@ class RunDir:
     def open_rank_log(self, attempt: int, host: str, rank: int) -> IO[bytes]:
         path = self.rank_log_path(attempt, host, rank)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, "ab")
+        # Unbuffered: each batch of lines reaches the file at once, so `zlaunch logs --follow`
+        # in another terminal sees it within its poll interval.
+        return open(path, "ab", buffering=0)
 
     def write_failure(self, failure: dict[str, Any]) -> None:
         _write_json_atomic(os.path.join(self.path, FAILURE_FILE), failure)

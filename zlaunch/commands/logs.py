@@ -26,6 +26,7 @@ __all__ = ["command", "parse_ranks"]
 
 POLL_INTERVAL = 0.1
 READ_SIZE = 1 << 20
+ENDED_POLLS = 3
 
 
 def parse_ranks(values: tuple[str, ...]) -> frozenset[int] | None:
@@ -218,10 +219,14 @@ def command(
             sys.stdout.buffer.flush()
             return
         follower = _Follower(rundir, selection, attempt, printer, tail)
+        ended_polls = 0
         while True:
             ended = run_ended(rundir.record())
             follower.poll(final=ended)
-            if ended:
+            # Two looks in a row: a restart (--max-restarts) briefly records the failed
+            # attempt's end before the next attempt starts in the same run directory.
+            ended_polls = ended_polls + 1 if ended else 0
+            if ended_polls >= ENDED_POLLS:
                 return
             time.sleep(POLL_INTERVAL)
     except BrokenPipeError:  # `zlaunch logs | head`

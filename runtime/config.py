@@ -770,6 +770,7 @@ class _Parser:
     def __init__(self, origin: str | None):
         self.origin = origin
         self.notes: list[str] = []
+        self.dropped_autos: list[str] = []
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -799,6 +800,7 @@ class _Parser:
                         f"and {name}.{target} both set the same option; keep one", path
                     )
                 if item == AUTO and target not in _KEEP_AUTO:
+                    self.dropped_autos.append(path)
                     continue  # DeepSpeed drops "auto" in sub-blocks: the default applies
                 kwargs[target] = item
             elif key in accepted:
@@ -902,6 +904,7 @@ class _Parser:
                 continue
             if key in top:
                 if value == AUTO and key not in _BATCH_KEYS:
+                    self.dropped_autos.append(key)
                     continue  # no trainer to fill it: the default applies
                 kwargs[key] = value
             elif key in _TOP_LEVEL_ACCEPTED:
@@ -926,6 +929,11 @@ class _Parser:
         kwargs["tensorboard"] = self.block(
             "tensorboard", data.get("tensorboard"), TensorboardConfig
         )
+        if self.dropped_autos:
+            self.note(
+                f'"auto" for {", ".join(self.dropped_autos)} has nothing to resolve it here '
+                "(no trainer fills it in); the defaults apply"
+            )
         return Config(**kwargs, raw=data, source=source)
 
 

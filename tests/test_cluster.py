@@ -113,6 +113,7 @@ def test_fabric_uses_the_ssh_config(cluster):
 
 
 def test_pids_lists_processes_started_over_ssh(cluster):
+    assert cluster.wait_idle() == {}  # sshd itself is not listed
     out = cluster.run("node2", "nohup sleep 300 >/dev/null 2>&1 & echo $!")
     pid = int(out.stdout)
     try:
@@ -154,10 +155,12 @@ def _processes_mentioning(prefix: str) -> list[int]:
     ]
 
 
-@needs_cluster
-def test_teardown_leaves_nothing_behind():
+def test_teardown_leaves_nothing_behind(cluster):
     with Cluster.start(n=2) as c:
         prefix = c.prefix
+        # Two clusters side by side: own prefix, own subnet, own names for the same node names.
+        assert prefix != cluster.prefix and not c.subnet.overlaps(cluster.subnet)
+        assert c.run("node2", "hostname").stdout == "node2\n"
         sshd = [p.pid for p in c._sshd.values()]
         sleeper = int(c.run("node1", "nohup sleep 300 >/dev/null 2>&1 & echo $!").stdout)
         assert prefix in find_prefixes()
@@ -167,6 +170,7 @@ def test_teardown_leaves_nothing_behind():
     for pid in [*sshd, sleeper]:
         assert _is_dead(pid), netns.cmdline(pid)
     assert prefix not in find_prefixes()
+    assert cluster.run("node1", "hostname").stdout == "node1\n"  # the other one is untouched
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

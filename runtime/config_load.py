@@ -462,7 +462,7 @@ def _parse_yaml(text: str, origin: str) -> Any:
 
 def _read(path: str | os.PathLike, origin: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # a BOM is not an error
             text = handle.read()
     except FileNotFoundError:
         raise ConfigError("no such file; check the path", origin=origin) from None

@@ -336,6 +336,12 @@ def test_json_file_and_source(tmp_path):
     assert config.zero_optimization.stage == 2
 
 
+def test_json_with_byte_order_mark(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_bytes(b'\xef\xbb\xbf{"train_batch_size": 4}')
+    assert load_config(path).train_batch_size == 4
+
+
 def test_json_duplicate_keys_are_errors(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text('{"train_batch_size": 8,\n "zero_optimization": {"stage": 1, "stage": 2}}')

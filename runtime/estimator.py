@@ -21,6 +21,9 @@ Offload (what this runtime keeps in CPU memory, per rank):
 Buffers per GPU (static, allocated once): the gradient reduce bucket (two when overlap_comm
 double-buffers it), the stage 1-2 all-gather bucket, the stage 3 prefetch bucket; each at most
 the model's size. Sizes are elements, DeepSpeed's defaults unless a config says otherwise.
+At stages 0-2 this runtime also caps a bucket at MAX_BUCKET (4M) elements whatever the config
+says (runtime/engine.py: larger buckets only delay the overlap with backward), and uses one
+size, min(reduce_bucket_size, allgather_bucket_size), for both kinds of bucket.
 
 Units: GB = 10**9 bytes (1.5e9 parameters * 16 bytes = 24 GB).
 """
@@ -36,6 +39,7 @@ from typing import Literal
 
 __all__ = [
     "GB",
+    "MAX_BUCKET",
     "OFFLOADS",
     "BufferSizes",
     "Estimate",
@@ -46,6 +50,8 @@ __all__ = [
 ]
 
 GB = 10**9
+MAX_BUCKET = 1 << 22
+"""The runtime's cap on a stage 0-2 bucket, in elements (runtime/engine.py)."""
 Precision = Literal["fp16", "bf16", "fp32"]
 Offload = Literal["none", "optimizer", "optimizer+param"]
 OFFLOADS: tuple[Offload, ...] = ("none", "optimizer", "optimizer+param")
@@ -155,12 +161,15 @@ def buffer_bytes(
     sizes = sizes or BufferSizes()
     b = _bytes_for(precision)
     overlap = sizes.overlap_comm if sizes.overlap_comm is not None else stage == 3
-    total = min(sizes.reduce_bucket_size, params) * b.grad * (2 if overlap else 1)
-    if stage in (1, 2):
-        total += min(sizes.allgather_bucket_size, params) * b.param
     if stage == 3:
-        total += min(sizes.stage3_prefetch_bucket_size, params) * b.param
-    return total
+        reduce = min(sizes.reduce_bucket_size, params)
+        prefetch = min(sizes.stage3_prefetch_bucket_size, params)
+        return reduce * b.grad * (2 if overlap else 1) + prefetch * b.param
+    bucket = min(sizes.reduce_bucket_size, MAX_BUCKET, params)
+    if stage == 0:
+        return bucket * b.grad * (2 if overlap else 1)
+    bucket = min(bucket, sizes.allgather_bucket_size)
+    return bucket * b.grad * (2 if overlap else 1) + bucket * b.param
 
 
 @dataclass(frozen=True)

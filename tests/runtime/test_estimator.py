@@ -11,6 +11,7 @@ import pytest
 from runtime.config import load_config
 from runtime.estimator import (
     GB,
+    MAX_BUCKET,
     BufferSizes,
     buffer_bytes,
     count_safetensors_parameters,
@@ -61,17 +62,23 @@ def test_offload_moves_optimizer_state_to_cpu():
 
 def test_buffers_are_bounded_buckets():
     big = 10**10
-    # stage 0: one reduce bucket of 16-bit grads (no overlap by default below stage 3)
-    assert buffer_bytes(big, 0, "fp16") == 5e8 * 2
-    # stage 1-2 add the all-gather bucket; stage 3 doubles the reduce bucket (overlap) and
-    # adds the prefetch bucket
-    assert buffer_bytes(big, 2, "fp16") == 5e8 * 2 + 5e8 * 2
+    cap = MAX_BUCKET
+    assert cap == 4 * 2**20
+    # stage 0: one reduce bucket of 16-bit grads (no overlap by default below stage 3), at most
+    # the runtime's cap whatever the config says
+    assert buffer_bytes(big, 0, "fp16") == cap * 2
+    # stage 1-2 add an all-gather bucket of the same size
+    assert buffer_bytes(big, 2, "fp16") == cap * 2 + cap * 2
+    assert buffer_bytes(big, 2, "fp32") == cap * 4 + cap * 4
+    # stage 3: the configured reduce bucket, doubled (overlap), and the prefetch bucket
     assert buffer_bytes(big, 3, "fp16") == 5e8 * 2 * 2 + 5e7 * 2
-    assert buffer_bytes(big, 2, "fp32") == 5e8 * 4 + 5e8 * 4
     # a bucket is never larger than the model
     assert buffer_bytes(1000, 2, "fp16") == 1000 * 2 + 1000 * 2
+    assert buffer_bytes(1000, 3, "fp16") == 1000 * 2 * 2 + 1000 * 2
+    # the smaller of the two configured sizes is used for both at stages 1-2
     sizes = BufferSizes(reduce_bucket_size=100, allgather_bucket_size=50, overlap_comm=True)
-    assert buffer_bytes(big, 1, "fp16", sizes) == 100 * 2 * 2 + 50 * 2
+    assert buffer_bytes(big, 1, "fp16", sizes) == 50 * 2 * 2 + 50 * 2
+    assert buffer_bytes(big, 0, "fp16", sizes) == 100 * 2 * 2
 
 
 def test_buffer_sizes_from_config_resolve_auto():
@@ -180,7 +187,7 @@ def test_command_json_matches_formulas_without_torch():
     assert rows[1, "none"]["gpu_model_states_bytes"] == pytest.approx(2e9 * (8 + 8 / n))
     assert rows[2, "none"]["gpu_model_states_bytes"] == pytest.approx(2e9 * (4 + 12 / n))
     assert rows[3, "none"]["gpu_model_states_bytes"] == pytest.approx(2e9 * 16 / n)
-    assert rows[0, "none"]["gpu_buffers_bytes"] == 5e8 * 4
+    assert rows[0, "none"]["gpu_buffers_bytes"] == MAX_BUCKET * 4
 
 
 def test_command_reads_config_and_safetensors_without_torch(tmp_path):

@@ -1,6 +1,7 @@
 """A tiny runtime training script for visibility tests.
 
-Usage: ``python train_tiny.py OUT_DIR [--steps N] [--print-every K] [--sleep S] [--lines]``.
+Usage: ``python train_tiny.py OUT_DIR [--steps N] [--print-every K] [--sleep S] [--lines]
+[--tensorboard DIR]``. It calls ``engine.log_metrics({"custom_value": 1.5})`` at step 3.
 Each rank writes ``OUT_DIR/losses-<rank>.json``: the loss it computed at every optimizer step,
 so a test can compare the controller's metrics.jsonl with what the script itself saw.
 With ``--lines`` every rank prints a line per step (``rank R step S``).
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--print-every", type=int, default=5)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--lines", action="store_true")
+    p.add_argument("--tensorboard", metavar="DIR", help="enable the tensorboard block, into DIR")
     args = p.parse_args()
     torch.manual_seed(0)
     config = {
@@ -50,6 +52,12 @@ def main() -> None:
             "params": {"warmup_num_steps": 3, "total_num_steps": args.steps, "warmup_max_lr": 0.01},
         },
     }
+    if args.tensorboard:
+        config["tensorboard"] = {
+            "enabled": True,
+            "output_path": args.tensorboard,
+            "job_name": "tiny",
+        }
     engine, _, _, _ = runtime.initialize(model=TinyLM(), config=config)
     rank = engine.global_rank
     gen = torch.Generator().manual_seed(100 + rank)

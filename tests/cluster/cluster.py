@@ -189,38 +189,43 @@ class Cluster:
         linger a few milliseconds after the client exits. Processes a command started over ssh
         (workers, agents, their orphans) are always listed.
         """
-        ns = self.namespace(host)
-        listener = self._sshd[host].pid if host in self._sshd else None
-        result = []
-        for pid in sorted(netns.netns_pids([ns]).get(ns, [])):
-            if pid == listener:
-                continue
-            cmd = netns.cmdline(pid)
-            if not include_sshd and _is_sshd(pid):
-                continue
-            result.append((pid, cmd))
-        return result
+        return self._processes([self._check(host)], include_sshd).get(host, [])
 
     def wait_idle(self, timeout: float = 5.0) -> dict[str, list[tuple[int, str]]]:
         """Wait until no host has processes (see :meth:`pids`); returns what is left, if any."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = {h: p for h in self.hosts if (p := self.pids(h))}
-            if not left or time.monotonic() > deadline:
-                return left
+        while (left := self._processes(self.hosts)) and time.monotonic() < deadline:
             time.sleep(0.05)
+        return left
 
     def kill_all(self) -> dict[str, list[tuple[int, str]]]:
         """SIGKILL every process on every host except the sshd listeners; returns what it killed.
 
         For test isolation: a test that left workers behind must not fail the next one.
         """
-        killed = {h: p for h in self.hosts if (p := self.pids(h, include_sshd=True))}
+        killed = self._processes(self.hosts, include_sshd=True)
         for procs in killed.values():
             for pid, _ in procs:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         return killed
+
+    def _processes(
+        self, hosts: Sequence[str], include_sshd: bool = False
+    ) -> dict[str, list[tuple[int, str]]]:
+        """:meth:`pids` of several hosts from one scan of /proc; hosts with none are left out."""
+        by_ns = netns.netns_pids(self._netns[h] for h in hosts)
+        listeners = {proc.pid for proc in self._sshd.values()}
+        found = {}
+        for host in hosts:
+            procs = [
+                (pid, netns.cmdline(pid))
+                for pid in sorted(by_ns.get(self._netns[host], []))
+                if pid not in listeners and (include_sshd or not _is_sshd(pid))
+            ]
+            if procs:
+                found[host] = procs
+        return found
 
     def describe(self) -> dict:
         return {

@@ -85,6 +85,10 @@ class BenchSpec:
     gradient_clipping: float = 1.0
     bucket_size: int | None = None
     checkpoint: bool = False
+    profile_dir: str | None = None
+    torch_adamw: str = "default"
+    """AdamW implementation for DDP and FSDP2: torch's "default" choice (a for-loop on CPU),
+    "foreach" or "fused"."""
     timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
@@ -104,6 +108,10 @@ class BenchSpec:
             raise ValueError(
                 f"--steps ({self.steps}) must exceed --warmup ({self.warmup}): "
                 "the median is taken over the steps after warm-up"
+            )
+        if self.torch_adamw not in ("default", "foreach", "fused"):
+            raise ValueError(
+                f"--torch-adamw must be default, foreach or fused, got {self.torch_adamw!r}"
             )
         if self.world_size < 1:
             raise ValueError(f"--world-size must be at least 1, got {self.world_size}")
@@ -238,6 +246,8 @@ class TorchAdapter(Adapter):
 
         kwargs = _optimizer_params(self.spec)
         kwargs["betas"] = tuple(kwargs["betas"])
+        if self.spec.torch_adamw != "default":
+            kwargs[self.spec.torch_adamw] = True
         return torch.optim.AdamW(params, **kwargs)
 
     def forward(self, inputs, targets):
@@ -477,6 +487,11 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
         "baseline_rss_bytes": baseline_rss,
         "torch_threads": torch.get_num_threads(),
     }
+    if spec.profile_dir:
+        inputs, targets = window_batch(
+            tokens, spec.steps + 1, rank, shape.micro_batch, shape.seq_len, spec.seed
+        )
+        _profile_step(adapter, inputs, targets, Path(spec.profile_dir), framework, rank)
     if spec.checkpoint:
         with tempfile.TemporaryDirectory(prefix=f"bench-ckpt-{framework}-") as tmp:
             shared = _shared_dir(tmp)
@@ -486,6 +501,26 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
     out.write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _profile_step(adapter, inputs, targets, directory: Path, framework: str, rank: int) -> None:
+    """One more untimed step under torch.profiler on rank 0: the operators a step costs."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if rank != 0:
+        adapter.backward(adapter.forward(inputs, targets))
+        adapter.step()
+        return
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("bench.forward"):
+            loss = adapter.forward(inputs, targets)
+        with record_function("bench.backward"):
+            adapter.backward(loss)
+        with record_function("bench.step"):
+            adapter.step()
+    directory.mkdir(parents=True, exist_ok=True)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+    (directory / f"{framework}-rank0.txt").write_text(table)
 
 
 def _shared_dir(local_tmp: str) -> str:
@@ -718,6 +753,8 @@ def command_line(spec: BenchSpec) -> str:
         parts.append(f"--bucket-size {spec.bucket_size}")
     if spec.checkpoint:
         parts.append("--checkpoint")
+    if spec.torch_adamw != "default":
+        parts.append(f"--torch-adamw {spec.torch_adamw}")
     return " ".join(parts)
 
 
@@ -843,6 +880,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also time save/load_checkpoint after training",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also profile one extra step on rank 0 (torch.profiler); write DIR/<framework>-rank0.txt",
+    )
+    parser.add_argument(
+        "--torch-adamw",
+        default="default",
+        choices=("default", "foreach", "fused"),
+        help="AdamW implementation of the DDP and FSDP2 baselines (default: torch's own choice, "
+        "a per-parameter loop on CPU)",
+    )
     parser.add_argument("--json", help="write the full result (per-step data) here")
     parser.add_argument("--markdown", help="write a results page (markdown) here")
     parser.add_argument(
@@ -880,6 +929,8 @@ def main(argv: list[str] | None = None) -> int:
             shape=ModelShape.tiny() if args.tiny else ModelShape(),
             bucket_size=args.bucket_size,
             checkpoint=args.checkpoint,
+            torch_adamw=args.torch_adamw,
+            profile_dir=str(Path(args.profile).resolve()) if args.profile else None,
             timeout_s=args.timeout,
         )
     except ValueError as error:

@@ -35,6 +35,7 @@ LIVE_ENV = "ZLAUNCH_LIVE"
 # for the next tick, so a flood of output does not turn into a flood of panel redraws.
 PRINT_INTERVAL = 0.05
 PANEL_INTERVAL = 0.5
+BAR_WIDTH = 30  # leaves room for "step N/M  P%  ETA  elapsed" on an 80-column terminal
 
 _META = ("kind", "source", "step", "time", "rank", "host")
 
@@ -311,7 +312,7 @@ class LiveView(JobView):
         event = self.latest or {}
         step, total = event.get("step"), event.get("total_steps")
         bar = Table.grid(padding=(0, 1))
-        bar.add_column(width=40)
+        bar.add_column(width=BAR_WIDTH)
         bar.add_column()
         elapsed = _duration(time.monotonic() - self.started_at)
         if total:
@@ -320,10 +321,12 @@ class LiveView(JobView):
                 f"step {step}/{total}  {100 * done / total:.0f}%  ETA {_duration(self.eta())}"
                 f"  elapsed {elapsed}"
             )
-            bar.add_row(ProgressBar(total=total, completed=done, width=40), Text(label))
+            bar.add_row(ProgressBar(total=total, completed=done, width=BAR_WIDTH), Text(label))
         else:
             waiting = "waiting for the first step" if step is None else f"step {step}"
-            bar.add_row(ProgressBar(total=None, width=40), Text(f"{waiting}  elapsed {elapsed}"))
+            bar.add_row(
+                ProgressBar(total=None, width=BAR_WIDTH), Text(f"{waiting}  elapsed {elapsed}")
+            )
 
         grid = Table.grid(padding=(0, 2))
         for _ in range(4):

@@ -107,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             seq_len=args.seq_len,
         )
     )
+    params = sum(p.numel() for p in model.parameters())  # before stage 3 partitions them
     dataset = CharDataset(args.seq_len, max_chars=args.max_chars)
     engine, _, loader, _ = runtime.initialize(
         model=model, model_parameters=model.parameters(), training_data=dataset, config=config
     )
     rank0 = engine.global_rank == 0
     if rank0:
-        params = sum(p.numel() for p in model.parameters())
         print(
             f"GPT {params:,} parameters, {len(dataset):,} windows of {args.seq_len} chars, "
             f"world size {engine.world_size}, train batch {engine.train_batch_size()}, "

@@ -1,5 +1,6 @@
 """examples/: the GPT model, the stdlib character corpus, and the README's first job."""
 
+import functools
 import math
 import os
 import re
@@ -150,9 +151,8 @@ def test_train_gpt_needs_a_config():
     assert out.returncode == 2 and "give --config FILE" in out.stderr
 
 
-@pytest.mark.multirank
-def test_readme_first_job_on_two_ranks():
-    """zlaunch --num-gpus 2 examples/train_gpt.py --config examples/configs/zero2.json"""
+@functools.cache
+def two_rank_run(config):
     zlaunch = shutil.which("zlaunch")
     command = [zlaunch] if zlaunch else [sys.executable, "-m", "zlaunch"]
     out = subprocess.run(
@@ -162,7 +162,7 @@ def test_readme_first_job_on_two_ranks():
             "2",
             "examples/train_gpt.py",
             "--config",
-            "examples/configs/zero2.json",
+            config,
             "--steps",
             "40",
             "--print-every",
@@ -176,7 +176,26 @@ def test_readme_first_job_on_two_ranks():
         timeout=300,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert "world size 2" in out.stdout
-    losses = losses_printed(out.stdout)
+    return out.stdout
+
+
+@pytest.mark.multirank
+def test_readme_first_job_on_two_ranks():
+    """zlaunch --num-gpus 2 examples/train_gpt.py --config examples/configs/zero2.json"""
+    out = two_rank_run("examples/configs/zero2.json")
+    assert "world size 2" in out and "GPT 417,408 parameters" in out
+    losses = losses_printed(out)
     assert [s for s, _ in losses] == [10, 20, 30, 40]
-    assert losses[-1][1] < losses[0][1] - 0.8, out.stdout
+    assert losses[-1][1] < losses[0][1] - 0.8, out
+
+
+@pytest.mark.multirank
+def test_stage3_example_matches_stage2():
+    """zero3.json differs from zero2.json only in the stage: the same losses, printed to 4 places."""
+    stage3 = two_rank_run("examples/configs/zero3.json")
+    assert "GPT 417,408 parameters" in stage3  # counted before partitioning
+    expected = losses_printed(two_rank_run("examples/configs/zero2.json"))
+    got = losses_printed(stage3)
+    assert [s for s, _ in got] == [s for s, _ in expected]
+    for (_, a), (_, b) in zip(got, expected, strict=True):
+        assert a == pytest.approx(b, abs=2e-4)

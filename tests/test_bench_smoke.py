@@ -27,6 +27,7 @@ ROW_FIELDS = {
     "step_time_s",
     "step_times_s",
     "min_step_time_s",
+    "phase_s",
     "cpu_time_s",
     "step_time_ratio",
     "peak_rss_bytes",
@@ -93,6 +94,8 @@ def test_tiny_run_reports_every_field(tmp_path):
     result = json.loads(out.read_text())
     assert result["reference"] == "ddp"
     assert result["threads_per_rank"] == 1
+    assert result["command"].startswith("python benchmarks/train_bench.py --stage 2 --steps 3")
+    assert result["environment"]["torch"]
     ddp, ours = result["rows"]
     for row in (ddp, ours):
         assert ROW_FIELDS <= row.keys(), ROW_FIELDS - row.keys()
@@ -100,6 +103,8 @@ def test_tiny_run_reports_every_field(tmp_path):
         assert row["step_time_s"] > 0 and row["cpu_time_s"] > 0
         assert row["peak_rss_bytes"] >= row["baseline_rss_bytes"] > 0
         assert row["world_size"] == 2
+        assert set(row["phase_s"]) == {"forward", "backward", "step"}
+        assert sum(row["phase_s"].values()) <= max(row["step_times_s"]) * 1.001
     assert (ddp["framework"], ddp["stage"]) == ("ddp", 0)
     assert (ours["framework"], ours["stage"]) == ("zlaunch", 2)
     assert ddp["step_time_ratio"] == 1.0

@@ -116,9 +116,10 @@ def status(as_json: bool) -> int:
 
 
 def down(prefixes: list[str]) -> int:
-    wanted = prefixes or [
-        p for p in sorted(find_prefixes()) if _info(p).get("detached") and _info(p)["owner_alive"]
-    ]
+    if not prefixes:
+        infos = [_info(p) for p in sorted(find_prefixes())]
+        prefixes = [i["prefix"] for i in infos if i.get("detached") and i["owner_alive"]]
+    wanted = prefixes
     for prefix in wanted:
         pid = owner_of(prefix)
         if owner_alive(pid):

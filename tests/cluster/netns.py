@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
 
@@ -158,7 +159,7 @@ def find_prefixes() -> set[str]:
     names = list_netns() + list_links()
     if os.path.isdir(NETNS_ETC_DIR):
         names += os.listdir(NETNS_ETC_DIR)
-    names += [e for e in os.listdir(os.path.dirname(state_dir("x"))) if e.endswith(STATE_SUFFIX)]
+    names += [e for e in os.listdir(tempfile.gettempdir()) if e.endswith(STATE_SUFFIX)]
     found = set()
     for name in names:
         match = PREFIX_RE.match(name)

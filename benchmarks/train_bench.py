@@ -693,7 +693,7 @@ def _max_or_none(values) -> float | None:
     return max(values)
 
 
-def _loss_match(row: dict[str, Any], reference: dict[str, Any], precision: str) -> float:
+def _max_rel_diff(row: dict[str, Any], reference: dict[str, Any]) -> float:
     worst = 0.0
     for a, b in zip(row["losses"], reference["losses"], strict=True):
         worst = max(worst, abs(a - b) / max(abs(b), 1e-12))
@@ -724,7 +724,7 @@ def run_benchmark(spec: BenchSpec, workdir: Path | None = None) -> dict[str, Any
     reference = next((r for r in rows if r["framework"] == "ddp"), rows[0])
     for row in rows:
         row["step_time_ratio"] = row["step_time_s"] / reference["step_time_s"]
-        row["loss_max_rel_diff"] = _loss_match(row, reference, spec.precision)
+        row["loss_max_rel_diff"] = _max_rel_diff(row, reference)
         row["loss_matches"] = row["loss_max_rel_diff"] <= LOSS_MATCH_RTOL[spec.precision]
     return {
         "spec": asdict(spec),

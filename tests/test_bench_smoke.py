@@ -139,3 +139,62 @@ def test_bad_arguments_fail_with_a_message():
     )
     assert proc.returncode == 2
     assert "--frameworks" in proc.stderr and "horovod" in proc.stderr
+
+
+def _bench_utils():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_utils
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return bench_utils
+
+
+def test_reachable_tensor_bytes_counts_each_storage_once():
+    import torch
+
+    bench_utils = _bench_utils()
+    flat = torch.zeros(100)  # 400 bytes behind two parameter views
+    a, b = torch.nn.Parameter(flat[:60]), torch.nn.Parameter(flat[60:])
+    a.grad = torch.zeros(60)  # 240
+    b.partition = torch.zeros(10, dtype=torch.float64)  # 80, hung on the parameter
+
+    class Holder:
+        def __init__(self):
+            self.params = [a, b]
+            self.state = {"m": torch.zeros(5, dtype=torch.int16), "again": flat}  # 10
+            self.hook = self.method  # bound method back to self: no loop, no double count
+
+        def method(self):
+            return None
+
+    assert bench_utils.reachable_tensor_bytes(Holder()) == 400 + 240 + 80 + 10
+    view = torch.zeros(8)[2:4]
+    assert bench_utils.reachable_tensor_bytes(view) == 32  # the whole storage
+
+
+def test_collective_counter_counts_ring_volume(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    bench_utils = _bench_utils()
+    original = dist.all_reduce
+    counter = bench_utils.CollectiveCounter().install()
+    assert dist.all_reduce is not original
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+        )
+        dist.all_reduce(torch.zeros(10))
+        out = torch.zeros(6, dtype=torch.float64)
+        dist.all_gather_into_tensor(out, torch.zeros(6, dtype=torch.float64))
+        counter.enabled = False
+        dist.all_reduce(torch.zeros(1000))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        counter.uninstall()
+    snap = counter.snapshot()
+    assert snap["all_reduce"] == {"calls": 1, "payload_bytes": 40, "sent_bytes": 0.0}
+    assert snap["all_gather"] == {"calls": 1, "payload_bytes": 48, "sent_bytes": 0.0}
+    assert dist.all_reduce is original

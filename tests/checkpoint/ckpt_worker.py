@@ -41,7 +41,13 @@ def make_config(stage: int, world_size: int) -> dict:
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
         "steps_per_print": 1000,
-        "optimizer": {"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.01}},
+        "optimizer": {
+            "type": "Adam",
+            # eps 1e-4: Adam with a tiny eps turns float noise in near-zero gradients into
+            # full-size steps, which makes runs at different world sizes differ by ~1e-4
+            # whatever the checkpoint does; with 1e-4 that floor is ~3e-7.
+            "params": {"lr": 0.01, "weight_decay": 0.01, "eps": 1e-4},
+        },
         "scheduler": {
             "type": "WarmupLR",
             "params": {"warmup_num_steps": 8, "warmup_max_lr": 0.01, "warmup_type": "linear"},
@@ -74,14 +80,16 @@ def train_step(engine) -> float:
 
 
 def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    """Every parameter whole (gathered under stage 3: a collective, call on every rank)."""
+    from runtime.zero import GatheredParameters
+
+    with GatheredParameters(list(module.parameters())):
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 def build(stage: int, dropout: float = 0.0):
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    engine, *_ = runtime.initialize(
-        model=make_model(dropout), config=make_config(stage, world)
-    )
+    engine, *_ = runtime.initialize(model=make_model(dropout), config=make_config(stage, world))
     return engine
 
 
@@ -108,6 +116,95 @@ def load_then_continue(
         engine.save_checkpoint(resave_dir)
     losses = [train_step(engine) for _ in range(total - start)]
     return {"path": path, "start": start, "final": full_state(engine.module), "losses": losses}
+
+
+def error_cases(tmp: str) -> dict:
+    """Loads that must fail cleanly, leaving the engine exactly as it was."""
+    import json as _json
+    import warnings
+
+    from runtime.checkpoint import CheckpointError
+
+    out: dict = {}
+    engine = build(2)
+    for _ in range(2):
+        train_step(engine)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["no_latest"] = engine.load_checkpoint(os.path.join(tmp, "empty"))
+    out["no_latest_warning"] = [str(w.message) for w in caught]
+    try:
+        engine.save_checkpoint(os.path.join(tmp, "bad_client"), client_state={"f": open})
+    except CheckpointError as err:
+        out["client_error"] = str(err)
+    out["bad_client_dir"] = sorted(os.listdir(tmp))
+
+    good = os.path.join(tmp, "good")
+    engine.save_checkpoint(good, client_state={"epoch": 1, "pos": (3, 4)})
+    for _ in range(2):
+        train_step(engine)
+    before = full_state(engine.module)
+    before_opt = {
+        i: {k: v.clone() for k, v in s.items()}
+        for i, s in enumerate(engine.optimizer.optimizer.state.values())
+    }
+    before_steps = engine.global_steps
+
+    def unchanged() -> bool:
+        now = full_state(engine.module)
+        opt = list(engine.optimizer.optimizer.state.values())
+        return (
+            all(torch.equal(now[k], before[k]) for k in before)
+            and all(torch.equal(opt[i][k], v) for i, s in before_opt.items() for k, v in s.items())
+            and engine.global_steps == before_steps
+        )
+
+    tag_dir = os.path.join(good, "global_step2")
+    manifest_path = os.path.join(tag_dir, "manifest.json")
+    manifest = _json.load(open(manifest_path))
+    name = next(iter(manifest["params"]))
+    # 1. The shard's tensor header disagrees with the manifest (shape edited in both places
+    #    consistently would be a different model): corrupt header, same size.
+    shard = os.path.join(tag_dir, manifest["shards"][0]["file"])
+    data = bytearray(open(shard, "rb").read())
+    original = bytes(data)
+    data[20:28] = b"\x00" * 8
+    open(shard, "wb").write(bytes(data))
+    try:
+        engine.load_checkpoint(good)
+    except CheckpointError as err:
+        out["corrupt_error"] = str(err)
+    out["corrupt_unchanged"] = unchanged()
+    open(shard, "wb").write(original)
+    # 2. A manifest whose parameter shape differs from the model's.
+    edited = _json.loads(_json.dumps(manifest))
+    edited["params"][name]["shape"] = list(reversed(edited["params"][name]["shape"])) + [1]
+    _json.dump(edited, open(manifest_path, "w"))
+    try:
+        engine.load_checkpoint(good)
+    except CheckpointError as err:
+        out["shape_error"] = str(err)
+    out["shape_unchanged"] = unchanged()
+    _json.dump(manifest, open(manifest_path, "w"))
+    # 3. A model with other parameter names.
+    renamed = _json.loads(_json.dumps(manifest))
+    renamed["params"]["extra.weight"] = renamed["params"].pop(name)
+    for shard_rec in renamed["shards"]:
+        shard_rec["pieces"] = [
+            ["extra.weight" if p[0] == name else p[0], p[1], p[2]] for p in shard_rec["pieces"]
+        ]
+    _json.dump(renamed, open(manifest_path, "w"))
+    try:
+        engine.load_checkpoint(good)
+    except CheckpointError as err:
+        out["names_error"] = str(err)
+    out["names_unchanged"] = unchanged()
+    _json.dump(manifest, open(manifest_path, "w"))
+    # 4. The intact checkpoint loads, client state and all.
+    out["good"] = engine.load_checkpoint(good)
+    out["good_steps"] = engine.global_steps
+    out["name"] = name
+    return out
 
 
 # ---------------------------------------------------------------------------- script
@@ -146,10 +243,11 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         if args.step_sleep:
             time.sleep(args.step_sleep)
+    final = full_state(engine.module)
     if rank == 0:
         from safetensors.torch import save_file
 
-        save_file(full_state(engine.module), os.path.join(args.out, "final.safetensors"))
+        save_file(final, os.path.join(args.out, "final.safetensors"))
         print("done", flush=True)
     return 0
 

@@ -83,7 +83,8 @@ class Handle:
 
     @property
     def done(self) -> bool:
-        return self._done
+        """wait() would not block (the collective finished; post-processing may be pending)."""
+        return self._done or (self._work is not None and self._work.is_completed())
 
 
 _DONE = Handle()

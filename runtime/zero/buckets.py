@@ -18,7 +18,8 @@ Modes:
 * ``SCATTER_EVERY_MICRO_STEP`` (stage 2): only this rank's shard of the gradients is kept. As a
   gradient is produced it is copied into a group-sized staging buffer (``param.grad`` is freed at
   once); a full staging buffer is reduce-scattered and added into the owned shard. One staging
-  buffer, or two with ``overlap_comm`` so one fills while the other is in flight.
+  buffer, or two with ``overlap_comm`` so one fills while the other is in flight (with one,
+  the reduce-scatter still runs in the background until the buffer is needed again).
 
 On gloo each in-flight reduce-scatter also needs a receive buffer of the bucket's size (see
 runtime.comm), so the bucket memory is ``buffers x max group bytes`` for staging plus the same
@@ -255,7 +256,9 @@ class GradReducer:
 
     def _launch(self, gi: int) -> None:
         g = self._groups[gi]
-        async_op = self.overlap or self.mode is ReduceMode.ALL_REDUCE
+        # Always asynchronous: with one buffer (overlap_comm off) the collective still runs
+        # while autograd computes, until the buffer is needed again (`_bucket_for` waits).
+        async_op = True
         if self.mode is ReduceMode.ALL_REDUCE:
             h = self.comm.all_reduce(self._owned[gi], async_op=True)
         elif self.mode is ReduceMode.SCATTER_AT_BOUNDARY:

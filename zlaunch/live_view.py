@@ -224,7 +224,8 @@ class LiveView(JobView):
         self.last_panel = 0.0
         self.saved = (console.out, console.err)
         console.out = _BytesOut(self)
-        console.err = _TextOut(self)
+        if _isatty(console.err):  # notes to a redirected stderr stay there, off the terminal
+            console.err = _TextOut(self)
         self.live = Live(
             self._panel(),
             console=self.rich,
@@ -374,6 +375,13 @@ class LiveView(JobView):
             title_align="left",
             subtitle_align="right",
         )
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def live_wanted(console: Console) -> bool:

@@ -143,6 +143,16 @@ def test_ls_status_and_logs_read_the_finished_run(job):
         for s in (10, 11)
     ]
 
+    by_host = zlaunch("logs", "--log-dir", str(job["runs"]), "--host", "localhost", "-n", "1",
+                      cwd=job["tmp"])  # fmt: skip
+    assert [line.split("]")[0] for line in by_host.stdout.decode().splitlines()] == [
+        "[localhost:0",
+        "[localhost:1",
+    ]
+    other = zlaunch("logs", "--log-dir", str(job["runs"]), "--host", "node9", cwd=job["tmp"])
+    assert other.returncode == 2
+    assert f"run {run_id}: no rank log matches the selection" in other.stderr.decode()
+
     stop = zlaunch("stop", "--log-dir", str(job["runs"]), cwd=job["tmp"])
     assert stop.returncode == 1
     assert f"run {run_id} already ended (succeeded, exit code 0); nothing to stop" in (

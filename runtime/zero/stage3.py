@@ -54,6 +54,14 @@ def _tensors(obj):
             yield from _tensors(o)
 
 
+class _SavedInUnit:
+    __slots__ = ("unit", "tensor")
+
+    def __init__(self, unit: Unit, tensor: torch.Tensor):
+        self.unit = unit
+        self.tensor = tensor
+
+
 class Stage3Coordinator:
     def __init__(
         self,
@@ -92,6 +100,8 @@ class Stage3Coordinator:
         self._in_backward = False
         self._bwd_seen: set[int] = set()
         self._reductions: list[tuple[Handle, torch.Tensor]] = []
+        self._by_storage: dict[int, Unit] = {}
+        self._saved_hooks: list = []
         for u in units:
             u.coordinator = self
         self._hooks = []
@@ -115,6 +125,7 @@ class Stage3Coordinator:
         for u in units:
             for i, p in enumerate(u.params):
                 if p.requires_grad:
+                    self._hooks.append(p.register_hook(functools.partial(self._grad_arriving, u)))
                     self._hooks.append(
                         p.register_post_accumulate_grad_hook(
                             functools.partial(self._grad_ready, u, i)
@@ -126,12 +137,14 @@ class Stage3Coordinator:
         if u.state is UnitState.RELEASED:
             self._make_room(u.numel)
             u.start_gather(self.store, self.comm)
+            self._by_storage[u.full.untyped_storage().data_ptr()] = u
             self.live_numel += u.numel
             self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
 
     def _release(self, u: Unit) -> None:
         if u.persistent or u.state is UnitState.RELEASED:
             return
+        self._by_storage.pop(u.full.untyped_storage().data_ptr(), None)
         u.release()
         self.live_numel -= u.numel
 
@@ -210,6 +223,8 @@ class Stage3Coordinator:
 
     # ------------------------------------------------------------------ module hooks
     def _begin_pass(self, module, args) -> None:
+        self._saved_hooks.append(torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack))
+        self._saved_hooks[-1].__enter__()
         if self._in_backward:
             return
         # Units kept by a forward whose backward never came are released here.
@@ -219,8 +234,32 @@ class Stage3Coordinator:
         self._bwd_seen.clear()
 
     def _end_forward(self, module, args, output) -> None:
+        if self._saved_hooks:
+            self._saved_hooks.pop().__exit__(None, None, None)
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in _tensors(output)):
             self.release_all()
+
+    # Tensors autograd saves during forward that live in a unit's gathered buffer (weights, or
+    # views of them such as ``weight.t()``) are tagged with their unit; unpacking one in
+    # backward fetches the unit if it was released. The output-gradient hooks below normally
+    # fetch first (with prefetch); this makes backward correct even for modules whose outputs
+    # those hooks cannot see (outputs wrapped in objects that are not tensors, lists or dicts).
+    def _pack(self, t):
+        try:
+            unit = self._by_storage.get(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            return t
+        return t if unit is None else _SavedInUnit(unit, t)
+
+    def _unpack(self, saved):
+        if type(saved) is not _SavedInUnit:
+            return saved
+        u = saved.unit
+        if not u.gathered:
+            self._start_backward()
+            u.bwd_hold = True
+            self._fetch(u)
+        return saved.tensor
 
     def _pre_forward(self, units: list[Unit], module, args) -> None:
         for u in units:
@@ -262,6 +301,13 @@ class Stage3Coordinator:
         if not self._in_backward:
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _grad_arriving(self, u: Unit, grad) -> None:
+        """Before a gradient is accumulated: its parameter must have its full shape again."""
+        if not u.gathered:
+            self._start_backward()
+            u.bwd_hold = True
+            self._fetch(u)
 
     def _grad_ready(self, u: Unit, i: int, p: torch.Tensor) -> None:
         grad = p.grad

@@ -48,6 +48,15 @@ PARITY_CASES = {
     ),
     # the forward's branch depends on the data: the module order changes between steps
     "stage3_branch": ("branch", {"stage3_param_persistence_threshold": 30}),
+    # outputs the backward hooks cannot see, everything released after use
+    "stage3_opaque": (
+        "opaque",
+        {
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_reuse_distance": 0,
+            "stage3_max_live_parameters": 600,
+        },
+    ),
 }
 # 128x128 weights without bias, every one a multiple of 4 ranks x 16 alignment.
 SQUARE = 128 * 128
@@ -88,7 +97,33 @@ class BranchNet(torch.nn.Module):
         return self.out(h)
 
 
-MODELS = {"small": small_model, "branch": BranchNet}
+class Boxed:
+    """A module output that is not a tensor, list or dict."""
+
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+
+
+class BoxedLinear(torch.nn.Linear):
+    def forward(self, x):
+        return Boxed(super().forward(x))
+
+
+class OpaqueNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(77)
+        self.l1 = BoxedLinear(6, 24)
+        self.l2 = BoxedLinear(24, 24)
+        self.l3 = torch.nn.Linear(24, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.l1(x).value)
+        h = torch.tanh(self.l2(h).value)
+        return self.l3(h)
+
+
+MODELS = {"small": small_model, "branch": BranchNet, "opaque": OpaqueNet}
 
 
 def square_model() -> torch.nn.Module:

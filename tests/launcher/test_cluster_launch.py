@@ -272,3 +272,20 @@ def test_check_reaches_every_host_and_names_the_broken_one(cluster, tmp_path):
         assert rows[host].split()[1] == "ok" and rows[host].rstrip().endswith("ok"), rows[host]
     assert "FAILED" in rows[bad] and "2222" in rows[bad]
     assert "3 of 4 hosts ready" in out.stdout
+
+
+def test_lost_ssh_link_to_one_host_stops_the_job_everywhere(cluster, jobs, tmp_path):
+    job = launch(jobs, cluster, tmp_path, ["--hang"])
+    job.records_ready()
+    sessions = [
+        pid for pid, cmd in cluster.pids("node2", include_sshd=True) if cmd.startswith("sshd")
+    ]
+    assert sessions, cluster.pids("node2", include_sshd=True)
+    for pid in sessions:  # the link dies: the agent loses its stdin, zlaunch its channel
+        os.kill(pid, signal.SIGKILL)
+    took = wait_cluster_idle(cluster, 10.0)
+    assert took is not None, f"left 10 s after the link was cut: {job_processes(cluster)}"
+    code, out, err = job.communicate(timeout=15)
+    print(f"\n[measure] ssh link to node2 cut: all gone after {took:.2f}s")
+    assert code == 1, err
+    assert "node2" in err and "connection to the agent lost" in err

@@ -30,6 +30,9 @@ PARITY_CASES = {
         "overlap_comm": True,
         "offload_optimizer": {"device": "cpu", "pin_memory": True},
     },
+    # gradients arrive out of bucket order and one layer gets none (extra bucket + flush paths)
+    "stage2_out_of_order": {"stage": 2, "overlap_comm": False, "model": "shuffled"},
+    "stage1_out_of_order": {"stage": 1, "model": "shuffled"},
 }
 # 128x128 weights without bias: buckets of two weights are exactly full, so the bucket
 # buffers are exactly the configured size.
@@ -45,6 +48,24 @@ def small_model() -> torch.nn.Module:
         torch.nn.Tanh(),
         torch.nn.Linear(24, 3),
     )
+
+
+class Shuffled(torch.nn.Module):
+    """Layers registered in another order than used, plus a layer that is never used."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4321)
+        self.a = torch.nn.Linear(6, 24)
+        self.unused = torch.nn.Linear(24, 24)
+        self.b = torch.nn.Linear(24, 3)
+        self.c = torch.nn.Linear(24, 24)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.c(torch.tanh(self.a(x)))))
+
+
+MODELS = {"small": small_model, "shuffled": Shuffled}
 
 
 def square_model() -> torch.nn.Module:
@@ -116,7 +137,8 @@ def model_state_bytes(engine) -> int:
 
 # --------------------------------------------------------------------------- rank side
 def _train(runtime, world, rank, zero, precision=None, steps=STEPS):
-    model = small_model()
+    zero = dict(zero)
+    model = MODELS[zero.pop("model", "small")]()
     extra = {precision: {"enabled": True}} if precision else {}
     engine, *_ = runtime.initialize(model=model, config=base_config(zero, **extra))
     x, y = batches(world, steps)
@@ -297,8 +319,8 @@ def ranks(request):
     return world, run_ranks(world, f"{HERE}:worker", {"world": world}, timeout=240)
 
 
-def reference(world: int):
-    model = small_model()
+def reference(world: int, model_name: str = "small"):
+    model = MODELS[model_name]()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     x, y = batches(world)
     losses = []
@@ -306,6 +328,9 @@ def reference(world: int):
         loss = torch.nn.functional.mse_loss(model(x[s]), y[s])
         opt.zero_grad()
         loss.backward()
+        for p in model.parameters():  # the engine steps unused parameters with zero gradients
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
@@ -315,7 +340,7 @@ def reference(world: int):
 @pytest.mark.parametrize("case", list(PARITY_CASES))
 def test_parity_with_single_process_reference(ranks, case):
     world, results = ranks
-    ref_losses, ref_params = reference(world)
+    ref_losses, ref_params = reference(world, PARITY_CASES[case].get("model", "small"))
     per_rank = [r["parity"][case]["losses"] for r in results]
     step_losses = [
         sum(per_rank[r][s * GAS + m] for r in range(world) for m in range(GAS)) / (world * GAS)

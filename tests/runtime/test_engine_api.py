@@ -265,3 +265,19 @@ def test_incomplete_distributed_environment_is_a_clear_error():
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "MASTER_ADDR, MASTER_PORT not set" in out.stdout, out.stderr
+
+
+def test_fp16_overflow_skips_the_step_and_logs_one_line(caplog):
+    engine, *_ = runtime.initialize(
+        model=model(),
+        config=config(gradient_accumulation_steps=1, fp16={"enabled": True, "hysteresis": 1}),
+    )
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    with caplog.at_level("WARNING", logger="runtime.precision"):
+        engine.backward(loss_of(engine) * float("inf"))
+        engine.step()
+    lines = [r.getMessage() for r in caplog.records if r.name == "runtime.precision"]
+    assert len(lines) == 1 and "skipping step" in lines[0] and "65536 -> 32768" in lines[0]
+    assert engine.skipped_steps == 1 and engine.global_steps == 1
+    assert engine.loss_scale == 32768.0 and engine.get_global_grad_norm() is None
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters(), strict=True))

@@ -187,7 +187,7 @@ def test_collective_counter_counts_ring_volume(tmp_path):
         )
         dist.all_reduce(torch.zeros(10))
         out = torch.zeros(6, dtype=torch.float64)
-        dist.all_gather_into_tensor(out, torch.zeros(6, dtype=torch.float64))
+        dist.all_gather_single(out, torch.zeros(6, dtype=torch.float64))
         counter.enabled = False
         dist.all_reduce(torch.zeros(1000))
     finally:

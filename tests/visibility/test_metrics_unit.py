@@ -1,0 +1,74 @@
+"""Pure pieces of the metrics path: the event sink, token counting, plain rendering."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+import torch
+
+from runtime.metrics import EventSink, _token_count
+from zlaunch.console import Console
+from zlaunch.live_view import PlainView, format_metrics
+
+EVENT = {
+    "kind": "metrics", "source": "engine", "step": 20, "samples": 640, "total_steps": 100,
+    "loss": 2.345678, "lr": 0.0003, "loss_scale": 65536.0, "grad_norm": None,
+    "skipped_steps": 1, "step_time": 0.125, "samples_per_s": 256.0, "tokens_per_s": 32768.0,
+    "memory_kind": "cuda", "memory_bytes": 3 * 2**30, "memory_peak_bytes": 4 * 2**30,
+    "comm_bytes": 5 * 2**20, "world_size": 8,
+}  # fmt: skip
+
+
+def test_sink_writes_one_json_line_per_event_to_the_events_fd():
+    read_fd, write_fd = os.pipe()
+    try:
+        sink = EventSink({"ZLAUNCH_EVENTS_FD": str(write_fd)})
+        sink.emit(EVENT)
+        sink.emit({"kind": "metrics", "source": "user", "step": 3, "acc": torch.tensor(0.5)})
+        os.close(write_fd)
+        lines = os.read(read_fd, 1 << 16).decode().splitlines()
+    finally:
+        os.close(read_fd)
+    assert [json.loads(line) for line in lines] == [
+        EVENT,
+        {"kind": "metrics", "source": "user", "step": 3, "acc": 0.5},
+    ]
+
+
+def test_sink_with_a_closed_fd_warns_and_logs_instead():
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    os.close(write_fd)
+    with pytest.warns(UserWarning, match=f"ZLAUNCH_EVENTS_FD={write_fd} is not an open file"):
+        sink = EventSink({"ZLAUNCH_EVENTS_FD": str(write_fd)})
+    assert sink.fd is None
+
+
+def test_tokens_are_counted_only_for_integer_batches():
+    ids = torch.zeros(4, 9, dtype=torch.long)
+    assert _token_count((ids,), {}) == 36
+    assert _token_count((), {"input_ids": ids}) == 36
+    assert _token_count(({"input_ids": ids, "labels": ids},), {}) == 36
+    assert _token_count(((ids, ids),), {}) == 36
+    assert _token_count((torch.zeros(4, 9),), {}) is None
+    assert _token_count((torch.zeros(4, dtype=torch.bool),), {}) is None
+    assert _token_count((), {}) is None
+
+
+def test_plain_view_prints_one_escape_free_line_per_event():
+    err = io.StringIO()
+    view = PlainView(Console(color=False, out=io.BytesIO(), err=err))
+    view.start("run-1", {"node1": 2})
+    view.metrics(0, "node1", EVENT)
+    line = err.getvalue()
+    assert line == (
+        "zlaunch: step 20/100  loss 2.346  lr 0.0003  grad_norm -  loss_scale 65536  skipped 1"
+        "  step_time 125.0ms  samples/s 256.0  tokens/s 32.8k  mem 3.0 GiB  comm 5.0 MiB\n"
+    )
+    assert view.latest is EVENT
+    assert format_metrics({"source": "user", "step": 3, "acc": 0.5, "kind": "metrics"}) == (
+        "step 3  acc 0.5"
+    )

@@ -123,7 +123,7 @@ def format_line(event: dict[str, Any]) -> str:
         f"loss {_short(event['loss'])}",
         f"lr {_short(event['lr'])}",
         f"grad norm {_short(event['grad_norm'])}",
-        f"loss scale {_short(event['loss_scale'])}",
+        f"loss scale {event['loss_scale']:g}",
         f"skipped {event['skipped_steps']}",
         f"step {event['step_time'] * 1000:.1f} ms",
         f"{event['samples_per_s']:.1f} samples/s",

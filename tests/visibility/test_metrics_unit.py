@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 
 import pytest
@@ -38,13 +39,19 @@ def test_sink_writes_one_json_line_per_event_to_the_events_fd():
     ]
 
 
-def test_sink_with_a_closed_fd_warns_and_logs_instead():
+def test_sink_with_a_closed_fd_warns_and_logs_instead(caplog):
     read_fd, write_fd = os.pipe()
     os.close(read_fd)
     os.close(write_fd)
     with pytest.warns(UserWarning, match=f"ZLAUNCH_EVENTS_FD={write_fd} is not an open file"):
         sink = EventSink({"ZLAUNCH_EVENTS_FD": str(write_fd)})
     assert sink.fd is None
+    with caplog.at_level(logging.INFO, logger="runtime.metrics"):
+        sink.emit(EVENT)
+    assert caplog.messages == [
+        "step 20/100 | loss 2.346 | lr 0.0003 | grad norm - | loss scale 65536 | skipped 1 | "
+        "step 125.0 ms | 256.0 samples/s | 32768 tokens/s | cuda 3072 MiB | comm 5.0 MiB"
+    ]
 
 
 def test_tokens_are_counted_only_for_integer_batches():

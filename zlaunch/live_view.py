@@ -35,6 +35,7 @@ LIVE_ENV = "ZLAUNCH_LIVE"
 # for the next tick, so a flood of output does not turn into a flood of panel redraws.
 PRINT_INTERVAL = 0.05
 PANEL_INTERVAL = 0.5
+MAX_HOSTS_SHOWN = 8
 BAR_WIDTH = 30  # leaves room for "step N/M  P%  ETA  elapsed" on an 80-column terminal
 
 _META = ("kind", "source", "step", "time", "rank", "host")
@@ -358,7 +359,15 @@ class LiveView(JobView):
         if self.user:
             parts.append(Text("  ".join(f"{k} {_num(v)}" for k, v in self.user.items())))
         hosts = Text("ranks alive: ")
-        for host, alive, expected in self.health():
+        health = self.health()
+        if len(health) > MAX_HOSTS_SHOWN:
+            # Many hosts: a count, then only the hosts that are not complete.
+            full = sum(1 for _, alive, expected in health if alive == expected)
+            total = sum(alive for _, alive, _ in health)
+            hosts.append(f"{total}/{sum(e for _, _, e in health)} on {len(health)} hosts, ")
+            hosts.append(f"{full} complete  ")
+            health = [h for h in health if h[1] != h[2]][:MAX_HOSTS_SHOWN]
+        for host, alive, expected in health:
             style = "green" if alive == expected else ("red" if alive == 0 else "yellow")
             if self.status not in ("running", "starting") and alive == 0:
                 style = "dim"

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import re
 
 import pytest
 import torch
@@ -79,3 +80,38 @@ def test_plain_view_prints_one_escape_free_line_per_event():
     assert format_metrics({"source": "user", "step": 3, "acc": 0.5, "kind": "metrics"}) == (
         "step 3  acc 0.5"
     )
+
+
+def test_last_engine_row_reads_the_tail_of_a_long_metrics_file(tmp_path):
+    from zlaunch.commands.runs_common import last_engine_row
+    from zlaunch.rundir import RunDir
+
+    rows = [dict(EVENT, step=s) for s in range(1, 3001)]  # ~1 MB: many tail blocks
+    rows.append({"kind": "metrics", "source": "user", "step": 3000, "acc": 1.0})
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"kind": "metrics", "st'  # half-written
+    (tmp_path / "metrics.jsonl").write_text(text)
+    assert last_engine_row(RunDir(str(tmp_path), "r"))["step"] == 3000
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(dict(EVENT, step=7)) + "\n" + "x" * 300_000)
+    assert last_engine_row(RunDir(str(tmp_path), "r"))["step"] == 7
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert last_engine_row(RunDir(str(tmp_path), "r")) is None
+
+
+def test_panel_shows_progress_metrics_and_a_host_summary_when_there_are_many():
+    from rich.console import Console as RichConsole
+
+    from zlaunch.live_view import JobView, LiveView
+
+    view = JobView(Console(color=False, out=io.BytesIO(), err=io.StringIO()))
+    view.start("run-9", {f"node{i}": 2 for i in range(1, 13)})
+    for rank in range(24):
+        if rank != 7:
+            view.rank_started(rank, f"node{rank // 2 + 1}")
+    view.metrics(0, "node1", EVENT)
+    screen = RichConsole(record=True, width=120, file=io.StringIO())
+    screen.print(LiveView._panel(view))
+    text = screen.export_text()
+    assert "zlaunch run-9" in text
+    assert re.search(r"step 20/100 +20% +ETA 0:(09|10) +elapsed", text), text
+    assert "loss 2.346" in text and "tokens/s 32.8k" in text and "mem 3.0 GiB" in text
+    assert "ranks alive: 23/24 on 12 hosts, 11 complete  node4 1/2" in text, text

@@ -7,6 +7,7 @@ controller that wrote it is no longer alive on this machine (killed without clea
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "last_engine_row",
 ]
 
+TAIL_BLOCK = 64 * 1024
 ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.INTERRUPTED})
 
 
@@ -86,11 +88,27 @@ def engine_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def last_engine_row(run: RunDir) -> dict[str, Any] | None:
-    last = None
+    """The latest step-metrics row, read from the end of metrics.jsonl (runs can be long)."""
+    path = os.path.join(run.path, "metrics.jsonl")
     try:
-        for row in run.metrics():
-            if row.get("source", "engine") == "engine" and "step" in row:
-                last = row
-    except ValueError:  # a row half-written right now
-        pass
-    return last
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            block = TAIL_BLOCK
+            while True:
+                handle.seek(max(0, size - block))
+                lines = handle.read().split(b"\n")
+                if size > block:
+                    lines = lines[1:]  # the first one may be cut
+                for raw in reversed(lines):
+                    try:
+                        row = json.loads(raw) if raw.strip() else None
+                    except ValueError:  # a row half-written right now
+                        continue
+                    if isinstance(row, dict) and row.get("source", "engine") == "engine":
+                        if "step" in row:
+                            return row
+                if block >= size:
+                    return None
+                block *= 8
+    except FileNotFoundError:
+        return None

@@ -150,11 +150,13 @@ class Job:
                 else:
                     self._stop_all(0.0)
                 self._stream()
+                self._trace("every agent done")
             finally:
                 self.view.set_status("ended")
                 self.view.close()  # live view: final panel stays; outcome printed below it
                 self._stop_heartbeat.set()
                 self._close_links()
+                self._trace("connections closed")
                 for state in self.ranks.values():
                     state.log.close()
                 if self.metrics is not None:
@@ -397,6 +399,7 @@ class Job:
             return
         state.signal = frame.get("signal")
         state.exit_code = protocol.exit_code_of(frame.get("code"), state.signal)
+        self._trace(f"rank {state.rank} exited with {state.exit_code}")
         if frame.get("pid"):
             state.pid = frame["pid"]
         # --- live view and per-rank state ---

@@ -99,7 +99,10 @@ class Stage3Coordinator:
         self._warned_divergence = False
         self._in_backward = False
         self._bwd_seen: set[int] = set()
-        self._reductions: list[tuple[Handle, torch.Tensor]] = []
+        self._reductions: list[tuple[Handle, list[torch.Tensor]]] = []
+        # Staging and receive buffers by size, reused within one backward (units of a repeated
+        # layer have the same size) and dropped after it, so nothing stays between steps.
+        self._pool: dict[int, list[torch.Tensor]] = {}
         self._by_storage: dict[int, Unit] = {}
         self._saved_hooks: list = []
         for u in units:
@@ -320,7 +323,7 @@ class Stage3Coordinator:
                 "call engine.backward() once per forward (no retain_graph re-use)"
             )
         if u.staging is None:
-            u.staging = torch.empty(u.numel, dtype=self.grad_shard.dtype, device=grad.device)
+            u.staging = self._take(u.numel)
             if u.group.numel < u.numel:
                 u.staging[u.group.numel :].zero_()
         slot = u.group.slots[i]
@@ -338,15 +341,28 @@ class Stage3Coordinator:
             if u.users == 0:
                 self._release(u)
 
+    def _take(self, numel: int) -> torch.Tensor:
+        free = self._pool.get(numel)
+        if free:
+            return free.pop()
+        return torch.empty(numel, dtype=self.grad_shard.dtype, device=self.grad_shard.device)
+
+    def _wait_oldest_reduction(self) -> None:
+        handle, buffers = self._reductions.pop(0)
+        handle.wait()
+        for b in buffers:
+            self._pool.setdefault(b.numel(), []).append(b)
+
     def _reduce(self, u: Unit) -> None:
         staging, u.staging = u.staging, None
         u.n_arrived = -1  # reduced; later arrivals in this pass would be a bug, not a gradient
+        scratch = self._take(u.numel) if self.comm.needs_reduce_scatter_scratch else None
         handle = self.comm.reduce_scatter(
-            self._owned[u.index], staging, accumulate=True, async_op=True
+            self._owned[u.index], staging, scratch=scratch, accumulate=True, async_op=True
         )
-        self._reductions.append((handle, staging))
+        self._reductions.append((handle, [b for b in (staging, scratch) if b is not None]))
         while len(self._reductions) > self.max_inflight_reductions:
-            self._reductions.pop(0)[0].wait()
+            self._wait_oldest_reduction()
 
     def _end_backward(self) -> None:
         """After autograd finishes: reduce partial units, wait, release, adopt the trace."""
@@ -359,9 +375,9 @@ class Stage3Coordinator:
                         s = u.group.slots[i]
                         u.staging[s.offset : s.end].zero_()
                 self._reduce(u)
-        for handle, _ in self._reductions:
-            handle.wait()
-        self._reductions.clear()
+        while self._reductions:
+            self._wait_oldest_reduction()
+        self._pool.clear()
         for u in self.units:
             u.reset_grads()
             u.bwd_hold = False

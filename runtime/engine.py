@@ -103,9 +103,9 @@ class Engine(torch.nn.Module):
 
         groups = self._param_groups(module, optimizer, model_parameters)
         if zero.stage == 3:
-            # --- stage 3 (runtime/zero/stage3.py): parameters partitioned into per-module
+            # --- stage 3 (runtime/zero/stage3*.py): parameters partitioned into per-module
             # units; sets self.layout, flat_params (the shard store), reducer, optimizer ---
-            from .zero.stage3 import build_stage3
+            from .zero.stage3_build import build_stage3
 
             build_stage3(self, groups, self._optimizer_factory(optimizer, groups))
         else:

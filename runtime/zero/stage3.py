@@ -21,8 +21,7 @@ of that pass (fetches are on demand, one log line the first time) and that pass 
 new trace. Every rank must run the same modules in the same order (as with FSDP and DeepSpeed):
 collectives are issued in execution order.
 
-`build_stage3` is the engine's stage-3 construction: units, shard store, coordinator, and the
-optimizer over this rank's shards (`stage3_optimizer.Stage3Optimizer`).
+The engine builds all this with `stage3_build.build_stage3`.
 """
 
 from __future__ import annotations
@@ -36,9 +35,9 @@ import torch
 from ..comm import Communicator, Handle
 from .param_offload import ShardStore
 from .partition import FlatLayout
-from .stage3_units import Unit, UnitState, param_shape, plan_units
+from .stage3_units import Unit, UnitState
 
-__all__ = ["Stage3Coordinator", "build_stage3"]
+__all__ = ["Stage3Coordinator"]
 
 log = logging.getLogger("runtime.zero.stage3")
 
@@ -435,103 +434,3 @@ class Stage3Coordinator:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-
-
-# ---------------------------------------------------------------------- construction
-def _fill_unit(u: Unit, comm: Communicator) -> None:
-    """Write the unit's full values into ``u.full`` (rank 0's for plain parameters)."""
-    from .init import ParamPartition
-
-    plain = False
-    for slot, p in zip(u.group.slots, u.params, strict=True):
-        owner = getattr(p, "_zero_owner", None)
-        dst = u.full[slot.offset : slot.end]
-        if isinstance(owner, ParamPartition):
-            dst.copy_(owner.full_flat()[: slot.numel])
-            owner.detach_from_param()
-        else:
-            dst.copy_(p.data.reshape(-1))
-            plain = True
-    if plain:
-        # Every rank starts from rank 0's weights (as DDP and DeepSpeed do).
-        comm.broadcast(u.full, src=0)
-
-
-def _unpartition_leftovers(module: torch.nn.Module) -> None:
-    """Parameters partitioned by zero.Init that the optimizer does not step stay whole."""
-    from .init import ParamPartition
-
-    for p in module.parameters():
-        owner = getattr(p, "_zero_owner", None)
-        if isinstance(owner, ParamPartition):
-            p.data = owner.full_flat()[: owner.numel].view(owner.shape).clone()
-            owner.detach_from_param()
-
-
-def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
-    """Partition ``engine.module`` and set the engine's layout, reducer and optimizer."""
-    from .stage3_optimizer import Stage3Optimizer
-
-    zero = engine.config.zero_optimization
-    module, comm, precision, device = engine.module, engine.comm, engine.precision, engine.device
-    params = [p for _, ps in groups for p in ps]
-    if precision.mixed:
-        dtype = precision.param_dtype
-    else:
-        dtypes = {p.dtype for p in params}
-        if len(dtypes) > 1:
-            raise TypeError(
-                f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
-                "cast the model to one dtype, or enable fp16/bf16 in the config"
-            )
-        dtype = dtypes.pop()
-    layout, plan = plan_units(
-        module,
-        [ps for _, ps in groups],
-        comm.world_size,
-        int(zero.stage3_param_persistence_threshold),
-    )
-    store = ShardStore(
-        layout,
-        comm.rank,
-        dtype,
-        device,
-        offload=zero.offload_param.enabled,
-        pin_memory=zero.offload_param.pin_memory,
-    )
-    units = []
-    for group, (unit_params, persistent) in zip(layout.groups, plan, strict=True):
-        u = Unit(group, unit_params, persistent, dtype, device)
-        _fill_unit(u, comm)
-        lo, hi = group.shard_range(comm.rank)
-        store.write_from(group, u.full[lo:hi])
-        for p in unit_params:
-            shape = param_shape(p)
-            p.ds_shape = shape
-            p.ds_numel = math.prod(shape)
-            p._zero_owner = u
-        u.point_at_full()
-        u.release()
-        units.append(u)
-    _unpartition_leftovers(module)
-    coordinator = Stage3Coordinator(module, units, layout, store, comm, zero, dtype, device)
-    engine.optimizer = Stage3Optimizer(
-        layout=layout,
-        params=store,
-        reducer=coordinator,
-        comm=comm,
-        precision=precision,
-        partitioned=True,
-        offload=zero.offload_optimizer.enabled,
-        pin_memory=zero.offload_optimizer.pin_memory,
-        clip=float(engine.config.gradient_clipping or 0.0),
-        make_optimizer=make_optimizer,
-        group_options=[opts for opts, _ in groups],
-        sub_group_size=int(zero.sub_group_size),
-    )
-    coordinator.optimizer = engine.optimizer
-    engine.layout = layout
-    engine.flat_params = store
-    engine.reducer = coordinator
-    engine.stage3 = coordinator
-    return coordinator

@@ -1,0 +1,119 @@
+"""The engine's stage-3 construction: units, shard store, coordinator, optimizer.
+
+Called from `Engine.__init__` for ``zero_optimization.stage: 3``. Unit by unit, the full values
+are assembled (from the module's parameters, broadcast from rank 0, or from zero.Init's
+per-parameter chunks, gathered one parameter at a time), this rank's shard is stored and the
+unit is released, so at most one unit is whole at a time beyond what the module already held.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..comm import Communicator
+from .param_offload import ShardStore
+from .stage3 import Stage3Coordinator
+from .stage3_units import Unit, param_shape, plan_units
+
+__all__ = ["build_stage3"]
+
+
+def _fill_unit(u: Unit, comm: Communicator) -> None:
+    """Write the unit's full values into ``u.full`` (rank 0's for plain parameters)."""
+    from .init import ParamPartition
+
+    plain = False
+    for slot, p in zip(u.group.slots, u.params, strict=True):
+        owner = getattr(p, "_zero_owner", None)
+        dst = u.full[slot.offset : slot.end]
+        if isinstance(owner, ParamPartition):
+            dst.copy_(owner.full_flat()[: slot.numel])
+            owner.detach_from_param()
+        else:
+            dst.copy_(p.data.reshape(-1))
+            plain = True
+    if plain:
+        # Every rank starts from rank 0's weights (as DDP and DeepSpeed do).
+        comm.broadcast(u.full, src=0)
+
+
+def _unpartition_leftovers(module: torch.nn.Module) -> None:
+    """Parameters partitioned by zero.Init that the optimizer does not step stay whole."""
+    from .init import ParamPartition
+
+    for p in module.parameters():
+        owner = getattr(p, "_zero_owner", None)
+        if isinstance(owner, ParamPartition):
+            p.data = owner.full_flat()[: owner.numel].view(owner.shape).clone()
+            owner.detach_from_param()
+
+
+def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
+    """Partition ``engine.module`` and set the engine's layout, reducer and optimizer."""
+    from .stage3_optimizer import Stage3Optimizer
+
+    zero = engine.config.zero_optimization
+    module, comm, precision, device = engine.module, engine.comm, engine.precision, engine.device
+    params = [p for _, ps in groups for p in ps]
+    if precision.mixed:
+        dtype = precision.param_dtype
+    else:
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1:
+            raise TypeError(
+                f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
+                "cast the model to one dtype, or enable fp16/bf16 in the config"
+            )
+        dtype = dtypes.pop()
+    layout, plan = plan_units(
+        module,
+        [ps for _, ps in groups],
+        comm.world_size,
+        int(zero.stage3_param_persistence_threshold),
+    )
+    store = ShardStore(
+        layout,
+        comm.rank,
+        dtype,
+        device,
+        offload=zero.offload_param.enabled,
+        pin_memory=zero.offload_param.pin_memory,
+    )
+    units = []
+    for group, (unit_params, persistent) in zip(layout.groups, plan, strict=True):
+        u = Unit(group, unit_params, persistent, dtype, device)
+        _fill_unit(u, comm)
+        lo, hi = group.shard_range(comm.rank)
+        store.write_from(group, u.full[lo:hi])
+        for p in unit_params:
+            shape = param_shape(p)
+            p.ds_shape = shape
+            p.ds_numel = math.prod(shape)
+            p._zero_owner = u
+        u.point_at_full()
+        u.release()
+        units.append(u)
+    _unpartition_leftovers(module)
+    coordinator = Stage3Coordinator(module, units, layout, store, comm, zero, dtype, device)
+    engine.optimizer = Stage3Optimizer(
+        layout=layout,
+        params=store,
+        reducer=coordinator,
+        comm=comm,
+        precision=precision,
+        partitioned=True,
+        offload=zero.offload_optimizer.enabled,
+        pin_memory=zero.offload_optimizer.pin_memory,
+        clip=float(engine.config.gradient_clipping or 0.0),
+        make_optimizer=make_optimizer,
+        group_options=[opts for opts, _ in groups],
+        sub_group_size=int(zero.sub_group_size),
+    )
+    coordinator.optimizer = engine.optimizer
+    engine.layout = layout
+    engine.flat_params = store
+    engine.reducer = coordinator
+    engine.stage3 = coordinator
+    return coordinator

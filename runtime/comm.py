@@ -16,7 +16,8 @@ Gloo quirks (torch 2.13): gloo's reduce-scatter is a full all-reduce that keeps 
 (twice the traffic) and ignores the reduce op, while all_to_all_single is native. On gloo
 `reduce_scatter` therefore runs all_to_all_single into a scratch buffer and sums the N
 received chunks locally: true (N-1)/N traffic, and faster than the built-in (32 MiB fp32
-input, 1 thread per rank: 40 vs 48 ms at 2 ranks, 89 vs 156 ms at 4 ranks). Reductions always use SUM; callers divide.
+input, 1 thread per rank: 40 vs 48 ms at 2 ranks, 89 vs 156 ms at 4 ranks). Reductions
+always use SUM; callers divide.
 """
 
 from __future__ import annotations

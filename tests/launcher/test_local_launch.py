@@ -245,3 +245,41 @@ def test_check_reports_a_busy_master_port_and_a_missing_interpreter(tmp_path):
     )  # fmt: skip
     assert missing.returncode == 1
     assert "nopython" in missing.stdout and "FAILED" in missing.stdout
+
+
+def test_second_ctrl_c_kills_at_once(jobs, tmp_path):
+    job = launch(jobs, tmp_path, 2, ["--hang", "--ignore-sigterm"], "--grace-period", "60")
+    records = job.records_ready()
+    pids = [r["pid"] for r in records] + [records[0]["ppid"]]
+    job.proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 10
+    while not (job.records / "rank-0.sigterm").exists():  # the first one arrived: TERM sent
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    job.proc.send_signal(signal.SIGINT)
+    took = wait_gone(pids, 3.0)
+    assert took is not None, "a second Ctrl-C did not kill the ranks at once"
+    code, out, err = job.communicate(timeout=10)
+    assert code == 130, err
+    assert "killing all ranks now" in err
+
+
+def test_worker_metrics_events_land_in_metrics_jsonl(tmp_path):
+    script = tmp_path / "emit.py"
+    script.write_text(
+        "import json, os\n"
+        "fd = int(os.environ['ZLAUNCH_EVENTS_FD'])\n"
+        "for step in range(3):\n"
+        "    row = {'kind': 'metrics', 'step': step, 'loss': 1.0 / (step + 1)}\n"
+        "    os.write(fd, (json.dumps(row) + '\\n').encode())\n"
+        'os.write(fd, b\'{"kind": "other"}\\n\')\n'
+    )
+    runs = tmp_path / "runs"
+    out = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "--log-dir", str(runs), "--num-gpus", "2", str(script)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(x) for x in (runs / "latest" / "metrics.jsonl").read_text().splitlines()]
+    got = sorted((r["rank"], r["step"], r["loss"], r["host"]) for r in rows)
+    assert got == [(r, s, 1.0 / (s + 1), "localhost") for r in range(2) for s in range(3)]

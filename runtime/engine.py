@@ -100,6 +100,10 @@ class Engine(torch.nn.Module):
 
         dtype = self.precision.param_dtype
         module.to(device=self.device, dtype=dtype if self.precision.mixed else None)
+        # Buffers (BatchNorm statistics, ...) start from rank 0's values, as in DDP; parameters
+        # are broadcast below, once flattened.
+        for buffer in module.buffers():
+            self.comm.broadcast(buffer.data, src=0)
 
         groups = self._param_groups(module, optimizer, model_parameters)
         if zero.stage == 3:
@@ -129,6 +133,15 @@ class Engine(torch.nn.Module):
                 )
             partitioned = zero.stage in (1, 2)
             bucket = min(zero.reduce_bucket_size, _MAX_BUCKET)
+            if bucket < zero.reduce_bucket_size and self.global_rank == 0:
+                user_set = "reduce_bucket_size" in (config.raw.get("zero_optimization") or {})
+                if user_set:
+                    log.warning(
+                        "zero_optimization.reduce_bucket_size=%d: buckets are capped at %d "
+                        "elements (larger ones only delay overlap with backward and cost memory)",
+                        zero.reduce_bucket_size,
+                        _MAX_BUCKET,
+                    )
             if partitioned:
                 bucket = min(bucket, zero.allgather_bucket_size)
             self.layout = plan_layout(

@@ -14,11 +14,26 @@ import pytest
 import torch
 
 from tests.runtime.mp_utils import run_ranks
+from tests.runtime.reference import (
+    GAS,
+    MICRO,
+    STEPS,
+    assert_matches_reference,
+    comm_bytes_per_step,
+    mean_step_losses,
+    micro_slice,
+    model_state_bytes,
+    reference_training,
+    small_model,
+    square_config,
+    square_model,
+    train_steps,
+)
+from tests.runtime.reference import base_config as shared_config
 
 pytestmark = pytest.mark.multirank
 
 HERE = "tests/runtime/test_engine_multirank.py"
-STEPS, GAS, MICRO, LR = 20, 2, 3, 1e-2
 PARITY_CASES = {
     "stage0": {"stage": 0},
     "stage1": {"stage": 1, "overlap_comm": False},
@@ -39,17 +54,6 @@ PARITY_CASES = {
 MEM_BUCKET = 2 * 128 * 128
 
 
-def small_model() -> torch.nn.Module:
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(
-        torch.nn.Linear(6, 24),
-        torch.nn.Tanh(),
-        torch.nn.Linear(24, 24),
-        torch.nn.Tanh(),
-        torch.nn.Linear(24, 3),
-    )
-
-
 class Shuffled(torch.nn.Module):
     """Layers registered in another order than used, plus a layer that is never used."""
 
@@ -68,14 +72,6 @@ class Shuffled(torch.nn.Module):
 MODELS = {"small": small_model, "shuffled": Shuffled}
 
 
-def square_model() -> torch.nn.Module:
-    torch.manual_seed(7)
-    layers = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(128, 128, bias=False), torch.nn.Tanh()]
-    return torch.nn.Sequential(*layers)
-
-
 def batches(world: int, steps: int = STEPS, gas: int = GAS, micro: int = MICRO):
     g = torch.Generator().manual_seed(99)
     rows = gas * world * micro
@@ -84,55 +80,8 @@ def batches(world: int, steps: int = STEPS, gas: int = GAS, micro: int = MICRO):
     return x, torch.tanh(x @ w)
 
 
-def micro_slice(t: torch.Tensor, m: int, rank: int, world: int, micro: int = MICRO):
-    lo = (m * world + rank) * micro
-    return t[lo : lo + micro]
-
-
 def base_config(zero: dict, **extra) -> dict:
-    cfg = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "gradient_clipping": 1.0,
-        "steps_per_print": 1000,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
-        "zero_optimization": {"reduce_bucket_size": 300, "allgather_bucket_size": 300, **zero},
-    }
-    cfg.update(extra)
-    return cfg
-
-
-def model_state_bytes(engine) -> int:
-    """Bytes of every distinct tensor storage reachable from the engine (walked generically)."""
-    storages: dict[int, int] = {}
-    seen: set[int] = set()
-    stack = [engine.module, engine.optimizer, engine.optimizer.optimizer, engine.reducer, engine]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or obj is None:
-            continue
-        seen.add(id(obj))
-        if torch.is_tensor(obj):
-            st = obj.untyped_storage()
-            storages[st.data_ptr()] = st.nbytes()
-            if obj.grad is not None:
-                stack.append(obj.grad)
-        elif isinstance(obj, torch.optim.Optimizer):
-            stack.extend(obj.state.values())
-            stack.extend(obj.param_groups)
-        elif isinstance(obj, torch.nn.Module):
-            stack.extend(obj.parameters())
-            stack.extend(obj.buffers())
-            stack.extend(v for k, v in vars(obj).items() if not k.startswith("_"))
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set)):
-            stack.extend(obj)
-        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("runtime"):
-            stack.extend(vars(obj).values())
-        elif hasattr(type(obj), "__slots__") and type(obj).__module__.startswith("runtime"):
-            stack.extend(getattr(obj, s, None) for s in type(obj).__slots__)
-    return sum(storages.values())
+    return shared_config({"allgather_bucket_size": 300, **zero}, **extra)
 
 
 # --------------------------------------------------------------------------- rank side
@@ -142,14 +91,7 @@ def _train(runtime, world, rank, zero, precision=None, steps=STEPS):
     extra = {precision: {"enabled": True}} if precision else {}
     engine, *_ = runtime.initialize(model=model, config=base_config(zero, **extra))
     x, y = batches(world, steps)
-    losses = []
-    for s in range(steps):
-        for m in range(GAS):
-            out = engine(micro_slice(x[s], m, rank, world))
-            loss = torch.nn.functional.mse_loss(out.float(), micro_slice(y[s], m, rank, world))
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
+    losses = train_steps(engine, x, y, rank, world, 0, steps)
     params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     return {
         "losses": losses,
@@ -162,17 +104,14 @@ def _train(runtime, world, rank, zero, precision=None, steps=STEPS):
 
 def _memory(runtime, stage, precision):
     model = square_model()
-    cfg = {
-        "train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "zero_optimization": {
+    cfg = square_config(
+        {
             "stage": stage,
             "reduce_bucket_size": MEM_BUCKET,
             "allgather_bucket_size": MEM_BUCKET,
             "overlap_comm": True,
-        },
-    }
+        }
+    )
     if precision != "fp32":
         cfg[precision] = {"enabled": True}
     engine, *_ = runtime.initialize(model=model, config=cfg)
@@ -184,25 +123,10 @@ def _memory(runtime, stage, precision):
 
 
 def _comm(runtime, stage):
-    model = square_model()
-    cfg = {
-        "train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "zero_optimization": {
-            "stage": stage,
-            "reduce_bucket_size": MEM_BUCKET,
-            "allgather_bucket_size": MEM_BUCKET,
-        },
-    }
-    engine, *_ = runtime.initialize(model=model, config=cfg)
-    x = torch.randn(2, 128)
-    engine.backward(engine(x).pow(2).mean())
-    engine.step()
-    engine.comm.stats.reset()
-    engine.backward(engine(x).pow(2).mean())
-    engine.step()
-    return engine.comm.stats.snapshot()
+    return comm_bytes_per_step(
+        runtime,
+        {"stage": stage, "reduce_bucket_size": MEM_BUCKET, "allgather_bucket_size": MEM_BUCKET},
+    )
 
 
 def _overflow(runtime, rank, stage):
@@ -320,40 +244,19 @@ def ranks(request):
 
 
 def reference(world: int, model_name: str = "small"):
-    model = MODELS[model_name]()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    x, y = batches(world)
-    losses = []
-    for s in range(STEPS):
-        loss = torch.nn.functional.mse_loss(model(x[s]), y[s])
-        opt.zero_grad()
-        loss.backward()
-        for p in model.parameters():  # the engine steps unused parameters with zero gradients
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    return losses, {n: p.detach() for n, p in model.named_parameters()}
+    return reference_training(MODELS[model_name](), *batches(world))
 
 
 @pytest.mark.parametrize("case", list(PARITY_CASES))
 def test_parity_with_single_process_reference(ranks, case):
     world, results = ranks
     ref_losses, ref_params = reference(world, PARITY_CASES[case].get("model", "small"))
-    per_rank = [r["parity"][case]["losses"] for r in results]
-    step_losses = [
-        sum(per_rank[r][s * GAS + m] for r in range(world) for m in range(GAS)) / (world * GAS)
-        for s in range(STEPS)
-    ]
-    for s, (got, want) in enumerate(zip(step_losses, ref_losses, strict=True)):
-        assert abs(got - want) <= 1e-5 * abs(want), (case, s, got, want)
+    step_losses = mean_step_losses([r["parity"][case]["losses"] for r in results], world)
     for r in results:
         res = r["parity"][case]
         assert res["steps"] == STEPS and res["samples"] == STEPS * GAS * MICRO * world
-        for name, want in ref_params.items():
-            torch.testing.assert_close(res["params"][name], want, rtol=1e-5, atol=1e-5)
-    assert ref_losses[-1] < ref_losses[0]  # the run actually trains
+    rank_params = [r["parity"][case]["params"] for r in results]
+    assert_matches_reference(case, step_losses, rank_params, ref_losses, ref_params)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -18,11 +18,26 @@ import pytest
 import torch
 
 from tests.runtime.mp_utils import REPO, run_ranks
+from tests.runtime.reference import (
+    GAS,
+    LR,
+    MICRO,
+    STEPS,
+    assert_matches_reference,
+    comm_bytes_per_step,
+    mean_step_losses,
+    model_state_bytes,
+    reference_training,
+    small_model,
+    square_config,
+    square_model,
+    train_steps,
+)
+from tests.runtime.reference import base_config as shared_config
 
 pytestmark = pytest.mark.multirank
 
 HERE = "tests/runtime/test_stage3_engine.py"
-STEPS, GAS, MICRO, LR = 20, 2, 3, 1e-2
 OFFLOAD = {"device": "cpu", "pin_memory": True}
 PARITY_CASES = {
     # biases persistent (<= 30 elements), weights partitioned, everything prefetched and kept
@@ -62,17 +77,6 @@ PARITY_CASES = {
 # 128x128 weights without bias, every one a multiple of 4 ranks x 16 alignment.
 SQUARE = 128 * 128
 MEM_LIVE = 3 * SQUARE
-
-
-def small_model() -> torch.nn.Module:
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(
-        torch.nn.Linear(6, 24),
-        torch.nn.Tanh(),
-        torch.nn.Linear(24, 24),
-        torch.nn.Tanh(),
-        torch.nn.Linear(24, 3),
-    )
 
 
 class BranchNet(torch.nn.Module):
@@ -127,14 +131,6 @@ class OpaqueNet(torch.nn.Module):
 MODELS = {"small": small_model, "branch": BranchNet, "opaque": OpaqueNet}
 
 
-def square_model() -> torch.nn.Module:
-    torch.manual_seed(7)
-    layers = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(128, 128, bias=False), torch.nn.Tanh()]
-    return torch.nn.Sequential(*layers)
-
-
 class InitNet(torch.nn.Module):
     """Built under zero.Init in the construction test; its largest layer is 64 -> 128."""
 
@@ -166,54 +162,8 @@ def batches(world: int, steps: int = STEPS):
     return x, torch.tanh(x @ w)
 
 
-def micro_slice(t: torch.Tensor, m: int, rank: int, world: int):
-    lo = (m * world + rank) * MICRO
-    return t[lo : lo + MICRO]
-
-
 def base_config(zero: dict, **extra) -> dict:
-    cfg = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "gradient_clipping": 1.0,
-        "steps_per_print": 1000,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": 300, **zero},
-    }
-    cfg.update(extra)
-    return cfg
-
-
-def model_state_bytes(engine) -> int:
-    """Bytes of every distinct tensor storage reachable from the engine (walked generically)."""
-    storages: dict[int, int] = {}
-    seen: set[int] = set()
-    stack = [engine.module, engine.optimizer, engine.optimizer.optimizer, engine.reducer, engine]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or obj is None:
-            continue
-        seen.add(id(obj))
-        if torch.is_tensor(obj):
-            st = obj.untyped_storage()
-            storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
-            if obj.grad is not None:
-                stack.append(obj.grad)
-        elif isinstance(obj, torch.optim.Optimizer):
-            stack.extend(obj.state.values())
-            stack.extend(obj.param_groups)
-        elif isinstance(obj, torch.nn.Module):
-            stack.extend(obj.parameters())
-            stack.extend(obj.buffers())
-            stack.extend(v for k, v in vars(obj).items() if not k.startswith("_"))
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set)):
-            stack.extend(obj)
-        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("runtime"):
-            stack.extend(vars(obj).values())
-    storages.pop(0, None)  # released (zero-size) storages
-    return sum(storages.values())
+    return shared_config({"stage": 3, **zero}, **extra)
 
 
 def gathered_params(runtime, model) -> dict[str, torch.Tensor]:
@@ -241,14 +191,7 @@ def _train(runtime, world, rank, model_name, zero, out_dir):
     cfg = base_config({**zero, "stage3_gather_16bit_weights_on_model_save": True})
     engine, *_ = runtime.initialize(model=model, config=cfg)
     x, y = batches(world)
-    losses = []
-    for s in range(STEPS):
-        for m in range(GAS):
-            out = engine(micro_slice(x[s], m, rank, world))
-            loss = torch.nn.functional.mse_loss(out, micro_slice(y[s], m, rank, world))
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
+    losses = train_steps(engine, x, y, rank, world, 0, STEPS)
     result = {
         "losses": losses,
         "params": gathered_params(runtime, model),
@@ -266,15 +209,7 @@ def _checkpoint_round_trip(runtime, world, rank, out_dir):
     x, y = batches(world)
 
     def run(engine, first, last):
-        losses = []
-        for s in range(first, last):
-            for m in range(GAS):
-                out = engine(micro_slice(x[s], m, rank, world))
-                loss = torch.nn.functional.mse_loss(out, micro_slice(y[s], m, rank, world))
-                engine.backward(loss)
-                engine.step()
-                losses.append(loss.item())
-        return losses
+        return train_steps(engine, x, y, rank, world, first, last)
 
     zero = {"stage3_param_persistence_threshold": 30}
     engine, *_ = runtime.initialize(model=small_model(), config=base_config(zero))
@@ -308,11 +243,8 @@ def _gathered_parameters_write_back(runtime, rank):
 
 def _memory(runtime, precision, out_dir):
     model = square_model()
-    cfg = {
-        "train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "zero_optimization": {
+    cfg = square_config(
+        {
             "stage": 3,
             "reduce_bucket_size": 2 * SQUARE,
             "stage3_param_persistence_threshold": 0,
@@ -320,8 +252,8 @@ def _memory(runtime, precision, out_dir):
             "stage3_max_live_parameters": MEM_LIVE,
             "stage3_max_reuse_distance": 0,
             "stage3_gather_16bit_weights_on_model_save": True,
-        },
-    }
+        }
+    )
     if precision != "fp32":
         cfg[precision] = {"enabled": True}
     engine, *_ = runtime.initialize(model=model, config=cfg)
@@ -343,25 +275,10 @@ def _memory(runtime, precision, out_dir):
 
 
 def _comm(runtime):
-    model = square_model()
-    cfg = {
-        "train_micro_batch_size_per_gpu": 2,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "zero_optimization": {
-            "stage": 3,
-            "stage3_param_persistence_threshold": 0,
-            "stage3_max_reuse_distance": 0,
-        },
-    }
-    engine, *_ = runtime.initialize(model=model, config=cfg)
-    x = torch.randn(2, 128)
-    engine.backward(engine(x).pow(2).mean())
-    engine.step()
-    engine.comm.stats.reset()
-    engine.backward(engine(x).pow(2).mean())
-    engine.step()
-    return engine.comm.stats.snapshot()
+    return comm_bytes_per_step(
+        runtime,
+        {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
+    )
 
 
 def _construction(runtime, use_init: bool):
@@ -479,18 +396,7 @@ def ranks(request, tmp_path_factory):
 
 
 def reference(world: int, model_name: str):
-    model = MODELS[model_name]()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    x, y = batches(world)
-    losses = []
-    for s in range(STEPS):
-        loss = torch.nn.functional.mse_loss(model(x[s]), y[s])
-        opt.zero_grad(set_to_none=False)  # unused parameters step with a zero gradient
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    return losses, {n: p.detach() for n, p in model.named_parameters()}
+    return reference_training(MODELS[model_name](), *batches(world))
 
 
 @pytest.mark.parametrize("case", list(PARITY_CASES))
@@ -498,20 +404,13 @@ def test_parity_with_single_process_reference(ranks, case):
     world, results, _ = ranks
     model_name = PARITY_CASES[case][0]
     ref_losses, ref_params = reference(world, model_name)
-    per_rank = [r["parity"][case]["losses"] for r in results]
-    step_losses = [
-        sum(per_rank[r][s * GAS + m] for r in range(world) for m in range(GAS)) / (world * GAS)
-        for s in range(STEPS)
-    ]
-    for s, (got, want) in enumerate(zip(step_losses, ref_losses, strict=True)):
-        assert abs(got - want) <= 1e-5 * abs(want), (case, s, got, want)
+    step_losses = mean_step_losses([r["parity"][case]["losses"] for r in results], world)
     for r in results:
         res = r["parity"][case]
         assert res["steps"] == STEPS
         assert res["released"]  # partitioned parameters hold no elements between steps
-        for name, want in ref_params.items():
-            torch.testing.assert_close(res["params"][name], want, rtol=1e-5, atol=1e-5)
-    assert ref_losses[-1] < ref_losses[0]
+    rank_params = [r["parity"][case]["params"] for r in results]
+    assert_matches_reference(case, step_losses, rank_params, ref_losses, ref_params)
 
 
 def test_order_change_logs_one_line_and_static_models_none(ranks):

@@ -38,6 +38,14 @@ class StepOutcome:
     """Global gradient norm before clipping (unscaled); None when the step overflowed."""
 
 
+@dataclass(frozen=True)
+class _Clipping:
+    norm: float
+    """Global gradient norm before clipping (unscaled)."""
+    coef: float
+    """What the (loss-scaled) gradients are multiplied by: unscale and clip in one."""
+
+
 class ZeroOptimizer:
     """Owns the master weights of this rank and the wrapped torch optimizer.
 
@@ -119,28 +127,41 @@ class ZeroOptimizer:
         self.optimizer.load_state_dict(state)
 
     # the step -------------------------------------------------------------------------------
-    def step(self) -> StepOutcome:
-        """Check, clip and apply the reduced gradients; gather the updated parameters."""
-        grads = self.reducer.owned_grads()
-        stats = global_grad_stats(grads, self.comm, self.partitioned)
+    def _check_and_clip(self, grads: list[torch.Tensor], partitioned: bool) -> _Clipping | None:
+        """The global gradient norm and the unscale-and-clip coefficient (one all-reduce), or
+        None when a gradient is not finite and the precision skips such steps."""
+        stats = global_grad_stats(grads, self.comm, partitioned)
         if stats.nonfinite and self.precision.skips_on_overflow:
             self.last_grad_norm = None
-            return StepOutcome(True, None)
+            return None
         scale = self.precision.loss_scale
         norm = math.sqrt(stats.sq_norm) / scale
         coef = 1.0 / scale
         if self.clip > 0:
             coef *= min(1.0, self.clip / (norm + 1e-6))
+        return _Clipping(norm, coef)
+
+    def _master_grads(self, grads: list[torch.Tensor], indices) -> list[torch.Tensor]:
+        """The fp32 gradients of the masters at ``indices``, scaled by the caller."""
         if self.masters_are_views:
-            master_grads = grads
-        elif self.offload:
-            master_grads = self._grad_buffers
-            for buf, g in zip(master_grads, grads, strict=True):
-                buf.copy_(g, non_blocking=True)
+            return [grads[i] for i in indices]
+        if self.offload:
+            master_grads = [self._grad_buffers[i] for i in indices]
+            for i, buf in zip(indices, master_grads, strict=True):
+                buf.copy_(grads[i], non_blocking=True)
             if master_grads and master_grads[0].is_pinned():
                 torch.cuda.synchronize()
-        else:
-            master_grads = [g.float() for g in grads]
+            return master_grads
+        return [grads[i].float() for i in indices]
+
+    def step(self) -> StepOutcome:
+        """Check, clip and apply the reduced gradients; gather the updated parameters."""
+        grads = self.reducer.owned_grads()
+        clipping = self._check_and_clip(grads, self.partitioned)
+        if clipping is None:
+            return StepOutcome(True, None)
+        norm, coef = clipping.norm, clipping.coef
+        master_grads = self._master_grads(grads, range(len(grads)))
         if coef != 1.0:
             torch._foreach_mul_(master_grads, coef)
         for m, g in zip(self.master, master_grads, strict=True):

@@ -11,11 +11,8 @@ the global norm decided by one all-reduce, same fused optimizers). Two differenc
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..precision import global_grad_stats
 from .optimizer import StepOutcome, ZeroOptimizer
 
 __all__ = ["Stage3Optimizer", "plan_sub_groups"]
@@ -42,27 +39,13 @@ class Stage3Optimizer(ZeroOptimizer):
 
     def step(self) -> StepOutcome:
         grads = self.reducer.owned_grads()
-        stats = global_grad_stats(grads, self.comm, partitioned=True)
-        if stats.nonfinite and self.precision.skips_on_overflow:
-            self.last_grad_norm = None
+        clipping = self._check_and_clip(grads, partitioned=True)
+        if clipping is None:
             return StepOutcome(True, None)
-        scale = self.precision.loss_scale
-        norm = math.sqrt(stats.sq_norm) / scale
-        coef = 1.0 / scale
-        if self.clip > 0:
-            coef *= min(1.0, self.clip / (norm + 1e-6))
+        norm, coef = clipping.norm, clipping.coef
         for chunk in self.sub_groups:
             masters = [self.master[i] for i in chunk]
-            if self.masters_are_views:
-                master_grads = [grads[i] for i in chunk]
-            elif self.offload:
-                master_grads = [self._grad_buffers[i] for i in chunk]
-                for i, buf in zip(chunk, master_grads, strict=True):
-                    buf.copy_(grads[i], non_blocking=True)
-                if master_grads and master_grads[0].is_pinned():
-                    torch.cuda.synchronize()
-            else:
-                master_grads = [grads[i].float() for i in chunk]
+            master_grads = self._master_grads(grads, chunk)
             if coef != 1.0:
                 torch._foreach_mul_(master_grads, coef)
             for m, g in zip(masters, master_grads, strict=True):

@@ -55,8 +55,25 @@ def _load_libc() -> Any:
 _LIBC = _load_libc()
 
 
-def _child_setup(agent_pid: int) -> None:
-    """Runs in the forked worker before exec: die with the agent (Linux only)."""
+def _save_signal(env: dict[str, str]) -> int | None:
+    """The save-on signal zlaunch forwards to workers (ZLAUNCH_SAVE_ON), if any."""
+    name = env.get("ZLAUNCH_SAVE_ON", "").strip().upper()
+    if not name or name == "NONE":
+        return None
+    try:
+        return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+    except KeyError:
+        return None
+
+
+def _child_setup(agent_pid: int, ignored_signal: int | None) -> None:
+    """Runs in the forked worker before exec: die with the agent (Linux only).
+
+    The save-on signal starts ignored (ignoring survives exec): one that arrives while the
+    worker is still importing must not kill it; the runtime installs its handler later.
+    """
+    if ignored_signal is not None:
+        signal.signal(ignored_signal, signal.SIG_IGN)
     if _LIBC is not None and hasattr(_LIBC, "prctl"):
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != agent_pid:  # the agent died before prctl took effect
@@ -217,6 +234,7 @@ class Agent:
         events_r, events_w = os.pipe()
         env["ZLAUNCH_EVENTS_FD"] = str(events_w)
         agent_pid = os.getpid()
+        ignored_signal = _save_signal(env)
         try:
             proc = subprocess.Popen(
                 list(entry["argv"]),
@@ -227,7 +245,7 @@ class Agent:
                 stderr=subprocess.PIPE,
                 pass_fds=(events_w,),
                 start_new_session=True,
-                preexec_fn=lambda: _child_setup(agent_pid),
+                preexec_fn=lambda: _child_setup(agent_pid, ignored_signal),
             )
         except OSError as err:
             os.close(events_r)

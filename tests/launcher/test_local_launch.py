@@ -283,3 +283,18 @@ def test_worker_metrics_events_land_in_metrics_jsonl(tmp_path):
     rows = [json.loads(x) for x in (runs / "latest" / "metrics.jsonl").read_text().splitlines()]
     got = sorted((r["rank"], r["step"], r["loss"], r["host"]) for r in rows)
     assert got == [(r, s, 1.0 / (s + 1), "localhost") for r in range(2) for s in range(3)]
+
+
+def test_save_signal_before_the_runtime_listens_does_not_kill_workers(jobs, tmp_path):
+    # The fake worker never installs a SIGUSR1 handler (like a worker still importing torch):
+    # the forwarded save signal must find it ignored, not kill it with the default action.
+    ckpt = tmp_path / "ckpt"
+    job = launch(
+        jobs, tmp_path, 2, ["--delay", "1.5", "--exit", "0"], "--checkpoint-dir", str(ckpt)
+    )
+    records = job.records_ready()
+    assert all(r["env"]["ZLAUNCH_SAVE_ON"] == "SIGUSR1" for r in records)
+    job.proc.send_signal(signal.SIGUSR1)
+    code, out, err = job.communicate()
+    assert code == 0, err
+    assert "killed by" not in err

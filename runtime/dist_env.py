@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistEnv", "DistInitError", "init_distributed"]
+__all__ = ["DistEnv", "DistInitError", "init_distributed", "shutdown_distributed"]
 
 
 class DistInitError(RuntimeError):
@@ -93,3 +93,14 @@ def init_distributed(
         backend=backend,
         group=dist.group.WORLD,
     )
+
+
+def shutdown_distributed() -> None:
+    """Leave the job cleanly before the process exits early (e.g. after a preemption save).
+
+    Every rank waits for the others, then the process group is destroyed: exiting with the
+    group's background threads still alive can abort the interpreter at shutdown.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -56,6 +56,9 @@ class SaveOnSignal:
                 f"{SAVED_MARKER} {path} at step {engine.global_steps} on {name}; exiting",
                 flush=True,
             )
+        from ..dist_env import shutdown_distributed
+
+        shutdown_distributed()
         raise SystemExit(0)
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher import fake_worker
+from tests.launcher import fake_worker, helpers
+from tests.launcher.helpers import alive, seconds_until
 
 pytestmark = pytest.mark.cluster
 
@@ -26,15 +27,8 @@ HOSTS = 3
 SLOTS = 2
 WORLD = HOSTS * SLOTS
 
-
-@pytest.fixture(autouse=True)
-def idle_cluster(cluster):
-    """Each test starts and ends with no process on any host; leftovers fail the test."""
-    cluster.kill_all()
-    yield cluster
-    left = cluster.wait_idle(timeout=10.0)
-    cluster.kill_all()
-    assert not left, f"processes left on the cluster: {left}"
+idle_cluster = helpers.idle_cluster  # autouse: no process left on any host
+jobs = helpers.jobs
 
 
 def job_processes(cluster) -> dict[str, list]:
@@ -43,66 +37,23 @@ def job_processes(cluster) -> dict[str, list]:
 
 def wait_cluster_idle(cluster, timeout: float) -> float | None:
     """Seconds until no host has a process (polled every 20 ms), None after ``timeout``."""
-    start = time.monotonic()
-    while job_processes(cluster):
-        if time.monotonic() - start > timeout:
-            return None
-        time.sleep(0.02)
-    return time.monotonic() - start
+    return seconds_until(lambda: not job_processes(cluster), timeout)
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-class Job:
+class Job(helpers.Job):
     def __init__(self, cluster, tmp: Path, worker_args, *options, hostfile=None, name="job"):
-        self.records = tmp / f"{name}-records"
-        self.runs = tmp / f"{name}-runs"
+        records, runs = tmp / f"{name}-records", tmp / f"{name}-runs"
         argv = [
             sys.executable, "-m", "zlaunch",
             "--hostfile", hostfile or cluster.hostfile(SLOTS),
             "--ssh-config", cluster.ssh_config,
-            "--log-dir", str(self.runs),
+            "--log-dir", str(runs),
             *options,
-            FAKE, "--record-dir", str(self.records), *worker_args,
+            FAKE, "--record-dir", str(records), *worker_args,
         ]  # fmt: skip
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
-
-    def communicate(self, timeout: float = 120) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out.decode("utf-8", "replace"), err.decode()
-
-    def records_ready(self, n: int = WORLD, timeout: float = 60) -> list[dict]:
-        paths = [self.records / f"rank-{r}.json" for r in range(n)]
-        deadline = time.monotonic() + timeout
-        while not all(p.exists() for p in paths):
-            assert time.monotonic() < deadline, "not every rank started"
-            if self.proc.poll() is not None:
-                raise AssertionError(f"zlaunch ended early: {self.communicate()}")
-            time.sleep(0.02)
-        return [json.loads(p.read_text()) for p in paths]
-
-    def run_dir(self) -> Path:
-        return self.runs / os.readlink(self.runs / "latest")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-    yield started
-    for job in started:
-        job.kill()
+        super().__init__(
+            argv, tmp, records=records, runs=runs, ranks=WORLD, timeout=120, ready_timeout=60
+        )
 
 
 def launch(jobs, *args, **kwargs) -> Job:

@@ -14,11 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from tests.launcher import fake_worker
+from tests.launcher import fake_worker, helpers
+from tests.launcher.helpers import alive, seconds_until
 
 FAKE = fake_worker.__file__
+
+jobs = helpers.jobs
 
 
 def job_pids(run_id: str) -> list[int]:
@@ -40,57 +41,16 @@ def job_pids(run_id: str) -> list[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-class Job:
+class Job(helpers.Job):
     def __init__(self, tmp_path: Path, ranks: int, worker_args: list[str], *options: str):
-        self.records = tmp_path / "records"
-        self.runs = tmp_path / "runs"
+        records, runs = tmp_path / "records", tmp_path / "runs"
         argv = [
-            sys.executable, "-m", "zlaunch", "--log-dir", str(self.runs), "--num-gpus", str(ranks),
-            *options, FAKE, "--record-dir", str(self.records), *worker_args,
+            sys.executable, "-m", "zlaunch", "--log-dir", str(runs), "--num-gpus", str(ranks),
+            *options, FAKE, "--record-dir", str(records), *worker_args,
         ]  # fmt: skip
-        self.start = time.monotonic()
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path
+        super().__init__(
+            argv, tmp_path, records=records, runs=runs, ranks=ranks, timeout=60, ready_timeout=30
         )
-        self.ranks = ranks
-
-    def communicate(self, timeout: float = 60) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out.decode("utf-8", "replace"), err.decode()
-
-    def records_ready(self, timeout: float = 30) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while True:
-            paths = [self.records / f"rank-{r}.json" for r in range(self.ranks)]
-            if all(p.exists() for p in paths):
-                return [json.loads(p.read_text()) for p in paths]
-            assert time.monotonic() < deadline, "not every rank started"
-            assert self.proc.poll() is None, self.communicate()
-            time.sleep(0.05)
-
-    def run_dir(self) -> Path:
-        return self.runs / os.readlink(self.runs / "latest")
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def jobs():
-    started: list[Job] = []
-    yield started
-    for job in started:
-        job.kill()
 
 
 def launch(jobs, *args, **kwargs) -> Job:
@@ -100,12 +60,7 @@ def launch(jobs, *args, **kwargs) -> Job:
 
 
 def wait_gone(pids, timeout: float) -> float | None:
-    start = time.monotonic()
-    while any(alive(p) for p in pids):
-        if time.monotonic() - start > timeout:
-            return None
-        time.sleep(0.02)
-    return time.monotonic() - start
+    return seconds_until(lambda: not any(alive(p) for p in pids), timeout)
 
 
 def test_every_rank_gets_its_exact_env_and_the_run_is_recorded(jobs, tmp_path):

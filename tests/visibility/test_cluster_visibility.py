@@ -19,20 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.launcher import helpers
+
 pytestmark = pytest.mark.cluster
+
+idle_cluster = helpers.idle_cluster  # autouse: no process left on any host
 
 TICKER = str(Path(__file__).with_name("ticker.py"))
 WORLD = 6
 LINE = re.compile(r"^\[(node\d):(\d+)\] rank=(\d+) seq=(\d+) t=([\d.]+)$")
-
-
-@pytest.fixture(autouse=True)
-def idle_cluster(cluster):
-    cluster.kill_all()
-    yield cluster
-    left = cluster.wait_idle(timeout=10.0)
-    cluster.kill_all()
-    assert not left, f"processes left on the cluster: {left}"
 
 
 def zlaunch(*args: str) -> list[str]:

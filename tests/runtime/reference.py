@@ -26,6 +26,7 @@ __all__ = [
     "square_config",
     "square_model",
     "train_steps",
+    "train_user_example",
 ]
 
 STEPS, GAS, MICRO, LR = 20, 2, 3, 1e-2
@@ -87,6 +88,22 @@ def train_steps(engine, x, y, rank: int, world: int, first: int, last: int) -> l
         for m in range(GAS):
             out = engine(micro_slice(x[s], m, rank, world))
             loss = torch.nn.functional.mse_loss(out.float(), micro_slice(y[s], m, rank, world))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+    return losses
+
+
+def train_user_example(engine, rank: int) -> list[float]:
+    """The user examples' loop: 15 epochs of 4 batches of 16 rows per rank; every loss."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 32, 6, generator=g)
+    w = torch.randn(6, 3, generator=g)
+    losses = []
+    for _epoch in range(15):
+        for b in range(4):
+            xb = x[b, rank * 16 : rank * 16 + 16]
+            loss = torch.nn.functional.mse_loss(engine(xb).float(), torch.tanh(xb @ w))
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())

@@ -28,6 +28,7 @@ from tests.runtime.reference import (
     square_config,
     square_model,
     train_steps,
+    train_user_example,
 )
 from tests.runtime.reference import base_config as shared_config
 
@@ -194,17 +195,7 @@ def _user_example(runtime, rank):
     }
     model = small_model()
     engine, *_ = runtime.initialize(model=model, config=cfg)
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(4, 32, 6, generator=g)
-    w = torch.randn(6, 3, generator=g)
-    losses = []
-    for _epoch in range(15):
-        for b in range(4):
-            xb = x[b, rank * 16 : rank * 16 + 16]
-            loss = torch.nn.functional.mse_loss(engine(xb).float(), torch.tanh(xb @ w))
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
+    losses = train_user_example(engine, rank)
     return {
         "losses": losses,
         "scale": float(engine.loss_scale),

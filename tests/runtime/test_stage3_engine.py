@@ -32,6 +32,7 @@ from tests.runtime.reference import (
     square_config,
     square_model,
     train_steps,
+    train_user_example,
 )
 from tests.runtime.reference import base_config as shared_config
 
@@ -345,17 +346,7 @@ def _user_example(runtime, rank, out_dir):
     model = small_model()
     config = str(REPO / "examples" / "configs" / "zero3_offload.json")
     engine, *_ = runtime.initialize(model=model, config=config)
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(4, 32, 6, generator=g)
-    w = torch.randn(6, 3, generator=g)
-    losses = []
-    for _epoch in range(15):
-        for b in range(4):
-            xb = x[b, rank * 16 : rank * 16 + 16]
-            loss = torch.nn.functional.mse_loss(engine(xb), torch.tanh(xb @ w))
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
+    losses = train_user_example(engine, rank)
     zero = engine.config.zero_optimization
     return {
         "losses": losses,

@@ -34,8 +34,8 @@ def make_model(dropout: float = 0.0) -> GPT:
     )
 
 
-def make_config(stage: int, world_size: int) -> dict:
-    return {
+def make_config(stage: int, world_size: int, extra: dict | None = None) -> dict:
+    config = {
         "train_batch_size": GLOBAL_BATCH,
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // world_size,
         "gradient_accumulation_steps": 1,
@@ -61,6 +61,12 @@ def make_config(stage: int, world_size: int) -> dict:
             "stage3_prefetch_bucket_size": 600,
         },
     }
+    for key, value in (extra or {}).items():
+        if key == "zero_optimization":
+            config["zero_optimization"].update(value)
+        else:
+            config[key] = value
+    return config
 
 
 def batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,35 +93,59 @@ def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def build(stage: int, dropout: float = 0.0):
+def build(stage: int, dropout: float = 0.0, extra: dict | None = None):
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    engine, *_ = runtime.initialize(model=make_model(dropout), config=make_config(stage, world))
+    config = make_config(stage, world, extra)
+    engine, *_ = runtime.initialize(model=make_model(dropout), config=config)
     return engine
 
 
+def scaler_state(engine) -> dict:
+    return {"loss_scale": float(engine.loss_scale), "skipped_steps": engine.skipped_steps}
+
+
 # ---------------------------------------------------------------------------- mp_utils targets
-def save_then_continue(stage: int, save_dir: str, save_at: int, total: int) -> dict:
+def save_then_continue(
+    stage: int, save_dir: str, save_at: int, total: int, extra: dict | None = None
+) -> dict:
     """Train to ``save_at``, save, train to ``total``; the live state at both points."""
-    engine = build(stage)
+    engine = build(stage, extra=extra)
     while engine.global_steps < save_at:
         train_step(engine)
     engine.save_checkpoint(save_dir)
     at_save = full_state(engine.module)
+    scaler_at_save = scaler_state(engine)
     losses = [train_step(engine) for _ in range(total - save_at)]
-    return {"at_save": at_save, "final": full_state(engine.module), "losses": losses}
+    return {
+        "at_save": at_save,
+        "scaler_at_save": scaler_at_save,
+        "final": full_state(engine.module),
+        "losses": losses,
+    }
 
 
 def load_then_continue(
-    stage: int, load_dir: str, total: int, resave_dir: str | None = None
+    stage: int,
+    load_dir: str,
+    total: int,
+    resave_dir: str | None = None,
+    extra: dict | None = None,
 ) -> dict:
     """Load the latest checkpoint (optionally save it again at once), train to ``total``."""
-    engine = build(stage)
+    engine = build(stage, extra=extra)
     path, client = engine.load_checkpoint(load_dir)
     start = engine.global_steps
+    scaler_at_load = scaler_state(engine)
     if resave_dir:
         engine.save_checkpoint(resave_dir)
     losses = [train_step(engine) for _ in range(total - start)]
-    return {"path": path, "start": start, "final": full_state(engine.module), "losses": losses}
+    return {
+        "path": path,
+        "start": start,
+        "scaler_at_load": scaler_at_load,
+        "final": full_state(engine.module),
+        "losses": losses,
+    }
 
 
 def error_cases(tmp: str) -> dict:

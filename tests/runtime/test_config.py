@@ -5,6 +5,7 @@ import pickle
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,11 @@ def test_overlap_comm_default_depends_on_stage():
         assert zero.overlap_comm is expected
     zero = load_config({"zero_optimization": {"stage": 3, "overlap_comm": False}}).zero_optimization
     assert zero.overlap_comm is False
+
+
+def test_the_stage2_example_file_is_the_issue_text_verbatim():
+    path = Path(__file__).resolve().parents[2] / "examples" / "configs" / "zero2_fp16.json"
+    assert json.loads(path.read_text()) == STAGE2_EXAMPLE
 
 
 def test_user_stage2_example_loads_unchanged():

@@ -117,6 +117,10 @@ def test_pids_lists_processes_started_over_ssh(cluster):
     out = cluster.run("node2", "nohup sleep 300 >/dev/null 2>&1 & echo $!")
     pid = int(out.stdout)
     try:
+        # The shell prints the pid as soon as it forks; nohup execs sleep a moment later.
+        deadline = time.monotonic() + 5.0
+        while (pid, "sleep 300") not in cluster.pids("node2") and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert (pid, "sleep 300") in cluster.pids("node2")
         assert all(pid != p for p, _ in cluster.pids("node1"))
     finally:

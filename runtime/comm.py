@@ -92,15 +92,56 @@ _DONE = Handle()
 _DONE._done = True
 
 
-class Communicator:
-    """Collectives over one process group, counting bytes into `stats`."""
+class _Works:
+    """Several in-flight collectives behind one `wait()` (all_gather by broadcasts)."""
 
-    def __init__(self, group, stats: CommStats | None = None):
+    __slots__ = ("_works",)
+
+    def __init__(self, works: list):
+        self._works = works
+
+    def wait(self) -> None:
+        for w in self._works:
+            w.wait()
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+
+class Communicator:
+    """Collectives over one process group, counting bytes into `stats`.
+
+    `use_reduce_scatter=False` and `use_all_gather=False` are DeepSpeed's
+    ``zero_optimization.reduce_scatter`` / ``allgather_partitions`` = false: `reduce_scatter`
+    becomes an all-reduce of the whole input that keeps this rank's chunk (the input is summed
+    in place), and `all_gather` becomes one broadcast per rank. Same results, more traffic;
+    users pick them to work around a backend's reduce-scatter or all-gather.
+    """
+
+    def __init__(
+        self,
+        group,
+        stats: CommStats | None = None,
+        *,
+        use_reduce_scatter: bool = True,
+        use_all_gather: bool = True,
+    ):
         self.group = group
         self.stats = stats if stats is not None else CommStats()
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.backend = str(dist.get_backend(group)).lower()
+        self.use_reduce_scatter = use_reduce_scatter
+        self.use_all_gather = use_all_gather
+
+    def with_strategy(self, *, use_reduce_scatter: bool, use_all_gather: bool) -> Communicator:
+        """The same group and byte counters, with the given collective choices."""
+        return Communicator(
+            self.group,
+            self.stats,
+            use_reduce_scatter=use_reduce_scatter,
+            use_all_gather=use_all_gather,
+        )
 
     @property
     def is_gloo(self) -> bool:
@@ -109,7 +150,7 @@ class Communicator:
     @property
     def needs_reduce_scatter_scratch(self) -> bool:
         """Whether `reduce_scatter` needs a scratch buffer as large as its input."""
-        return self.is_gloo and self.world_size > 1
+        return self.is_gloo and self.world_size > 1 and self.use_reduce_scatter
 
     def _frac(self) -> float:
         n = self.world_size
@@ -151,6 +192,8 @@ class Communicator:
             elif output.data_ptr() != input.data_ptr():
                 output.copy_(input.view_as(output))
             return _DONE
+        if not self.use_reduce_scatter:
+            return self._reduce_scatter_by_all_reduce(output, input, accumulate, async_op)
         self.stats.add("reduce_scatter", self._frac() * self._nbytes(input))
         if self.is_gloo:
             recv = scratch[: input.numel()] if scratch is not None else torch.empty_like(input)
@@ -177,6 +220,21 @@ class Communicator:
         )
         return self._finish(work, None, async_op)
 
+    def _reduce_scatter_by_all_reduce(
+        self, output: torch.Tensor, input: torch.Tensor, accumulate: bool, async_op: bool
+    ) -> Handle:
+        self.stats.add("all_reduce", 2 * self._frac() * self._nbytes(input))
+        work = dist.all_reduce(input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
+        mine = input.view(self.world_size, -1)[self.rank].view_as(output)
+
+        def then() -> None:
+            if accumulate:
+                output.add_(mine)
+            elif output.data_ptr() != mine.data_ptr():
+                output.copy_(mine)
+
+        return self._finish(work, then, async_op)
+
     def all_gather(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False
     ) -> Handle:
@@ -185,9 +243,28 @@ class Communicator:
             if output.data_ptr() != input.data_ptr():
                 output.copy_(input.view_as(output))
             return _DONE
+        if not self.use_all_gather:
+            return self._all_gather_by_broadcasts(output, input, async_op)
         self.stats.add("all_gather", self._frac() * self._nbytes(output))
         work = _all_gather(output, input, group=self.group, async_op=async_op)
         return self._finish(work, None, async_op)
+
+    def _all_gather_by_broadcasts(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool
+    ) -> Handle:
+        chunks = output.view(self.world_size, -1)
+        mine = chunks[self.rank]
+        if mine.data_ptr() != input.data_ptr():
+            mine.copy_(input.view(-1))
+        works = []
+        for r, chunk in enumerate(chunks):
+            # Each broadcast sends one chunk to N-1 ranks: (N-1)/N of the output in all.
+            self.stats.add(
+                "broadcast", self._nbytes(chunk) * (self.world_size - 1) / self.world_size
+            )
+            src = dist.get_global_rank(self.group, r) if self.group is not None else r
+            works.append(dist.broadcast(chunk, src=src, group=self.group, async_op=async_op))
+        return self._finish(_Works(works) if async_op else None, None, async_op)
 
     def all_to_all(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False

@@ -386,11 +386,13 @@ class ZeroConfig:
     stage: int = 0
     """0: plain data parallel; 1: optimizer state partitioned; 2: + gradients; 3: + parameters."""
     allgather_partitions: bool = True
-    """Gather updated parameters with all-gather (true) or a series of broadcasts (false)."""
+    """Gather updated parameters with all-gather (true) or one broadcast per rank (false);
+    stages 1-2 (stage 3 always all-gathers)."""
     allgather_bucket_size: int = int(5e8)
     """Elements all-gathered at a time after the step (stages 1-2)."""
     reduce_scatter: bool = True
-    """Reduce gradients with reduce-scatter (true) or all-reduce (false)."""
+    """Reduce gradients with reduce-scatter (true) or all-reduce keeping this rank's part
+    (false); stages 1-2 (stage 3 always reduce-scatters)."""
     reduce_bucket_size: IntOrAuto = int(5e8)
     """Elements reduced at a time; "auto" = hidden_size**2."""
     overlap_comm: bool | None = None
@@ -398,7 +400,8 @@ class ZeroConfig:
     contiguous_gradients: bool = True
     """Copy gradients into one contiguous buffer as they are produced."""
     round_robin_gradients: bool = False
-    """Stage 1-2 offload optimisation of gradient copies (accepted; a performance knob)."""
+    """DeepSpeed's ordering of gradient copies to CPU under offload; accepted and has no
+    effect here (a performance knob that changes no result)."""
     sub_group_size: int = int(1e9)
     """Elements per optimizer-step tile (bounds the step's working set)."""
     offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)

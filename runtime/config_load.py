@@ -308,6 +308,15 @@ class _Parser:
             self.note(f"{name}.offload_param only applies to stage 3; ignored at stage {stage}")
             offloads["offload_param"] = OffloadConfig(buffer_count=5)
         zero = self.block(name, value, ZeroConfig, _ZERO_ACCEPTED, _ZERO_ALIASES)
+        if zero.stage == 3:
+            for key, collective in (
+                ("reduce_scatter", "reduce-scatters gradients"),
+                ("allgather_partitions", "all-gathers parameters"),
+            ):
+                if getattr(zero, key) is False:
+                    self.note(
+                        f"{name}.{key}=false applies to stages 1-2; stage 3 always {collective}"
+                    )
         return dataclasses.replace(zero, **offloads)
 
     def config(self, data: Any, source: str | None) -> Config:

@@ -162,10 +162,15 @@ class Engine(torch.nn.Module):
                 1: ReduceMode.SCATTER_AT_BOUNDARY,
                 2: ReduceMode.SCATTER_EVERY_MICRO_STEP,
             }[zero.stage]
+            # zero_optimization.reduce_scatter / allgather_partitions = false pick all-reduce /
+            # broadcasts for the stage 1-2 collectives (byte counters stay shared).
+            zero_comm = self.comm.with_strategy(
+                use_reduce_scatter=zero.reduce_scatter, use_all_gather=zero.allgather_partitions
+            )
             self.reducer = GradReducer(
                 self.layout,
                 params_by_group,
-                self.comm,
+                zero_comm,
                 mode,
                 self.flat_params.data.dtype,
                 self.device,
@@ -176,7 +181,7 @@ class Engine(torch.nn.Module):
                 layout=self.layout,
                 params=self.flat_params,
                 reducer=self.reducer,
-                comm=self.comm,
+                comm=zero_comm,
                 precision=self.precision,
                 partitioned=partitioned,
                 offload=offload,

@@ -225,6 +225,48 @@ def test_check_reaches_every_host_and_names_the_broken_one(cluster, tmp_path):
     assert "3 of 4 hosts ready" in out.stdout
 
 
+def _check_with_known_hosts(cluster, tmp_path: Path, known: str) -> subprocess.CompletedProcess:
+    """`zlaunch check` through the cluster's ssh config (StrictHostKeyChecking yes) with
+    ``known`` as the known_hosts file."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(known)
+    config = Path(cluster.ssh_config).read_text()
+    config = config.replace(
+        f"UserKnownHostsFile {cluster.known_hosts}", f"UserKnownHostsFile {known_hosts}"
+    )
+    assert str(known_hosts) in config
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(config)
+    return subprocess.run(
+        [
+            sys.executable, "-m", "zlaunch", "check", "--hostfile", cluster.hostfile(SLOTS),
+            "--ssh-config", str(ssh_config), "--ssh-timeout", "5", "--chdir", str(tmp_path),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_host_keys_are_checked_against_known_hosts(cluster, tmp_path):
+    lines = Path(cluster.known_hosts).read_text().splitlines()
+    by_host = {line.split(",")[0]: line.split(" ", 1)[1] for line in lines}
+    # node2's entry carries node1's key: as if node2 had been replaced by another machine
+    forged = [
+        f"{h},{cluster.address(h)} {by_host['node1' if h == 'node2' else h]}" for h in cluster.hosts
+    ]
+    out = _check_with_known_hosts(cluster, tmp_path, "\n".join(forged) + "\n")
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()[2:] if line.strip()}
+    assert "FAILED" in rows["node2"] and "host key changed" in rows["node2"], out.stdout
+    assert all(rows[h].rstrip().endswith("ok") for h in ("node1", "node3")), out.stdout
+
+    # StrictHostKeyChecking yes and no entry at all: refused, with the command that fixes it
+    out = _check_with_known_hosts(cluster, tmp_path, "")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.count("not in known_hosts") == len(cluster.hosts), out.stdout
+    assert "ssh-keyscan" in out.stdout + out.stderr
+    assert not job_processes(cluster)
+
+
 def test_lost_ssh_link_to_one_host_stops_the_job_everywhere(cluster, jobs, tmp_path):
     job = launch(jobs, cluster, tmp_path, ["--hang"])
     job.records_ready()

@@ -485,6 +485,21 @@ def test_offload_the_stage_cannot_use_is_dropped_with_a_warning():
     assert len(notes) == 1 and "needs stage 1, 2 or 3" in notes[0]
 
 
+def test_collective_choices_warn_only_where_they_do_not_apply():
+    off = {"reduce_scatter": False, "allgather_partitions": False}
+    for stage in (1, 2):
+        config, notes = warnings_of({"zero_optimization": {"stage": stage, **off}})
+        zero = config.zero_optimization
+        assert (zero.reduce_scatter, zero.allgather_partitions, notes) == (False, False, [])
+    _, notes = warnings_of({"zero_optimization": {"stage": 3, **off}})
+    assert notes == [
+        "ds.json: zero_optimization.reduce_scatter=false applies to stages 1-2; stage 3 always "
+        "reduce-scatters gradients",
+        "ds.json: zero_optimization.allgather_partitions=false applies to stages 1-2; stage 3 "
+        "always all-gathers parameters",
+    ]
+
+
 def test_deprecated_spellings():
     zero = load_config(
         {

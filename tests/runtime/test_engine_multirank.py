@@ -52,7 +52,27 @@ PARITY_CASES = {
     # gradients arrive out of bucket order and one layer gets none (extra bucket + flush paths)
     "stage2_out_of_order": {"stage": 2, "overlap_comm": False, "model": "shuffled"},
     "stage1_out_of_order": {"stage": 1, "model": "shuffled"},
+    # DeepSpeed's reduce_scatter / allgather_partitions = false: all-reduce and broadcasts
+    "stage1_all_reduce_broadcast": {
+        "stage": 1,
+        "reduce_scatter": False,
+        "allgather_partitions": False,
+    },
+    "stage2_all_reduce_broadcast": {
+        "stage": 2,
+        "overlap_comm": True,
+        "reduce_scatter": False,
+        "allgather_partitions": False,
+    },
 }
+# (stage, reduce_scatter, allgather_partitions) whose bytes per step are measured
+COMM_CASES = [
+    (0, True, True),
+    (1, True, True),
+    (2, True, True),
+    (1, False, False),
+    (2, False, True),
+]
 # 128x128 weights without bias: buckets of two weights are exactly full, so the bucket
 # buffers are exactly the configured size.
 MEM_BUCKET = 2 * 128 * 128
@@ -126,10 +146,16 @@ def _memory(runtime, stage, precision):
     return model_state_bytes(engine)
 
 
-def _comm(runtime, stage):
+def _comm(runtime, stage, reduce_scatter, allgather_partitions):
     return comm_bytes_per_step(
         runtime,
-        {"stage": stage, "reduce_bucket_size": MEM_BUCKET, "allgather_bucket_size": MEM_BUCKET},
+        {
+            "stage": stage,
+            "reduce_bucket_size": MEM_BUCKET,
+            "allgather_bucket_size": MEM_BUCKET,
+            "reduce_scatter": reduce_scatter,
+            "allgather_partitions": allgather_partitions,
+        },
     )
 
 
@@ -200,7 +226,8 @@ def worker(world: int):
     for stage in (0, 1, 2):
         for prec in ("fp32", "bf16"):
             out["memory"][(stage, prec)] = _memory(runtime, stage, prec)
-        out["comm"][stage] = _comm(runtime, stage)
+    for case in COMM_CASES:
+        out["comm"][case] = _comm(runtime, *case)
     if world == 2:
         out["overflow"] = {stage: _overflow(runtime, rank, stage) for stage in (0, 2)}
         out["user_example"] = _user_example(runtime, rank)
@@ -276,7 +303,7 @@ def test_bytes_per_step(ranks, stage):
     psi = sum(p.numel() for p in square_model().parameters())
     want = 2 * psi * (world - 1) / world * 4
     for r in results:
-        stats = r["comm"][stage]
+        stats = r["comm"][(stage, True, True)]
         assert abs(sum(stats.values()) - want) <= 0.10 * want, (stage, stats, want)
         if stage == 0:
             assert set(stats) == {"all_reduce"}
@@ -285,6 +312,23 @@ def test_bytes_per_step(ranks, stage):
             assert stats["reduce_scatter"] == pytest.approx(psi * 4 * (world - 1) / world, rel=0.01)
             assert stats["all_gather"] == pytest.approx(psi * 4 * (world - 1) / world, rel=0.01)
             assert stats["all_reduce"] <= 16 * 2
+
+
+@pytest.mark.parametrize("stage,allgather_partitions", [(1, False), (2, True)])
+def test_reduce_scatter_off_all_reduces_and_allgather_off_broadcasts(
+    ranks, stage, allgather_partitions
+):
+    """reduce_scatter=false: the gradients travel as one all-reduce (2x the reduce-scatter);
+    allgather_partitions=false: the parameters as one broadcast per rank (same bytes)."""
+    world, results = ranks
+    psi = sum(p.numel() for p in square_model().parameters())
+    part = psi * 4 * (world - 1) / world
+    for r in results:
+        stats = r["comm"][(stage, False, allgather_partitions)]
+        gather = "all_gather" if allgather_partitions else "broadcast"
+        assert set(stats) == {"all_reduce", gather}, stats
+        assert stats["all_reduce"] == pytest.approx(2 * part, rel=0.01)
+        assert stats[gather] == pytest.approx(part, rel=0.01)
 
 
 @pytest.mark.parametrize("stage", [0, 2])

@@ -69,6 +69,8 @@ class HostReport:
     reached: bool = False
     facts: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    """How to fix the problems, where the error said (printed once each, under the table)."""
 
     @property
     def ok(self) -> bool:
@@ -83,6 +85,8 @@ def _probe(host, ssh, python: str, cwd: str, port: int | None) -> HostReport:
         link = open_link(host, [python, "-c", PROBE], ssh)
     except ZlaunchError as err:
         report.problems.append(err.message)
+        if err.hint:
+            report.hints.append(err.hint)
         return report
     report.reached = True
     try:
@@ -220,4 +224,6 @@ def command(
         color=False if no_color else None,
     )
     if failed:
+        for hint in dict.fromkeys(h for r in failed for h in r.hints):
+            click.echo(f"hint: {hint}", err=True)
         raise click.exceptions.Exit(1)

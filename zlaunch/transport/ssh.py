@@ -2,12 +2,18 @@
 a raw paramiko session channel so the agent's stdin and stdout stream both ways at once.
 
 Never prompts: no passwords, no keyboard-interactive; keys come from ``-I/--identity``, the ssh
-config's ``IdentityFile``, the default key files and a running ssh-agent. Unknown host keys are
-accepted (as with ``StrictHostKeyChecking=accept-new``); a changed one is an error.
+config's ``IdentityFile``, the default key files and a running ssh-agent.
+
+Host keys are checked as OpenSSH does: the known_hosts files the ssh config names
+(``UserKnownHostsFile``, ``GlobalKnownHostsFile``, else ``~/.ssh/known_hosts`` and
+``/etc/ssh/ssh_known_hosts``) are read, and a host whose key differs from the one recorded
+there is refused. An unknown host is refused under ``StrictHostKeyChecking yes`` and otherwise
+accepted for this run (``accept-new`` without writing the file: nothing can be asked).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 
@@ -17,6 +23,51 @@ from zlaunch.options import SshOptions
 from zlaunch.transport import Link
 
 __all__ = ["SshLink", "remote_command"]
+
+_DEFAULT_KNOWN_HOSTS = {
+    "userknownhostsfile": "~/.ssh/known_hosts ~/.ssh/known_hosts2",
+    "globalknownhostsfile": "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2",
+}
+
+
+class _UnknownHostKey(Exception):
+    """A host key found in no known_hosts file, under StrictHostKeyChecking yes."""
+
+
+def _known_hosts_files(ssh_config) -> list[str]:
+    """The known_hosts files OpenSSH would read for this host, those that exist."""
+    files = []
+    for key, default in _DEFAULT_KNOWN_HOSTS.items():
+        value = ssh_config.get(key, default)
+        names = value if isinstance(value, list) else str(value).split()
+        for name in names:
+            path = os.path.expanduser(name)
+            if path.lower() != "none" and os.path.isfile(path):
+                files.append(path)
+    return files
+
+
+def _check_host_keys(connection) -> None:
+    """Load the recorded host keys into the connection and pick the unknown-host policy."""
+    import paramiko
+
+    client = connection.client
+    for path in _known_hosts_files(connection.ssh_config):
+        try:
+            client.load_system_host_keys(path)
+        except (OSError, paramiko.SSHException, ValueError) as err:
+            raise HostUnreachable(
+                f"cannot read known_hosts file {path}: {err}",
+                hint="fix or remove the broken line (ssh-keygen -R HOST -f FILE)",
+            ) from err
+    strict = str(connection.ssh_config.get("stricthostkeychecking", "")).lower()
+    if strict == "yes":
+
+        class Reject(paramiko.MissingHostKeyPolicy):
+            def missing_host_key(self, client, hostname, key):
+                raise _UnknownHostKey(hostname)
+
+        client.set_missing_host_key_policy(Reject())
 
 
 def remote_command(argv: Sequence[str]) -> str:
@@ -62,12 +113,30 @@ class SshLink(Link):
             connect_kwargs=connect_kwargs,
         )
         where = host.display
+        _check_host_keys(connection)
         try:
             connection.open()
             transport = connection.client.get_transport()
             transport.set_keepalive(5)
             channel = transport.open_session(timeout=ssh.timeout)
             channel.exec_command(remote_command(argv))
+        except paramiko.BadHostKeyException as err:
+            connection.close()
+            raise HostUnreachable(
+                f"ssh to {where} refused: its host key changed ({err.key.get_name()} "
+                f"{err.key.get_fingerprint().hex()}, known_hosts has "
+                f"{err.expected_key.get_fingerprint().hex()})",
+                hint="if the host was reinstalled, remove the old key: ssh-keygen -R "
+                f"{err.hostname}; otherwise someone may be intercepting the connection",
+            ) from err
+        except _UnknownHostKey as err:
+            connection.close()
+            raise HostUnreachable(
+                f"ssh to {where} refused: host key of {err} is not in known_hosts "
+                "(StrictHostKeyChecking yes)",
+                hint=f"add it first: ssh-keyscan {err} >> ~/.ssh/known_hosts "
+                "(or the file UserKnownHostsFile names)",
+            ) from err
         except paramiko.AuthenticationException as err:
             connection.close()
             raise HostUnreachable(

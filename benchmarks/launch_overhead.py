@@ -57,6 +57,8 @@ def worker(record_dir: str, mode: str) -> int:
     dist.barrier()
     if mode == "exit":
         dist.destroy_process_group()
+        with open(os.path.join(record_dir, f"done-{rank}"), "w") as f:
+            f.write(repr(time.time()))
         return 0
     if mode == "collective":
         value = torch.zeros(1)
@@ -156,10 +158,14 @@ def run_trivial(launcher: Launcher, log) -> dict[str, float]:
     records = wait_records(record_dir, proc, 0)
     if code != 0:
         raise RuntimeError(f"{launcher.name}: trivial job exited {code}")
+    last_done = max(
+        float(open(os.path.join(record_dir, f"done-{r}")).read()) for r in range(WORLD)
+    )
     return {
         "python_started": max(r["t_start"] for r in records) - t0,
         "all_past_init": max(r["t_init"] for r in records) - t0,
         "trivial_job": total,
+        "exit_to_launcher_exit": t0 + total - last_done,
     }
 
 
@@ -243,6 +249,7 @@ def main() -> int:
         ("python_started", "last rank's Python started"),
         ("all_past_init", "all ranks past init_process_group"),
         ("trivial_job", "trivial job (init + barrier), total"),
+        ("exit_to_launcher_exit", "last rank's exit -> launcher exit"),
         ("stop_after_death_sleep", "stop after a death, ranks idle"),
         ("stop_after_death_collective", "stop after a death, ranks in collectives"),
     ]

@@ -86,6 +86,31 @@ def test_exact_env_per_rank_and_gloo_allreduce_across_hosts(cluster, jobs, tmp_p
     assert run["status"] == "succeeded"
 
 
+@pytest.mark.parametrize("local_first", [True, False], ids=["master-here", "master-remote"])
+def test_this_machine_and_ssh_hosts_in_one_job(cluster, jobs, tmp_path, local_first):
+    """`localhost` (no ssh) beside two ssh hosts: the master address and the gloo interface
+    are the ones the other side can reach, never 127.0.0.1 or lo."""
+    remote = [f"{h} slots={SLOTS}" for h in cluster.hosts[1:]]
+    lines = ["localhost slots=2", *remote] if local_first else [*remote, "localhost slots=2"]
+    hostfile = tmp_path / "mixed-hosts"
+    hostfile.write_text("\n".join(lines) + "\n")
+    job = launch(jobs, cluster, tmp_path, ["--allreduce"], hostfile=str(hostfile))
+    code, out, err = job.communicate()
+    assert code == 0, err
+    records = [json.loads((job.records / f"rank-{r}.json").read_text()) for r in range(WORLD)]
+    names = [line.split()[0] for line in lines]
+    master = cluster.controller_address if local_first else cluster.address(names[0])
+    here = os.uname().nodename
+    for rank, rec in enumerate(records):
+        host = names[rank // SLOTS]
+        assert rec["hostname"] == (here if host == "localhost" else host)
+        assert rec["env"]["MASTER_ADDR"] == master
+        # this machine reaches the nodes through the cluster's bridge, a node through its veth
+        iface = cluster.bridge if host == "localhost" else cluster.interface
+        assert rec["env"]["GLOO_SOCKET_IFNAME"] == iface, (rank, host)
+        assert rec["allreduce"] == WORLD * (WORLD + 1) // 2
+
+
 def test_sigkill_of_a_worker_on_node2_stops_every_host(cluster, jobs, tmp_path):
     job = launch(jobs, cluster, tmp_path, ["--hang"])
     records = job.records_ready()

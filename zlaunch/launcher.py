@@ -60,6 +60,8 @@ class RankState:
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     exit_code: int | None = None
     signal: int | None = None
+    lost: bool = False
+    """Its agent's connection was lost: how it ended is unknown (it was killed there)."""
 
     @property
     def exited(self) -> bool:
@@ -366,7 +368,9 @@ class Job:
             return
         rows = []
         for state in sorted(self.ranks.values(), key=lambda s: s.rank):
-            if state.exited:
+            if state.lost:
+                what = "lost"
+            elif state.exited:
                 what = "exited"
             else:
                 what = "running" if state.pid else "starting"
@@ -444,6 +448,7 @@ class Job:
         lost = [s for s in self.ranks.values() if s.node == index and not s.exited]
         for state in lost:
             state.exit_code = EXIT_LOST_AGENT
+            state.lost = True
             self.exit_steps[state.rank] = self.last_step  # per-rank state
             self.view.rank_exited(state.rank, state.host, EXIT_LOST_AGENT)
         if lost:

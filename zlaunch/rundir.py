@@ -6,7 +6,7 @@ Layout (``<log_dir>`` defaults to ``./zlaunch_runs``)::
     <log_dir>/<run-id>/attempt-<n>/<host>/rank-<r>.log   every line of rank r, stdout and stderr
     <log_dir>/<run-id>/failure.json               root cause and every failed rank
     <log_dir>/<run-id>/metrics.jsonl              one JSON row per "metrics" event of a worker
-    <log_dir>/<run-id>/ranks.json                 per rank: host, pid, alive or exit, last step
+    <log_dir>/<run-id>/ranks.json                 per rank: host, pid, alive, exit or lost, last step
     <log_dir>/latest -> <run-id>
 
 Rank logs hold the raw lines (no prefix), stdout and stderr in the order they arrived, and are

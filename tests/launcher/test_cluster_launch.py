@@ -307,3 +307,16 @@ def test_lost_ssh_link_to_one_host_stops_the_job_everywhere(cluster, jobs, tmp_p
     print(f"\n[measure] ssh link to node2 cut: all gone after {took:.2f}s")
     assert code == 1, err
     assert "node2" in err and "connection to the agent lost" in err
+    # node2's ranks ended unseen: recorded and shown as lost, the others as stopped by SIGTERM
+    ranks = json.loads((job.run_dir() / "ranks.json").read_text())["ranks"]
+    states = {r["rank"]: r["state"] for r in ranks}
+    node2 = {r["rank"] for r in ranks if r["host"] == "node2"}
+    assert node2 == {2, 3} and all(states[r] == "lost" for r in node2), states
+    assert all(states[r] == "exited" for r in set(states) - node2), states
+    status = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "status", "--log-dir", str(job.runs), "--no-color"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    lost_rows = [line for line in status.stdout.splitlines() if "lost (connection" in line]
+    assert len(lost_rows) == 2 and all("node2" in line for line in lost_rows), status.stdout

@@ -27,6 +27,8 @@ def _when(stamp: Any) -> str:
 
 
 def _rank_state(rank: dict[str, Any], live: bool) -> str:
+    if rank.get("state") == "lost":
+        return "lost (connection to its host's agent broke)"
     if rank.get("state") == "exited":
         code = rank.get("exit_code")
         if rank.get("signal_name"):

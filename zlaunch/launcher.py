@@ -96,6 +96,8 @@ class Job:
         self.failures: list[dict[str, Any]] = []
         self.stop_started: float | None = None
         self.stop_grace = options.grace_period
+        self.restarts_left = 0
+        """Set by `launch`: a worker failure then records "restarting", not the run's end."""
         self.interrupt: int | None = None
         self.sigint_count = 0
         self.metrics: IO[str] | None = None
@@ -165,7 +167,8 @@ class Job:
                     self.metrics.close()
             return self._finish()
         except BaseException as err:
-            self._record_end(err)
+            if not (isinstance(err, WorkerFailed) and self.restarts_left > 0):
+                self._record_end(err)  # a failure that `launch` restarts is not the run's end
             raise
         finally:
             self._restore_signal_handlers(previous)
@@ -581,7 +584,10 @@ class Job:
             }
             self.run_dir.write_failure(report)
             self.console.failure_report(report)
-            self._record_end(None, status=RunStatus.FAILED, code=code)
+            if self.restarts_left > 0:
+                self.run_dir.update(status=RunStatus.RESTARTING)
+            else:
+                self._record_end(None, status=RunStatus.FAILED, code=code)
             cause = f"rank {root['rank']} on {root['host']}"
             if root["signal"]:
                 what = f"was killed by {root['signal_name']}"
@@ -625,6 +631,7 @@ def launch(options: LaunchOptions) -> int:
     job = Job(options)
     restarts_left = options.max_restarts
     while True:
+        job.restarts_left = restarts_left
         try:
             code = job.run()
         except WorkerFailed as err:

@@ -47,6 +47,8 @@ class RunStatus:
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
+    RESTARTING = "restarting"
+    """An attempt failed and the next one (--max-restarts) is about to start; not an end."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"

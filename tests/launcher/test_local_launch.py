@@ -253,3 +253,35 @@ def test_save_signal_before_the_runtime_listens_does_not_kill_workers(jobs, tmp_
     code, out, err = job.communicate()
     assert code == 0, err
     assert "killed by" not in err
+
+
+def test_a_restart_is_never_recorded_as_the_run_s_end(tmp_path):
+    """--max-restarts: between a failed attempt and the next, run.json says "restarting" (no
+    end time), so `zlaunch logs --follow`, `ls` and `stop` never take the run for ended."""
+    script = tmp_path / "fails_once.py"
+    script.write_text(
+        "import os, sys\nsys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n"
+    )
+    runs = tmp_path / "runs"
+    argv = [
+        sys.executable, "-m", "zlaunch", "--log-dir", str(runs), "--num-gpus", "2",
+        "--max-restarts", "1", str(script),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []  # every distinct (status, ended) run.json showed while the job ran
+    while proc.poll() is None:
+        try:
+            record = json.loads((runs / "latest" / "run.json").read_text())
+        except (OSError, ValueError):
+            continue
+        state = (record["status"], record.get("end_time") is not None)
+        if not seen or seen[-1] != state:
+            seen.append(state)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "restarting all ranks" in err
+    record = json.loads((runs / "latest" / "run.json").read_text())
+    assert (record["status"], record["exit_code"]) == ("succeeded", 0)
+    assert ("failed", True) not in seen and not any(ended for _, ended in seen[:-1]), seen
+    run_dir = runs / os.readlink(runs / "latest")
+    assert (run_dir / "attempt-0").is_dir() and (run_dir / "attempt-1").is_dir()

@@ -223,8 +223,8 @@ def command(
         while True:
             ended = run_ended(rundir.record())
             follower.poll(final=ended)
-            # Two looks in a row: a restart (--max-restarts) briefly records the failed
-            # attempt's end before the next attempt starts in the same run directory.
+            # Several looks in a row, so that a run directory caught mid-update is not
+            # taken for an ended run.
             ended_polls = ended_polls + 1 if ended else 0
             if ended_polls >= ENDED_POLLS:
                 return

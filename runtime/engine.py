@@ -386,15 +386,26 @@ class Engine(torch.nn.Module):
     save_on_signal = None
     """Set by runtime.initialize under zlaunch --save-on: saves at the next step boundary."""
 
-    def save_checkpoint(self, save_dir=None, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(
+        self,
+        save_dir=None,
+        tag=None,
+        client_state=None,
+        save_latest=True,
+        exclude_frozen_parameters=False,
+    ):
         """Write a sharded checkpoint (call on every rank); returns its directory.
 
         ``save_dir`` defaults to $ZLAUNCH_CHECKPOINT_DIR (zlaunch --checkpoint-dir), ``tag`` to
         ``global_step<N>``; ``client_state`` must be JSON-serialisable (nothing is pickled).
+        ``exclude_frozen_parameters``: leave out parameters with ``requires_grad`` false (a
+        LoRA base model): loading keeps the model's own values for them.
         """
         from .checkpoint import save_checkpoint
 
-        return save_checkpoint(self, save_dir, tag, client_state, save_latest)
+        return save_checkpoint(
+            self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters
+        )
 
     def load_checkpoint(
         self,

@@ -24,10 +24,17 @@ __all__ = [
 ]
 
 
-def save_checkpoint(engine, save_dir=None, tag=None, client_state=None, save_latest=True):
+def save_checkpoint(
+    engine,
+    save_dir=None,
+    tag=None,
+    client_state=None,
+    save_latest=True,
+    exclude_frozen_parameters=False,
+):
     from .engine_io import save_engine
 
-    return save_engine(engine, save_dir, tag, client_state, save_latest)
+    return save_engine(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
 
 def load_checkpoint(engine, load_dir=None, tag=None, **options):

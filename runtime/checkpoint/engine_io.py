@@ -183,21 +183,65 @@ def _module_tensors(engine) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
         first = canonical[id(p)]
         if name != first and first in trained:
             aliases[name] = first
+    # The tensors themselves (keep_vars): a partitioned frozen parameter is known by its unit.
     extra = {
-        k: v.detach()
-        for k, v in module.state_dict().items()
+        k: v
+        for k, v in module.state_dict(keep_vars=True).items()
         if k not in trained and k not in aliases
     }
     return aliases, extra
 
 
+def _is_frozen_parameter(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.nn.Parameter) and not t.requires_grad
+
+
+def _frozen_unit(t: torch.Tensor):
+    """The stage-3 unit holding ``t`` partitioned (a frozen parameter), or None."""
+    from ..zero.stage3_units import Unit
+
+    owner = getattr(t, "_zero_owner", None)
+    return owner if isinstance(owner, Unit) else None
+
+
+def _gather_frozen(engine, extra: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``extra``'s values to write: detached, partitioned frozen parameters' full values as CPU
+    copies on rank 0 (every rank takes part in each unit's all-gather, in state-dict order)."""
+    rank = engine.comm.rank
+    out = {}
+    for name, t in extra.items():
+        unit = _frozen_unit(t)
+        if unit is None:
+            out[name] = t.detach()
+            continue
+        unit.gather_for_user()
+        try:
+            if rank == 0:
+                out[name] = t.detach().to("cpu", copy=True)
+        finally:
+            unit.release_for_user(None)
+    return out
+
+
 # ---------------------------------------------------------------------------- save
-def save_engine(engine, save_dir=None, tag=None, client_state=None, save_latest=True) -> str:
+def save_engine(
+    engine,
+    save_dir=None,
+    tag=None,
+    client_state=None,
+    save_latest=True,
+    exclude_frozen_parameters=False,
+) -> str:
     """Write a checkpoint of ``engine`` (every rank calls this); returns its directory."""
     save_dir = _default_dir(save_dir, "save_checkpoint")
     tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
     client = jsonable.encode(client_state or {}, "client_state")
     aliases, extra = _module_tensors(engine)
+    excluded = []
+    if exclude_frozen_parameters:
+        excluded = sorted(k for k, v in extra.items() if _is_frozen_parameter(v))
+        extra = {k: v for k, v in extra.items() if k not in excluded}
+    extra = _gather_frozen(engine, extra)
 
     def manifest_fields() -> dict:
         params = {}
@@ -217,6 +261,7 @@ def save_engine(engine, save_dir=None, tag=None, client_state=None, save_latest=
             },
             "params": params,
             "aliases": aliases,
+            "excluded_frozen": excluded,
             "optimizer": {
                 "class": type(engine.optimizer.optimizer).__name__,
                 "param_groups": _hyper(engine),
@@ -348,11 +393,14 @@ def load_engine(
             _, extra_names = _module_tensors(engine)
             extra = {n: reader.read_extra(n) for n in extra_names if n in reader.extra}
             if load_module_strict:
-                absent = sorted(set(extra_names) - set(extra))
+                # Frozen parameters saved with exclude_frozen_parameters keep the model's values.
+                excluded = set(reader.state("excluded_frozen") or ())
+                absent = sorted(set(extra_names) - set(extra) - excluded)
                 if absent:
                     raise CheckpointError(
-                        f"{reader.manifest_path} lacks the buffers {', '.join(absent[:8])}; "
-                        "pass load_module_strict=False to keep the model's"
+                        f"{reader.manifest_path} lacks {', '.join(absent[:8])} (buffers or "
+                        "untrained parameters); pass load_module_strict=False to keep the "
+                        "model's"
                     )
     except CheckpointError as err:
         error = err
@@ -394,7 +442,12 @@ def _commit(engine, reader, staged, scalars, extra, *, load_lr_scheduler_states,
     opt.refresh_params_from_master()
     module_state = engine.module.state_dict(keep_vars=True)
     for name, t in (extra or {}).items():
-        module_state[name].data.copy_(t)
+        target = module_state[name]
+        unit = _frozen_unit(target)
+        if unit is not None:  # a partitioned frozen parameter: each rank keeps its part
+            unit.load_values(target, t, engine.comm.rank)
+        else:
+            target.data.copy_(t)
     if scalars is not None:
         groups, scalar_state = scalars
         for group, saved in zip(inner.param_groups, groups, strict=True):

@@ -98,6 +98,7 @@ class Stage3Coordinator:
         self._warned_divergence = False
         self._in_backward = False
         self._bwd_seen: set[int] = set()
+        self._frozen_in_backward: list[Unit] = []
         self._reductions: list[tuple[Handle, list[torch.Tensor]]] = []
         # Staging and receive buffers by size, reused within one backward (units of a repeated
         # layer have the same size) and dropped after it, so nothing stays between steps.
@@ -138,7 +139,7 @@ class Stage3Coordinator:
     def _gather(self, u: Unit) -> None:
         if u.state is UnitState.RELEASED:
             self._make_room(u.numel)
-            u.start_gather(self.store, self.comm)
+            u.start_gather(u.store or self.store, self.comm)
             self._by_storage[u.full.untyped_storage().data_ptr()] = u
             self.live_numel += u.numel
             self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
@@ -294,6 +295,15 @@ class Stage3Coordinator:
         if module_id in self._bwd_seen:
             return
         self._bwd_seen.add(module_id)
+        # Frozen units get no gradient that would say their module's backward is done: the
+        # ones fetched for an earlier module are released when backward reaches the next one
+        # (should autograd still need one, unpacking its saved tensors fetches it again).
+        for u in self._frozen_in_backward:
+            if u not in units:
+                u.bwd_hold = False
+                if u.users == 0:
+                    self._release(u)
+        self._frozen_in_backward = [u for u in units if u.frozen]
         for u in units:
             u.bwd_hold = True
             self._fetch(u)
@@ -380,6 +390,7 @@ class Stage3Coordinator:
         for u in self.units:
             u.reset_grads()
             u.bwd_hold = False
+        self._frozen_in_backward = []
         self.release_all()
         if not self._on_trace or self._trace is None or len(self._events) != len(self._trace):
             self._adopt_trace()
@@ -422,9 +433,9 @@ class Stage3Coordinator:
         if modifier_rank is not None:
             self.comm.broadcast(u.full, src=modifier_rank)
             lo, hi = u.group.shard_range(self.comm.rank)
-            self.store.write_from(u.group, u.full[lo:hi])
+            (u.store or self.store).write_from(u.group, u.full[lo:hi])
             opt = self.optimizer
-            if opt is not None and not opt.masters_are_views:
+            if opt is not None and not opt.masters_are_views and not u.frozen:
                 opt.master[u.index].copy_(self.store.shard(u.group))
         u.users -= 1
         if u.users == 0 and not self._in_backward:

@@ -14,8 +14,9 @@ import torch
 
 from ..comm import Communicator
 from .param_offload import ShardStore
+from .partition import FlatLayout
 from .stage3 import Stage3Coordinator
-from .stage3_units import Unit, param_shape, plan_units
+from .stage3_units import Unit, param_shape, plan_frozen_units, plan_units
 
 __all__ = ["build_stage3"]
 
@@ -37,6 +38,20 @@ def _fill_unit(u: Unit, comm: Communicator) -> None:
     if plain:
         # Every rank starts from rank 0's weights (as DDP and DeepSpeed do).
         comm.broadcast(u.full, src=0)
+
+
+def _partition_unit(u: Unit, store: ShardStore, comm: Communicator) -> None:
+    """Fill the unit, keep this rank's shard in ``store`` and release the full values."""
+    _fill_unit(u, comm)
+    lo, hi = u.group.shard_range(comm.rank)
+    store.write_from(u.group, u.full[lo:hi])
+    for p in u.params:
+        shape = param_shape(p)
+        p.ds_shape = shape
+        p.ds_numel = math.prod(shape)
+        p._zero_owner = u
+    u.point_at_full()
+    u.release()
 
 
 def _unpartition_leftovers(module: torch.nn.Module) -> None:
@@ -84,16 +99,25 @@ def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
     units = []
     for group, (unit_params, persistent) in zip(layout.groups, plan, strict=True):
         u = Unit(group, unit_params, persistent, dtype, device)
-        _fill_unit(u, comm)
-        lo, hi = group.shard_range(comm.rank)
-        store.write_from(group, u.full[lo:hi])
-        for p in unit_params:
-            shape = param_shape(p)
-            p.ds_shape = shape
-            p.ds_numel = math.prod(shape)
-            p._zero_owner = u
-        u.point_at_full()
-        u.release()
+        _partition_unit(u, store, comm)
+        units.append(u)
+    # Frozen parameters (LoRA's base model, ...) are partitioned too, each unit with a store
+    # of its own in the parameters' dtype; they take the indices after the trained units.
+    trained = {id(p) for p in params}
+    threshold = int(zero.stage3_param_persistence_threshold)
+    for group, unit_params in plan_frozen_units(module, trained, comm.world_size, threshold):
+        frozen_dtype = unit_params[0].dtype
+        u = Unit(group, unit_params, False, frozen_dtype, device)
+        u.index = len(units)
+        u.store = ShardStore(
+            FlatLayout((group,), comm.world_size),
+            comm.rank,
+            frozen_dtype,
+            device,
+            offload=zero.offload_param.enabled,
+            pin_memory=zero.offload_param.pin_memory,
+        )
+        _partition_unit(u, u.store, comm)
         units.append(u)
     _unpartition_leftovers(module)
     coordinator = Stage3Coordinator(module, units, layout, store, comm, zero, dtype, device)

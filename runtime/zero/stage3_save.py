@@ -8,8 +8,7 @@ memory. `save_16bit_model` writes it as safetensors.
 The tensors keep the module's dtype: 16-bit under fp16/bf16 training, fp32 when training in
 fp32 (as DeepSpeed, whose "16bit" file holds whatever dtype the module has). Tied weights are
 written under every name, as separate tensors (safetensors does not store aliases).
-Parameters that are not partitioned (stages 0-2, persistent or frozen ones) are copied as they
-are.
+Parameters that are not partitioned (stages 0-2, persistent ones) are copied as they are.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ memory is really returned while tensors autograd saved during forward (views of 
 become valid again as soon as the storage is re-grown and re-gathered for backward. Touching a
 released parameter fails cleanly (it has no elements) instead of reading freed memory.
 
+Frozen parameters (``requires_grad`` false, not given to the optimizer) form units of their own
+(`plan_frozen_units`): fetched and released like the others, with no gradients to reduce and
+no optimizer state, each unit's shard in a store of its own (in the parameters' dtype).
+
 Parameters at or below ``stage3_param_persistence_threshold`` elements go to *persistent* units
 that are gathered once and stay whole; their gradients are still reduce-scattered and their
 shards stepped like every other unit's, then re-gathered after the step (the same bytes as the
@@ -30,7 +34,7 @@ from ..comm import Communicator, Handle
 from .param_offload import ShardStore
 from .partition import FlatGroup, FlatLayout, ParamSpec, plan_layout
 
-__all__ = ["UnitState", "Unit", "plan_units", "param_numel", "param_shape"]
+__all__ = ["UnitState", "Unit", "plan_units", "plan_frozen_units", "param_numel", "param_shape"]
 
 _ALIGN = 16
 
@@ -88,6 +92,13 @@ class Unit:
         self.bwd_hold = False
         """Fetched for backward and still needed by it (never released to make room)."""
         self.coordinator = None
+        self.store: ShardStore | None = None
+        """Where a frozen unit's shard lives (its own store); None = the coordinator's."""
+
+    @property
+    def frozen(self) -> bool:
+        """No parameter of the unit is trained: no gradients, no optimizer state."""
+        return self.expected_grads == 0
 
     # ------------------------------------------------------------------ gather / release
     def start_gather(self, store: ShardStore, comm: Communicator) -> None:
@@ -137,6 +148,22 @@ class Unit:
 
     def release_for_user(self, modifier_rank: int | None) -> None:
         self.coordinator.user_release(self, modifier_rank)
+
+    def load_values(self, p: torch.nn.Parameter, value: torch.Tensor, rank: int) -> None:
+        """Set parameter ``p`` of this unit to ``value`` (its full values, on every rank): each
+        rank writes the part of its shard that ``p`` covers; no communication."""
+        i = next(k for k, q in enumerate(self.params) if q is p)
+        slot = self.group.slots[i]
+        flat = value.reshape(-1)
+        if flat.numel() != slot.numel:
+            raise ValueError(f"{slot.name}: {flat.numel()} values for {slot.numel} elements")
+        lo, hi = self.group.shard_range(rank)
+        a, b = max(lo, slot.offset), min(hi, slot.end)
+        if a < b:
+            store = self.store if self.store is not None else self.coordinator.store
+            store.shard(self.group)[a - lo : b - lo].copy_(flat[a - slot.offset : b - slot.offset])
+        if self.gathered:
+            self.views[i].copy_(value.reshape(slot.shape))
 
     # ------------------------------------------------------------------ gradients
     def reset_grads(self) -> None:
@@ -192,3 +219,38 @@ def plan_units(
         start += g.padded_numel
     layout = FlatLayout(tuple(groups), world_size)
     return layout, [(params, pers) for _, pers, params in units]
+
+
+def plan_frozen_units(
+    module: torch.nn.Module,
+    trained: set[int],
+    world_size: int,
+    persistence_threshold: int,
+) -> list[tuple[FlatGroup, list[torch.nn.Parameter]]]:
+    """Units of the frozen parameters (``requires_grad`` false), one per module and dtype.
+
+    They are partitioned and fetched like trained units but have no gradients and no optimizer
+    state, so each unit gets a layout of its own (one group; its shard lives in a store of its
+    own, in the parameters' dtype). Parameters at or below the persistence threshold, those
+    that are not floating point (quantized weights) and those in ``trained`` (ids of the
+    optimizer's parameters) are left out: they stay whole.
+    """
+    names = {}
+    for name, p in module.named_parameters():
+        names.setdefault(id(p), name)
+    seen: set[int] = set()
+    out = []
+    for m in module.modules():
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in m._parameters.values():
+            if p is None or p.requires_grad or id(p) in trained or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.is_floating_point() and param_numel(p) > persistence_threshold:
+                by_dtype.setdefault(p.dtype, []).append(p)
+        for params in by_dtype.values():
+            specs = [ParamSpec(names[id(p)], param_shape(p)) for p in params]
+            total = sum(s.numel for s in specs)
+            (g,) = plan_layout(specs, world_size, max(total, 1), align=_ALIGN).groups
+            out.append((g, params))
+    return out

@@ -111,17 +111,20 @@ def train_user_example(engine, rank: int) -> list[float]:
 
 
 def reference_training(model: torch.nn.Module, x, y):
-    """Train ``model`` in this process on each step's whole batch; (losses, parameters)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    """Train ``model`` in this process on each step's whole batch; (losses, parameters).
+
+    Only parameters with ``requires_grad`` are trained (frozen ones never change)."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=LR, weight_decay=0.01)
     losses = []
     for s in range(STEPS):
         loss = torch.nn.functional.mse_loss(model(x[s]), y[s])
         opt.zero_grad()
         loss.backward()
-        for p in model.parameters():  # the engine steps unused parameters with zero gradients
+        for p in trained:  # the engine steps unused parameters with zero gradients
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         losses.append(loss.item())
     return losses, {n: p.detach() for n, p in model.named_parameters()}

@@ -56,6 +56,8 @@ def command(checkpoint_dir: str, tag: str | None, output: str, dtype: str, verif
                 reader.verify_checksums()
         state, path = consolidate_state_dict(checkpoint_dir, tag, DTYPES[dtype])
         write_state_dict(state, output, {"format": "pt", "source": path, "dtype": dtype})
+        with CheckpointReader(path) as reader:
+            excluded = reader.state("excluded_frozen") or []
     except CheckpointError as err:
         raise ZlaunchError(str(err), exit_code=EXIT_BAD_CHECKPOINT) from None
     numel = sum(t.numel() for t in state.values())
@@ -63,3 +65,9 @@ def command(checkpoint_dir: str, tag: str | None, output: str, dtype: str, verif
         f"wrote {output}: {len(state)} tensors, {numel:,} elements ({dtype}) from {path} "
         f"in {time.perf_counter() - start:.2f}s"
     )
+    if excluded:
+        click.echo(
+            f"note: {len(excluded)} frozen parameter(s) are not in it (saved with "
+            f"exclude_frozen_parameters, e.g. {excluded[0]}); take them from the base model",
+            err=True,
+        )

@@ -7,10 +7,7 @@ HEAVY = ("torch", "fabric", "rich", "runtime", "paramiko", "invoke")
 
 
 def test_cli_import_is_light():
-    code = (
-        "import sys, zlaunch.cli\n"
-        f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
-    )
+    code = f"import sys, zlaunch.cli\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"import zlaunch.cli pulled in: {out.stdout.strip()}"
 

@@ -59,6 +59,16 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def ipv6_unavailable_reason() -> str | None:
+    """Why the cluster's nodes get no IPv6 addresses here, or None when they do."""
+    try:
+        with open("/proc/sys/net/ipv6/conf/all/disable_ipv6") as f:
+            disabled = f.read().strip() != "0"
+    except OSError:
+        return "this kernel has no IPv6"
+    return "IPv6 is disabled on this machine (net.ipv6.conf.all.disable_ipv6)" if disabled else None
+
+
 def _which(tool: str) -> str:
     return shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") or ""
 
@@ -104,6 +114,13 @@ class Cluster:
         net = list(subnet.hosts())
         self.controller_address = str(net[0])
         self._addresses = {h: str(net[k]) for k, h in enumerate(self.hosts, start=1)}
+        # IPv6 beside IPv4, on a unique-local /64 derived from the IPv4 subnet (10.a.b.0/24 ->
+        # fd5a:a:b::/64); nodad: usable at once, no duplicate-address wait.
+        self.ipv6 = ipv6_unavailable_reason() is None
+        _, a, b, _ = subnet.network_address.packed
+        net6 = ipaddress.IPv6Network(f"fd5a:{a:x}:{b:x}::/64")
+        self.controller_address6 = str(net6[1])
+        self._addresses6 = {h: str(net6[k + 1]) for k, h in enumerate(self.hosts, start=1)}
         self._netns = {h: netns_name(prefix, k) for k, h in enumerate(self.hosts, start=1)}
         self.ssh_config = os.path.join(self.state_dir, "ssh_config")
         self.identity_file = os.path.join(self.state_dir, "id_ed25519")
@@ -149,6 +166,12 @@ class Cluster:
 
     def address(self, host: str) -> str:
         return self._addresses[self._check(host)]
+
+    def address6(self, host: str) -> str:
+        """The host's IPv6 address (sshd listens there too); ClusterError without IPv6."""
+        if not self.ipv6:
+            raise ClusterError(ipv6_unavailable_reason() or "this cluster has no IPv6")
+        return self._addresses6[self._check(host)]
 
     def namespace(self, host: str) -> str:
         return self._netns[self._check(host)]
@@ -237,6 +260,7 @@ class Cluster:
             "namespaces": dict(self._netns),
             "interface": self.interface,
             "controller_address": self.controller_address,
+            "addresses6": dict(self._addresses6) if self.ipv6 else None,
             "ssh_config": self.ssh_config,
             "state_dir": self.state_dir,
         }
@@ -272,6 +296,9 @@ class Cluster:
         prefix_len = self.subnet.prefixlen
         netns.ip("link", "add", self.bridge, "type", "bridge")
         netns.ip("addr", "add", f"{self.controller_address}/{prefix_len}", "dev", self.bridge)
+        if self.ipv6:
+            ctrl6 = f"{self.controller_address6}/64"
+            netns.ip("addr", "add", ctrl6, "dev", self.bridge, "nodad")
         netns.ip("link", "set", self.bridge, "up")
         for k, host in enumerate(self.hosts, start=1):
             ns, veth = self._netns[host], veth_name(self.prefix, k)
@@ -283,6 +310,8 @@ class Cluster:
                 f"link set {INTERFACE} up\n"
                 "link set lo up\n"
             )
+            if self.ipv6:
+                batch += f"addr add {self._addresses6[host]}/64 dev {INTERFACE} nodad\n"
             out = subprocess.run(
                 [netns.IP, "-n", ns, "-batch", "-"], input=batch, capture_output=True, text=True
             )
@@ -298,13 +327,17 @@ class Cluster:
         for host in self.hosts:
             key = os.path.join(d, f"host_key_{host}")
             pub = sshfiles.generate_key(key, f"{host}@{self.prefix}").split()
-            known.append(f"{host},{self._addresses[host]} {pub[0]} {pub[1]}")
+            names = [host, self._addresses[host]]
+            if self.ipv6:
+                names.append(self._addresses6[host])
+            known.append(f"{','.join(names)} {pub[0]} {pub[1]}")
             _write(
                 os.path.join(d, f"sshd_config_{host}"),
                 sshfiles.sshd_config(
                     host_key=key,
                     authorized_keys=os.path.join(d, "authorized_keys"),
                     pid_file=os.path.join(d, f"sshd_{host}.pid"),
+                    ipv6=self.ipv6,
                 ),
             )
             etc = os.path.join(netns.NETNS_ETC_DIR, self._netns[host])

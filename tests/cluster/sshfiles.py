@@ -38,12 +38,12 @@ def generate_key(path: str, comment: str) -> str:
         return f.read().strip()
 
 
-def sshd_config(*, host_key: str, authorized_keys: str, pid_file: str) -> str:
+def sshd_config(*, host_key: str, authorized_keys: str, pid_file: str, ipv6: bool) -> str:
+    listen = ["AddressFamily any", "ListenAddress 0.0.0.0", "ListenAddress ::"]
     return "\n".join(
         [
             "Port 22",
-            "AddressFamily inet",
-            "ListenAddress 0.0.0.0",
+            *(listen if ipv6 else ["AddressFamily inet", "ListenAddress 0.0.0.0"]),
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
             f"AuthorizedKeysFile {authorized_keys}",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster import ipv6_unavailable_reason
 from tests.launcher import fake_worker, helpers
 from tests.launcher.helpers import alive, seconds_until
 
@@ -109,6 +110,27 @@ def test_this_machine_and_ssh_hosts_in_one_job(cluster, jobs, tmp_path, local_fi
         iface = cluster.bridge if host == "localhost" else cluster.interface
         assert rec["env"]["GLOO_SOCKET_IFNAME"] == iface, (rank, host)
         assert rec["allreduce"] == WORLD * (WORLD + 1) // 2
+
+
+def test_bracketed_ipv6_hosts_launch_over_ssh_and_rendezvous_on_ipv6(cluster, jobs, tmp_path):
+    if not cluster.ipv6:
+        pytest.skip(ipv6_unavailable_reason() or "no IPv6")
+    hostfile = tmp_path / "ipv6-hosts"
+    hostfile.write_text("".join(f"[{cluster.address6(h)}] slots={SLOTS}\n" for h in cluster.hosts))
+    job = launch(jobs, cluster, tmp_path, ["--allreduce"], hostfile=str(hostfile))
+    code, out, err = job.communicate()
+    assert code == 0, err
+    records = [json.loads((job.records / f"rank-{r}.json").read_text()) for r in range(WORLD)]
+    for rank, rec in enumerate(records):
+        node = cluster.hosts[rank // SLOTS]
+        assert rec["hostname"] == node
+        assert rec["env"]["MASTER_ADDR"] == cluster.address6("node1")
+        assert rec["env"]["GLOO_SOCKET_IFNAME"] == cluster.interface
+        assert rec["allreduce"] == WORLD * (WORLD + 1) // 2
+    # console prefixes and per-host log directories name the hosts as the hostfile does
+    assert f"[[{cluster.address6('node2')}]:2]" in out
+    logs = sorted(p.parent.name for p in job.run_dir().glob("attempt-0/*/rank-*.log"))
+    assert len(set(logs)) == HOSTS and all(":" not in name for name in logs), logs
 
 
 def test_sigkill_of_a_worker_on_node2_stops_every_host(cluster, jobs, tmp_path):

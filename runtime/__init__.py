@@ -31,9 +31,12 @@ def initialize(
     by the script (an object, or a callable building one) replace the config's. The process
     group is initialised from the environment when it is not already.
     """
+    from . import stacks
     from .config import ConfigError, load_config
     from .dist_env import init_distributed
     from .engine import Engine
+
+    stacks.install()  # `zlaunch stacks` can see this rank from now on, rendezvous included
 
     if model is None:
         raise ValueError("initialize() needs model=")

@@ -55,6 +55,21 @@ def _load_libc() -> Any:
 _LIBC = _load_libc()
 
 
+def _signal_main_thread(pid: int, signum: int) -> None:
+    """Deliver ``signum`` to the main thread of process ``pid`` (tgkill; its tid is the pid).
+
+    Python runs its handlers there anyway, and no other thread (a collective's network I/O)
+    sees an interrupted system call. Without tgkill: the process, as kill(2) does.
+    """
+    if _LIBC is not None and hasattr(_LIBC, "tgkill"):
+        _LIBC.tgkill(pid, pid, signum)  # fails only when the worker is already gone
+        return
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _save_signal(env: dict[str, str]) -> int | None:
     """The save-on signal zlaunch forwards to workers (ZLAUNCH_SAVE_ON), if any."""
     name = env.get("ZLAUNCH_SAVE_ON", "").strip().upper()
@@ -400,13 +415,11 @@ class Agent:
             self.start_workers(frame)
         elif kind == protocol.STOP:
             self.stop(float(frame.get("grace", self.grace)), "")
-        elif kind == protocol.SIGNAL:  # --save-on: to the worker itself, not its group
+        elif kind == protocol.SIGNAL:  # --save-on, stacks: to the worker itself, not its group
+            ranks = frame.get("ranks")
             for worker in self.workers.values():
-                if not worker.exited:
-                    try:
-                        os.kill(worker.pid, int(frame["sig"]))
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                if not worker.exited and (ranks is None or worker.rank in ranks):
+                    _signal_main_thread(worker.pid, int(frame["sig"]))
         elif kind == protocol.HEARTBEAT:
             pass
 

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("logs", "Print or follow the output of any rank of a run, tagged [host:rank]."),
     "status": ("status", "A run's state, last metrics, and every rank: alive or how it ended."),
     "stop": ("stop", "Stop a running job (every rank, as on Ctrl-C)."),
+    "stacks": ("stacks", "Every rank's Python stacks, grouped: where a running job is stuck."),
     "plot": ("plot", "Plot loss, lr, throughput and loss scale of a run to a PNG."),
     "consolidate": ("consolidate", "One full state dict (safetensors) from a sharded checkpoint."),
 }

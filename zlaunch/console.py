@@ -21,7 +21,19 @@ from typing import IO, Any
 
 from zlaunch import protocol
 
-__all__ = ["Console", "color_enabled", "print_table"]
+__all__ = ["Console", "color_enabled", "print_table", "rank_ranges"]
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks as a compact list: [0, 1, 2, 5] -> "0-2,5"."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
 
 _RESET = "\x1b[0m"
 _RED = "\x1b[31m"

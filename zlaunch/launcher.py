@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from zlaunch import protocol
-from zlaunch.console import Console
+from zlaunch.console import Console, rank_ranges
 from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
 from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
@@ -61,6 +61,8 @@ class RankState:
     exit_code: int | None = None
     signal: int | None = None
     lost: bool = False
+    stacks: bool = False
+    """Its runtime dumps stacks on protocol.STACKS_SIGNAL (`zlaunch stacks`)."""
     """Its agent's connection was lost: how it ended is unknown (it was killed there)."""
 
     @property
@@ -364,6 +366,10 @@ class Job:
                     self.last_step = event["step"]
                 self.view.metrics(rank, row["host"], row)
                 # --- end live view ---
+            elif isinstance(event, dict) and event.get("kind") == protocol.STACKS_READY:
+                if state is not None and not state.stacks:
+                    state.stacks = True
+                    self._record_ranks()
 
     # --- per-rank state in ranks.json (read by `zlaunch status`) ---
     def _record_ranks(self) -> None:
@@ -388,6 +394,7 @@ class Job:
                     "exit_code": state.exit_code,
                     "signal": state.signal,
                     "signal_name": _signal_name(state.signal),
+                    "stacks": state.stacks,
                     "last_step": self.exit_steps.get(state.rank, self.last_step)
                     if state.exited
                     else self.last_step,
@@ -463,6 +470,25 @@ class Job:
 
     # ---- --save-on: forward the save signal to every worker ----------------------------
 
+    def _request_stacks(self) -> None:
+        """Ask every rank whose runtime listens for it to dump its threads' stacks to stderr."""
+        ready = [s for s in self.ranks.values() if s.stacks and not s.exited]
+        others = sorted(s.rank for s in self.ranks.values() if not s.stacks and not s.exited)
+        self.console.note(
+            f"stack dump requested from {len(ready)} rank(s)"
+            + (
+                f"; ranks {rank_ranges(others)} cannot dump (no runtime.initialize yet)"
+                if others
+                else ""
+            ),
+            error=True,
+        )
+        for index, link in enumerate(self.links):
+            ranks = [s.rank for s in ready if s.node == index]
+            if link is not None and ranks and not self.agent_done[index]:
+                sig = int(protocol.STACKS_SIGNAL)
+                link.write(protocol.encode({"t": protocol.SIGNAL, "sig": sig, "ranks": ranks}))
+
     def _forward_save_signal(self, signum: int) -> None:
         name = _signal_name(signum)
         if not self.options.checkpoint_dir:
@@ -503,6 +529,9 @@ class Job:
         if signum == self.save_signal:  # --save-on: every rank saves at its next step, exits 0
             self._forward_save_signal(signum)
             return
+        if signum == protocol.STACKS_SIGNAL:  # `zlaunch stacks`
+            self._request_stacks()
+            return
         if signum == signal.SIGINT:
             self.sigint_count += 1
         if self.interrupt is None:
@@ -522,6 +551,9 @@ class Job:
         if threading.current_thread() is not threading.main_thread():
             return {}
         previous = {}
+        previous[protocol.STACKS_SIGNAL] = signal.signal(
+            protocol.STACKS_SIGNAL, lambda s, _f: self.events.put(("signal", None, s))
+        )
         if self.save_signal is not None:
             previous[self.save_signal] = signal.signal(
                 self.save_signal, lambda s, _f: self.events.put(("signal", None, s))

@@ -12,7 +12,8 @@ win because they define the job:
     CROSS_RANK (= NODE_RANK), CROSS_SIZE (= NUM_NODES), LOCAL_SIZE (= LOCAL_WORLD_SIZE)
                                                                                     (DeepSpeed)
     MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES (the host's selected slots, comma-joined),
-    ZLAUNCH_RUN_ID, ZLAUNCH_ATTEMPT, ZLAUNCH_CONFIG (only when there is a config)
+    ZLAUNCH_RUN_ID, ZLAUNCH_ATTEMPT, ZLAUNCH_CONFIG (only when there is a config),
+    ZLAUNCH_STACKS_SIGNAL (the signal number `zlaunch stacks` uses, see runtime/stacks.py)
     ZLAUNCH_CHECKPOINT_DIR, ZLAUNCH_SAVE_ON, ZLAUNCH_RESUME (with --checkpoint-dir; RESUME
     with --resume and on every restart)
 
@@ -29,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from zlaunch import protocol
 from zlaunch.hostfile import Host
 from zlaunch.options import LaunchOptions
 
@@ -70,6 +72,7 @@ RESERVED_ENV = frozenset(
         "ZLAUNCH_CHECKPOINT_DIR",
         "ZLAUNCH_RESUME",
         "ZLAUNCH_SAVE_ON",
+        "ZLAUNCH_STACKS_SIGNAL",
     }
 )
 
@@ -178,6 +181,8 @@ def build_plan(
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_RESTART_COUNT": str(attempt),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        # `zlaunch stacks`: the signal on which the runtime dumps every thread's stack
+        protocol.STACKS_SIGNAL_ENV: str(int(protocol.STACKS_SIGNAL)),
     }
     if options.config_path is not None:
         job_env["ZLAUNCH_CONFIG"] = options.config_path

@@ -20,6 +20,8 @@ Controller -> agent
                "master_addr", "grace", "heartbeat_timeout"}
     hb        {"t": "hb"}                     heartbeat; silence for ``heartbeat_timeout`` = lost
     stop      {"t": "stop", "grace": seconds} TERM every worker group, KILL after ``grace``
+    signal    {"t": "signal", "sig": N, "ranks": [r, ...]?}  signal the worker processes
+              themselves (not their groups): all of them, or only the ranks listed
 
 Output bytes that are not valid UTF-8 survive the trip: lines are decoded with
 ``surrogateescape`` and JSON escapes the lone surrogates, so :func:`line_bytes` gives back the
@@ -29,6 +31,7 @@ original bytes.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +47,9 @@ __all__ = [
     "HEARTBEAT",
     "STOP",
     "SIGNAL",
+    "STACKS_SIGNAL",
+    "STACKS_SIGNAL_ENV",
+    "STACKS_READY",
     "STDOUT",
     "STDERR",
     "ProtocolError",
@@ -66,8 +72,15 @@ HELLO, OUT, STARTED, EXITED, EVENT, ERROR, BYE = (
     "bye",
 )
 SPEC, HEARTBEAT, STOP = "spec", "hb", "stop"
-SIGNAL = "signal"  # controller -> agent: deliver {"sig": N} to every worker process
+SIGNAL = "signal"  # controller -> agent: deliver {"sig": N} to every worker (or {"ranks": [...]})
 STDOUT, STDERR = "o", "e"
+
+# `zlaunch stacks`: sent to the controller, which forwards it to every rank whose runtime
+# registered a stack dump on it (runtime/stacks.py). A real-time signal: no script or cluster
+# tool uses it for something else, as they do SIGUSR1/2.
+STACKS_SIGNAL = signal.SIGRTMIN + 3
+STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
+STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
 
 # A line longer than this without a newline is cut: the agent must not hold unbounded memory
 # for one line. Anything shorter is never broken.

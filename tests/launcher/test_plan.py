@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,6 +72,7 @@ def test_three_hosts_two_slots_exact_env():
                 "TORCHELASTIC_RESTART_COUNT": "0",
                 "TORCHELASTIC_MAX_RESTARTS": "0",
                 "ZLAUNCH_CONFIG": "/work/job/ds.json",
+                "ZLAUNCH_STACKS_SIGNAL": str(int(signal.SIGRTMIN) + 3),
             }
 
 

@@ -50,7 +50,8 @@ def wait_for(predicate, timeout: float, what: str, job: subprocess.Popen | None 
             return value
         if job is not None and job.poll() is not None:
             raise AssertionError(
-                f"zlaunch ended early while waiting for {what}: {job.stderr.read()}"
+                f"zlaunch ended early while waiting for {what}: "
+                + (job.stderr.read() if job.stderr else "its output went to a file")
             )
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
@@ -183,3 +184,48 @@ def test_status_after_one_rank_is_killed_shows_every_rank_final_state(cluster, p
     assert rank_lines[3] == "killed by SIGKILL (exit 137)"
     assert all(rank_lines[r] == "killed by SIGTERM (exit 143)" for r in range(WORLD) if r != 3)
     assert "cause    rank 3 on node2: killed by SIGKILL" in table
+
+
+def test_stacks_name_the_one_stuck_rank_among_six_on_three_hosts(cluster, procs, tmp_path):
+    """Rank 3 (node2) sleeps where the others wait for its gradients: `zlaunch stacks` shows
+    two groups, and asking does not disturb the job."""
+    runs = tmp_path / "runs"
+    stuck = str(Path(__file__).with_name("stuck.py"))
+    argv = zlaunch(
+        "--hostfile", cluster.hostfile(2), "--ssh-config", cluster.ssh_config,
+        "--log-dir", str(runs), stuck, "--stuck-rank", "3",
+    )  # fmt: skip
+    # Output to a file: every dump is also printed on the console, and an unread pipe would
+    # fill up and stall the controller.
+    with open(tmp_path / "console.txt", "wb") as console:
+        job = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT)
+    procs.append(job)
+    ranks_file = runs / "latest" / "ranks.json"
+
+    def all_ready():
+        rows = (read_json(ranks_file) or {}).get("ranks", [])
+        return rows if len(rows) == WORLD and all(r.get("stacks") for r in rows) else None
+
+    rows = wait_for(all_ready, 90, "every rank ready for stack dumps", job)
+
+    def two_groups():
+        out = subprocess.run(
+            zlaunch("stacks", "--log-dir", str(runs)), capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        waiting = "ranks 0-2,4-5 (node1, node2, node3):"
+        return out.stdout if waiting in out.stdout and "rank 3 (node2):" in out.stdout else None
+
+    started = time.monotonic()
+    text = wait_for(two_groups, 90, "ranks 0-2,4-5 waiting on rank 3", job)
+    print(f"\n[measure] stuck rank found after {time.monotonic() - started:.2f}s:\n{text}")
+    waiting = text[text.index("ranks 0-2,4-5") : text.index("rank 3 (node2):")]
+    alone = text[text.index("rank 3 (node2):") :]
+    assert "6 rank(s), 2 distinct stacks" in text
+    assert " in backward" in waiting and " in wait_for_data" in alone
+    assert job.poll() is None  # still running: the dumps are not fatal
+    assert sorted(h for h, p in ((h, cluster.pids(h)) for h in cluster.hosts) if p) == cluster.hosts
+    assert all(r["state"] == "running" for r in (read_json(ranks_file) or {})["ranks"])
+    assert len(rows) == WORLD
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=60) == 128 + signal.SIGTERM

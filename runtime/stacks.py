@@ -1,0 +1,44 @@
+"""Every thread's Python stack on request, for finding where a job hangs (`zlaunch stacks`).
+
+Under zlaunch, ``ZLAUNCH_STACKS_SIGNAL`` names a signal. `install()` registers `faulthandler`
+to write the stack of every thread to stderr when it arrives (the dump runs in the C signal
+handler, so it answers while Python is blocked inside a collective) and tells the agent, with
+a ``stacks_ready`` event, that this rank can be asked. `runtime.initialize` calls it first,
+before the process group exists, so a rank stuck in rendezvous can be seen too. Ranks that
+never call it are never sent the signal (its default action would end them).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+
+__all__ = ["STACKS_SIGNAL_ENV", "install"]
+
+STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
+_installed_on: int | None = None
+
+
+def install(environ: dict[str, str] | None = None) -> bool:
+    """Dump stacks on the zlaunch stacks signal; True when installed (now or before)."""
+    global _installed_on
+    environ = os.environ if environ is None else environ
+    raw = environ.get(STACKS_SIGNAL_ENV, "")
+    if not raw.isdigit():
+        return False
+    signum = int(raw)
+    if _installed_on == signum:
+        return True
+    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
+    # faulthandler installs its handler without SA_RESTART: a blocking call in C++ (the
+    # TCP store's connect, a socket read) would fail with EINTR. Restart them instead.
+    signal.siginterrupt(signum, False)
+    _installed_on = signum
+    from .metrics import EventSink
+
+    sink = EventSink(environ)
+    if sink.fd is not None:  # only zlaunch's agent reads it
+        sink.emit({"kind": "stacks_ready"})
+    return True

@@ -1,0 +1,159 @@
+"""``zlaunch stacks``: where is every rank right now? For a job that hangs.
+
+Signals the controller (on the machine that started the job), which asks every rank whose
+runtime listens (`runtime/stacks.py`: after `runtime.initialize` began) to write each thread's
+Python stack to stderr. The dumps land in the rank logs; this command reads what each log grew
+by, keeps the stack lines, and prints the ranks grouped by identical stacks: a rank stuck
+somewhere else than its peers stands out at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+import click
+
+from zlaunch.commands.runs_common import (
+    ENDED,
+    controller_alive,
+    effective_status,
+    open_run,
+    run_options,
+)
+from zlaunch.console import rank_ranges
+from zlaunch.errors import ZlaunchError
+
+__all__ = ["command", "parse_dump", "group_ranks"]
+
+# faulthandler's output: thread headers, frames, and the marker of a thread in C code only.
+_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):$")
+_FRAME = re.compile(r'^  File ".*", line \d+ in .*$|^  <no Python frame>$')
+QUIET_AFTER = 0.3
+"""Seconds without new stack lines after which a rank's dump is taken as complete."""
+
+
+def parse_dump(text: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    """The thread stacks in a chunk of rank log (other lines ignored), thread ids dropped;
+    None when it holds no dump. The thread that received the signal ("current") comes first."""
+    threads: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            threads.append(("main" if header.group(1) == "Current thread" else "thread", []))
+        elif threads and _FRAME.match(line):
+            threads[-1][1].append(line.strip())
+    if not threads:
+        return None
+    threads.sort(key=lambda t: t[0] != "main")
+    return tuple((kind, tuple(frames)) for kind, frames in threads)
+
+
+def _stack_line_count(text: str) -> int:
+    return sum(1 for line in text.splitlines() if _HEADER.match(line) or _FRAME.match(line))
+
+
+def group_ranks(dumps: dict[int, Any]) -> list[tuple[list[int], Any]]:
+    """Ranks with identical stacks together; the largest group first."""
+    groups: dict[Any, list[int]] = {}
+    for rank, dump in sorted(dumps.items()):
+        groups.setdefault(dump, []).append(rank)
+    return sorted(((ranks, dump) for dump, ranks in groups.items()), key=lambda g: -len(g[0]))
+
+
+def _read_from(path: str, offset: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+    except OSError:
+        return b""
+
+
+@click.command("stacks")
+@run_options
+@click.option(
+    "--timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for the ranks' dumps.",
+)
+def command(run: str | None, log_dir: str | None, timeout: float) -> None:
+    """Print every rank's Python stacks, grouped: where RUN (default: the latest) is stuck."""
+    from zlaunch import protocol
+
+    rundir = open_run(log_dir, run)
+    record = rundir.record()
+    status = effective_status(record)
+    if status in ENDED or record.get("end_time") is not None:
+        raise ZlaunchError(f"run {rundir.run_id} already ended ({status}); no stacks to show")
+    if not controller_alive(record):
+        raise ZlaunchError(
+            f"run {rundir.run_id}: its controller (pid {record.get('controller_pid')}) is not "
+            "running on this machine",
+            hint="zlaunch stacks must run on the machine that started the job",
+        )
+    state = rundir.ranks() or {}
+    rows = [r for r in state.get("ranks", []) if r.get("state") == "running"]
+    ready = {r["rank"]: r for r in rows if r.get("stacks")}
+    silent = sorted(r["rank"] for r in rows if not r.get("stacks"))
+    if not ready:
+        raise ZlaunchError(
+            f"run {rundir.run_id}: no running rank can dump its stacks",
+            hint="a rank listens once its script has called runtime.initialize()",
+        )
+    attempt = int(state.get("attempt", 0))
+    paths = {r: rundir.rank_log_path(attempt, row["host"], r) for r, row in ready.items()}
+    start = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
+    try:
+        os.kill(record["controller_pid"], protocol.STACKS_SIGNAL)
+    except (ProcessLookupError, PermissionError) as err:
+        raise ZlaunchError(f"run {rundir.run_id}: cannot signal its controller ({err})") from None
+
+    dumps: dict[int, Any] = {}
+    # A dump is complete once its stack lines stop growing for QUIET_AFTER (a rank may keep
+    # printing other lines meanwhile).
+    seen_lines = {r: 0 for r in paths}
+    changed_at = {r: time.monotonic() for r in paths}
+    deadline = time.monotonic() + timeout
+    while len(dumps) < len(paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = time.monotonic()
+        for r, path in paths.items():
+            if r in dumps:
+                continue
+            text = _read_from(path, start[r]).decode("utf-8", errors="replace")
+            n = _stack_line_count(text)
+            if n != seen_lines[r]:
+                seen_lines[r], changed_at[r] = n, now
+            elif n and now - changed_at[r] >= QUIET_AFTER:
+                dumps[r] = parse_dump(text)
+    _print_groups(rundir.run_id, ready, dumps)
+    missing = sorted(set(paths) - set(dumps))
+    if missing:
+        click.echo(f"no dump within {timeout:g}s from rank(s) {rank_ranges(missing)}", err=True)
+    if silent:
+        click.echo(
+            f"rank(s) {rank_ranges(silent)} cannot dump (no runtime.initialize yet)", err=True
+        )
+    if missing or not dumps:
+        raise click.exceptions.Exit(1)
+
+
+def _print_groups(run_id: str, ready: dict[int, dict], dumps: dict[int, Any]) -> None:
+    groups = group_ranks(dumps)
+    click.echo(
+        f"zlaunch stacks: run {run_id}, {len(dumps)} rank(s), "
+        f"{len(groups)} distinct stack{'s' if len(groups) != 1 else ''}"
+    )
+    for ranks, dump in groups:
+        hosts = sorted({ready[r]["host"] for r in ranks})
+        label = "rank" if len(ranks) == 1 else "ranks"
+        click.echo(f"\n{label} {rank_ranges(ranks)} ({', '.join(hosts)}):")
+        for kind, frames in dump:
+            click.echo("  main thread:" if kind == "main" else "  other thread:")
+            for frame in frames:
+                click.echo(f"    {frame}")

@@ -147,7 +147,7 @@ def _is_dead(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+    except OSError:  # gone (ENOENT), or reaped between open and read (ESRCH)
         return True
 
 

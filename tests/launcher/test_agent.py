@@ -23,7 +23,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # gone (ENOENT), or reaped between open and read (ESRCH)
         return False
 
 

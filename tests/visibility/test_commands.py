@@ -3,43 +3,19 @@ the clear messages (missing matplotlib, no runs, bad --rank)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.visibility.helpers import ranks_state, wait_for, zlaunch
 from zlaunch.commands.logs import parse_ranks
 from zlaunch.errors import UsageError
 
 TICKER = str(Path(__file__).with_name("ticker.py"))
-
-
-def zlaunch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zlaunch", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def ranks_state(runs: Path) -> list[dict]:
-    try:
-        return json.loads((runs / "latest" / "ranks.json").read_text())["ranks"]
-    except (OSError, ValueError, KeyError):
-        return []
 
 
 @pytest.mark.multirank

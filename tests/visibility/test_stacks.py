@@ -5,7 +5,6 @@ The multi-host case (6 ranks, one stuck) is in test_cluster_visibility.py.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.visibility.helpers import ranks_state, wait_for, zlaunch
 from zlaunch.commands.stacks import group_ranks, parse_dump
 
 STUCK = str(Path(__file__).with_name("stuck.py"))
@@ -61,33 +61,6 @@ def test_group_ranks_puts_identical_stacks_together_largest_group_first():
     assert groups == [([0, 1, 3], a), ([2], b)]
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def ranks_rows(runs: Path) -> list[dict]:
-    try:
-        return json.loads((runs / "latest" / "ranks.json").read_text())["ranks"]
-    except (OSError, ValueError, KeyError):
-        return []
-
-
-def zlaunch(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "zlaunch", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        **kwargs,
-    )
-
-
 def start(runs: Path, *argv: str) -> subprocess.Popen:
     # Console output to a file: the dumps are printed there too, and an unread pipe would
     # fill up and stall the controller.
@@ -105,7 +78,7 @@ def test_stacks_of_a_local_job_show_who_is_stuck_and_leave_it_running(tmp_path):
     job = start(runs, STUCK, "--stuck-rank", "1", "--chatter")
     try:
         rows = wait_for(
-            lambda: (r := ranks_rows(runs)) and len(r) == 2 and all(x["stacks"] for x in r) and r,
+            lambda: (r := ranks_state(runs)) and len(r) == 2 and all(x["stacks"] for x in r) and r,
             60,
             "both ranks ready for stack dumps",
         )
@@ -144,7 +117,7 @@ def test_stacks_refuses_when_no_rank_listens_and_signals_nobody(tmp_path):
     job = start(runs, str(script))
     try:
         rows = wait_for(
-            lambda: (r := ranks_rows(runs)) and all(x["state"] == "running" for x in r) and r,
+            lambda: (r := ranks_state(runs)) and all(x["state"] == "running" for x in r) and r,
             30,
             "both ranks running",
         )

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from zlaunch import protocol
+from zlaunch.console_writer import BackgroundWriter, TextWriter
 
 __all__ = ["Console", "color_enabled", "print_table", "rank_ranges"]
 
@@ -55,6 +56,13 @@ def color_enabled(stream: IO[Any], requested: bool | None) -> bool:
         return False
 
 
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 class Console:
     """Writes rank output and controller notes. Use from one thread only."""
 
@@ -66,12 +74,35 @@ class Console:
         out: IO[bytes] | None = None,
         err: IO[str] | None = None,
     ):
-        self.out = out if out is not None else sys.stdout.buffer
-        self.err = err if err is not None else sys.stderr
+        self._writers: list[BackgroundWriter] = []
+        self.out = out if out is not None else self._unblocking_bytes(sys.stdout.buffer)
+        self.err = err if err is not None else self._unblocking_text(sys.stderr)
         self.color = color_enabled(self.out, color)
         self.err_color = color_enabled(self.err, color)
         self.ranks = ranks
         self._prefixes: dict[tuple[str, int, str], bytes] = {}
+
+    # A pipe or file is written from a thread of its own (zlaunch.console_writer), so that a
+    # reader that stops reading never blocks the controller; a terminal is written directly.
+    def _unblocking_bytes(self, stream: IO[bytes]) -> Any:
+        if _isatty(stream):
+            return stream
+        writer = BackgroundWriter(stream)
+        self._writers.append(writer)
+        return writer
+
+    def _unblocking_text(self, stream: IO[str]) -> Any:
+        buffer = getattr(stream, "buffer", None)
+        if _isatty(stream) or buffer is None:
+            return stream
+        writer = BackgroundWriter(buffer)
+        self._writers.append(writer)
+        return TextWriter(writer, getattr(stream, "encoding", None) or "utf-8")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write out what is queued (at the end of the job: the report must be complete)."""
+        for writer in self._writers:
+            writer.close(timeout)
 
     def _prefix(self, host: str, rank: int, stream: str) -> bytes:
         key = (host, rank, stream)
@@ -98,6 +129,8 @@ class Console:
             self.out.write(data)
             self.out.flush()
         except BrokenPipeError:  # `zlaunch ... | head`: stop showing, keep the job's logs
+            self.ranks = frozenset()
+        if getattr(self.out, "broken", False):  # the same, seen by a background writer
             self.ranks = frozenset()
 
     def note(self, text: str, *, error: bool = False) -> None:

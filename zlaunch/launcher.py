@@ -659,8 +659,16 @@ def launch(options: LaunchOptions) -> int:
     Raises WorkerFailed (the failing rank's code), Interrupted (130/143), HostUnreachable or
     LaunchError (1) otherwise, after everything it started is stopped.
     """
+    console = Console(color=options.color, ranks=options.ranks_filter)
+    try:
+        return _launch_attempts(options, console)
+    finally:
+        console.close()  # everything queued for the console is written before the exit
+
+
+def _launch_attempts(options: LaunchOptions, console: Console) -> int:
     # --- checkpoints: --max-restarts restarts every rank after a failure, same run dir ---
-    job = Job(options)
+    job = Job(options, console)
     restarts_left = options.max_restarts
     while True:
         job.restarts_left = restarts_left

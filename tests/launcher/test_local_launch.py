@@ -285,3 +285,44 @@ def test_a_restart_is_never_recorded_as_the_run_s_end(tmp_path):
     assert ("failed", True) not in seen and not any(ended for _, ended in seen[:-1]), seen
     run_dir = runs / os.readlink(runs / "latest")
     assert (run_dir / "attempt-0").is_dir() and (run_dir / "attempt-1").is_dir()
+
+
+def test_a_console_nobody_reads_does_not_delay_fail_fast(tmp_path):
+    """`zlaunch ... | less` left on its first page: the pipe fills up, yet a rank's failure
+    still stops every rank at once (the console is written from a thread of its own); zlaunch
+    itself exits once its reader has taken the rest."""
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    argv = [
+        sys.executable, "-m", "zlaunch", "--log-dir", str(runs), "--num-gpus", "2",
+        FAKE, "--record-dir", str(records), "--lines", "40000",
+        "--exit", "3", "--only-rank", "1", "--delay", "1", "--others", "hang",
+    ]  # fmt: skip
+    with open(tmp_path / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)  # not read for now
+    try:
+        wait_until = time.monotonic() + 60
+        while not (runs / "latest" / "ranks.json").exists() and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        run_id = os.readlink(runs / "latest")
+        # rank 0 prints 40000 lines and would hang forever: only fail-fast can end it
+        gone = seconds_until(lambda: job_started(runs) and not job_pids(run_id), 60)
+        assert gone is not None, "ranks still running: the blocked console held up the stop"
+        out, _ = proc.communicate(timeout=60)  # now read: zlaunch writes the rest and exits
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, (tmp_path / "stderr.txt").read_text()
+    assert out.count(b"\n") >= 40000  # the console got everything in the end
+    # every line of rank 0 is in its log (stdout and stderr interleaved as they arrived)
+    log = (runs / run_id / "attempt-0" / "localhost" / "rank-0.log").read_text().splitlines()
+    assert sorted(log) == sorted(fake_worker.line(0, seq) for seq in range(40000))
+
+
+def job_started(runs: Path) -> bool:
+    """Both ranks were started (ranks.json lists their pids)."""
+    try:
+        rows = json.loads((runs / "latest" / "ranks.json").read_text())["ranks"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return len(rows) == 2 and all(r["pid"] for r in rows)

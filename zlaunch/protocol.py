@@ -78,7 +78,7 @@ STDOUT, STDERR = "o", "e"
 # `zlaunch stacks`: sent to the controller, which forwards it to every rank whose runtime
 # registered a stack dump on it (runtime/stacks.py). A real-time signal: no script or cluster
 # tool uses it for something else, as they do SIGUSR1/2.
-STACKS_SIGNAL = signal.SIGRTMIN + 3
+STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
 

@@ -460,7 +460,7 @@ class Job:
             state.exit_code = EXIT_LOST_AGENT
             state.lost = True
             self.exit_steps[state.rank] = self.last_step  # per-rank state
-            self.view.rank_exited(state.rank, state.host, EXIT_LOST_AGENT)
+            self.view.rank_lost(state.rank, state.host)
         if lost:
             self._record_ranks()
         if lost and self.stop_started is None:

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import IO, Any
 
-from zlaunch.console import Console
+from zlaunch.console import Console, rank_ranges
 
 __all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
 
@@ -111,6 +111,8 @@ class JobView:
         self.expected: dict[str, int] = {}
         self.alive: dict[int, str] = {}
         self.exits: dict[int, int] = {}
+        self.lost: set[int] = set()
+        """Ranks whose host's agent connection broke: how they ended is unknown."""
         self.latest: dict[str, Any] | None = None
         self.latest_at: float | None = None
         self.user: dict[str, Any] = {}
@@ -128,6 +130,10 @@ class JobView:
     def rank_exited(self, rank: int, host: str, code: int) -> None:
         self.alive.pop(rank, None)
         self.exits[rank] = code
+
+    def rank_lost(self, rank: int, host: str) -> None:
+        self.alive.pop(rank, None)
+        self.lost.add(rank)
 
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         if event.get("source") == "user":
@@ -268,6 +274,10 @@ class LiveView(JobView):
         super().rank_exited(rank, host, code)
         self._redraw()
 
+    def rank_lost(self, rank: int, host: str) -> None:
+        super().rank_lost(rank, host)
+        self._redraw()
+
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         super().metrics(rank, host, event)
         self._redraw()
@@ -375,7 +385,9 @@ class LiveView(JobView):
             hosts.append("  ")
         failed = sorted(r for r, c in self.exits.items() if c != 0)
         if failed:
-            hosts.append(f"failed ranks: {','.join(map(str, failed))}", style="bold red")
+            hosts.append(f"failed ranks: {rank_ranges(failed)}  ", style="bold red")
+        if self.lost:
+            hosts.append(f"lost ranks: {rank_ranges(self.lost)}", style="bold red")
         parts.append(hosts)
         return Panel(
             Group(*parts),

@@ -213,8 +213,13 @@ def test_stacks_name_the_one_stuck_rank_among_six_on_three_hosts(cluster, procs,
             zlaunch("stacks", "--log-dir", str(runs)), capture_output=True, text=True, timeout=60
         )
         assert out.returncode == 0, out.stdout + out.stderr
-        waiting = "ranks 0-2,4-5 (node1, node2, node3):"
-        return out.stdout if waiting in out.stdout and "rank 3 (node2):" in out.stdout else None
+        text = out.stdout
+        waiting, alone = "ranks 0-2,4-5 (node1, node2, node3):", "rank 3 (node2):"
+        if waiting not in text or alone not in text:
+            return None
+        # both groups settled: the five in backward, rank 3 in its "data loader"
+        settled = " in backward" in text[text.index(waiting) : text.index(alone)]
+        return text if settled and " in wait_for_data" in text[text.index(alone) :] else None
 
     started = time.monotonic()
     text = wait_for(two_groups, 90, "ranks 0-2,4-5 waiting on rank 3", job)

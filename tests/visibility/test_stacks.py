@@ -93,9 +93,14 @@ def test_stacks_of_a_local_job_show_who_is_stuck_and_leave_it_running(tmp_path):
                 return None
             return text, text[at0:at1] if at0 < at1 else text[at0:], text[at1:]
 
-        # Rank 0 still runs its first forward for a moment; ask until it waits in backward.
+        # The ranks still start up for a moment; ask until rank 0 waits in backward for
+        # rank 1, which sits in wait_for_data.
         text, rank0, rank1 = wait_for(
-            lambda: (t := sections()) and " in backward" in t[1] and t, 60, "rank 0 in backward"
+            lambda: (
+                (t := sections()) and " in backward" in t[1] and " in wait_for_data" in t[2] and t
+            ),
+            60,
+            "rank 0 in backward, rank 1 in wait_for_data",
         )
         assert "2 rank(s), 2 distinct stacks" in text, text
         assert " in backward" in rank0 and "wait_for_data" not in rank0, text

@@ -61,12 +61,14 @@ def unavailable_reason() -> str | None:
 
 def ipv6_unavailable_reason() -> str | None:
     """Why the cluster's nodes get no IPv6 addresses here, or None when they do."""
-    try:
-        with open("/proc/sys/net/ipv6/conf/all/disable_ipv6") as f:
-            disabled = f.read().strip() != "0"
-    except OSError:
-        return "this kernel has no IPv6"
-    return "IPv6 is disabled on this machine (net.ipv6.conf.all.disable_ipv6)" if disabled else None
+    for key in ("all", "default"):
+        try:
+            with open(f"/proc/sys/net/ipv6/conf/{key}/disable_ipv6") as f:
+                if f.read().strip() != "0":
+                    return f"IPv6 is disabled on this machine (net.ipv6.conf.{key}.disable_ipv6)"
+        except OSError:
+            return "this kernel has no IPv6"
+    return None
 
 
 def _which(tool: str) -> str:
@@ -170,7 +172,7 @@ class Cluster:
     def address6(self, host: str) -> str:
         """The host's IPv6 address (sshd listens there too); ClusterError without IPv6."""
         if not self.ipv6:
-            raise ClusterError(ipv6_unavailable_reason() or "this cluster has no IPv6")
+            raise ClusterError(ipv6_unavailable_reason() or "IPv6 addresses were refused here")
         return self._addresses6[self._check(host)]
 
     def namespace(self, host: str) -> str:
@@ -296,9 +298,6 @@ class Cluster:
         prefix_len = self.subnet.prefixlen
         netns.ip("link", "add", self.bridge, "type", "bridge")
         netns.ip("addr", "add", f"{self.controller_address}/{prefix_len}", "dev", self.bridge)
-        if self.ipv6:
-            ctrl6 = f"{self.controller_address6}/64"
-            netns.ip("addr", "add", ctrl6, "dev", self.bridge, "nodad")
         netns.ip("link", "set", self.bridge, "up")
         for k, host in enumerate(self.hosts, start=1):
             ns, veth = self._netns[host], veth_name(self.prefix, k)
@@ -310,13 +309,29 @@ class Cluster:
                 f"link set {INTERFACE} up\n"
                 "link set lo up\n"
             )
-            if self.ipv6:
-                batch += f"addr add {self._addresses6[host]}/64 dev {INTERFACE} nodad\n"
             out = subprocess.run(
                 [netns.IP, "-n", ns, "-batch", "-"], input=batch, capture_output=True, text=True
             )
             if out.returncode != 0:
                 raise ClusterError(f"configuring {ns} failed: {out.stderr.strip()}")
+        if self.ipv6:
+            self._add_ipv6()
+
+    def _add_ipv6(self) -> None:
+        """IPv6 beside IPv4, optional: where the kernel refuses (IPv6 disabled on the bridge or
+        in the namespaces), the cluster runs IPv4 only and `ipv6` says so."""
+        commands = [
+            [netns.IP, "addr", "add", f"{self.controller_address6}/64", "dev", self.bridge, "nodad"]
+        ]
+        for host in self.hosts:
+            commands.append(
+                [netns.IP, "-n", self._netns[host], "addr", "add",
+                 f"{self._addresses6[host]}/64", "dev", INTERFACE, "nodad"]
+            )  # fmt: skip
+        for argv in commands:
+            if subprocess.run(argv, capture_output=True, text=True).returncode != 0:
+                self.ipv6 = False
+                return
 
     def _write_files(self) -> None:
         d = self.state_dir

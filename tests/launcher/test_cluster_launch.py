@@ -114,7 +114,7 @@ def test_this_machine_and_ssh_hosts_in_one_job(cluster, jobs, tmp_path, local_fi
 
 def test_bracketed_ipv6_hosts_launch_over_ssh_and_rendezvous_on_ipv6(cluster, jobs, tmp_path):
     if not cluster.ipv6:
-        pytest.skip(ipv6_unavailable_reason() or "no IPv6")
+        pytest.skip(ipv6_unavailable_reason() or "IPv6 addresses were refused on this machine")
     hostfile = tmp_path / "ipv6-hosts"
     hostfile.write_text("".join(f"[{cluster.address6(h)}] slots={SLOTS}\n" for h in cluster.hosts))
     job = launch(jobs, cluster, tmp_path, ["--allreduce"], hostfile=str(hostfile))

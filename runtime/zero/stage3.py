@@ -33,7 +33,6 @@ import math
 import torch
 
 from ..comm import Communicator, Handle
-from .param_offload import ShardStore
 from .partition import FlatLayout
 from .stage3_units import Unit, UnitState
 
@@ -67,7 +66,6 @@ class Stage3Coordinator:
         module: torch.nn.Module,
         units: list[Unit],
         layout: FlatLayout,
-        store: ShardStore,
         comm: Communicator,
         zero,
         grad_dtype: torch.dtype,
@@ -76,7 +74,6 @@ class Stage3Coordinator:
         self.module = module
         self.units = units
         self.layout = layout
-        self.store = store
         self.comm = comm
         self.prefetch_numel = int(zero.stage3_prefetch_bucket_size)
         self.max_live = int(zero.stage3_max_live_parameters)
@@ -139,7 +136,7 @@ class Stage3Coordinator:
     def _gather(self, u: Unit) -> None:
         if u.state is UnitState.RELEASED:
             self._make_room(u.numel)
-            u.start_gather(u.store or self.store, self.comm)
+            u.start_gather(self.comm)
             self._by_storage[u.full.untyped_storage().data_ptr()] = u
             self.live_numel += u.numel
             self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
@@ -418,7 +415,7 @@ class Stage3Coordinator:
             if u.persistent:
                 lo, hi = u.group.shard_range(self.comm.rank)
                 own = u.full[lo:hi]
-                self.store.load_into(u.group, own)
+                u.store.load_into(u.group, own)
                 self.comm.all_gather(u.full, own)
             elif u.users == 0:
                 self._release(u)
@@ -433,10 +430,10 @@ class Stage3Coordinator:
         if modifier_rank is not None:
             self.comm.broadcast(u.full, src=modifier_rank)
             lo, hi = u.group.shard_range(self.comm.rank)
-            (u.store or self.store).write_from(u.group, u.full[lo:hi])
+            u.store.write_from(u.group, u.full[lo:hi])
             opt = self.optimizer
             if opt is not None and not opt.masters_are_views and not u.frozen:
-                opt.master[u.index].copy_(self.store.shard(u.group))
+                opt.master[u.index].copy_(u.store.shard(u.group))
         u.users -= 1
         if u.users == 0 and not self._in_backward:
             self._release(u)

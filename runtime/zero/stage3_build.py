@@ -40,11 +40,11 @@ def _fill_unit(u: Unit, comm: Communicator) -> None:
         comm.broadcast(u.full, src=0)
 
 
-def _partition_unit(u: Unit, store: ShardStore, comm: Communicator) -> None:
-    """Fill the unit, keep this rank's shard in ``store`` and release the full values."""
+def _partition_unit(u: Unit, comm: Communicator) -> None:
+    """Fill the unit, keep this rank's shard in its store and release the full values."""
     _fill_unit(u, comm)
     lo, hi = u.group.shard_range(comm.rank)
-    store.write_from(u.group, u.full[lo:hi])
+    u.store.write_from(u.group, u.full[lo:hi])
     for p in u.params:
         shape = param_shape(p)
         p.ds_shape = shape
@@ -98,29 +98,28 @@ def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
     )
     units = []
     for group, (unit_params, persistent) in zip(layout.groups, plan, strict=True):
-        u = Unit(group, unit_params, persistent, dtype, device)
-        _partition_unit(u, store, comm)
+        u = Unit(group, unit_params, persistent, store)
+        _partition_unit(u, comm)
         units.append(u)
     # Frozen parameters (LoRA's base model, ...) are partitioned too, each unit with a store
     # of its own in the parameters' dtype; they take the indices after the trained units.
     trained = {id(p) for p in params}
     threshold = int(zero.stage3_param_persistence_threshold)
     for group, unit_params in plan_frozen_units(module, trained, comm.world_size, threshold):
-        frozen_dtype = unit_params[0].dtype
-        u = Unit(group, unit_params, False, frozen_dtype, device)
-        u.index = len(units)
-        u.store = ShardStore(
+        own_store = ShardStore(
             FlatLayout((group,), comm.world_size),
             comm.rank,
-            frozen_dtype,
+            unit_params[0].dtype,
             device,
             offload=zero.offload_param.enabled,
             pin_memory=zero.offload_param.pin_memory,
         )
-        _partition_unit(u, u.store, comm)
+        u = Unit(group, unit_params, False, own_store)
+        u.index = len(units)
+        _partition_unit(u, comm)
         units.append(u)
     _unpartition_leftovers(module)
-    coordinator = Stage3Coordinator(module, units, layout, store, comm, zero, dtype, device)
+    coordinator = Stage3Coordinator(module, units, layout, comm, zero, dtype, device)
     engine.optimizer = Stage3Optimizer(
         layout=layout,
         params=store,

@@ -66,11 +66,13 @@ class Unit:
         group: FlatGroup,
         params: Sequence[torch.nn.Parameter],
         persistent: bool,
-        dtype: torch.dtype,
-        device: torch.device,
+        store: ShardStore,
     ):
+        dtype, device = store.data.dtype, store.compute_device
         self.index = group.index
         self.group = group
+        self.store = store
+        """Where this rank's shard lives: the shared store, or a frozen unit's own."""
         self.params = list(params)
         self.persistent = persistent
         self.numel = group.padded_numel
@@ -92,8 +94,6 @@ class Unit:
         self.bwd_hold = False
         """Fetched for backward and still needed by it (never released to make room)."""
         self.coordinator = None
-        self.store: ShardStore | None = None
-        """Where a frozen unit's shard lives (its own store); None = the coordinator's."""
 
     @property
     def frozen(self) -> bool:
@@ -101,7 +101,7 @@ class Unit:
         return self.expected_grads == 0
 
     # ------------------------------------------------------------------ gather / release
-    def start_gather(self, store: ShardStore, comm: Communicator) -> None:
+    def start_gather(self, comm: Communicator) -> None:
         """Launch the all-gather of this unit (asynchronously) if it is released."""
         if self.state is not UnitState.RELEASED:
             return
@@ -110,7 +110,7 @@ class Unit:
             storage.resize_(self._nbytes)
         lo, hi = self.group.shard_range(comm.rank)
         own = self.full[lo:hi]
-        store.load_into(self.group, own)
+        self.store.load_into(self.group, own)
         self.handle = comm.all_gather(self.full, own, async_op=True)
         self.state = UnitState.INFLIGHT
 
@@ -160,8 +160,8 @@ class Unit:
         lo, hi = self.group.shard_range(rank)
         a, b = max(lo, slot.offset), min(hi, slot.end)
         if a < b:
-            store = self.store if self.store is not None else self.coordinator.store
-            store.shard(self.group)[a - lo : b - lo].copy_(flat[a - slot.offset : b - slot.offset])
+            shard = self.store.shard(self.group)
+            shard[a - lo : b - lo].copy_(flat[a - slot.offset : b - slot.offset])
         if self.gathered:
             self.views[i].copy_(value.reshape(slot.shape))
 
@@ -184,9 +184,7 @@ def plan_units(
     persistent. A parameter shared by several modules (tied weights) belongs to the first.
     """
     pg_of = {id(p): i for i, params in enumerate(param_groups) for p in params}
-    names = {}
-    for name, p in module.named_parameters():
-        names.setdefault(id(p), name)
+    names = _first_names(module)
     assigned: set[int] = set()
     units: list[tuple[int, bool, list[torch.nn.Parameter]]] = []
     persistent: dict[int, list[torch.nn.Parameter]] = {}
@@ -211,9 +209,7 @@ def plan_units(
         )
     groups, start = [], 0
     for i, (pg, _, params) in enumerate(units):
-        specs = [ParamSpec(names[id(p)], param_shape(p), pg) for p in params]
-        total = sum(s.numel for s in specs)
-        (g,) = plan_layout(specs, world_size, max(total, 1), align=_ALIGN).groups
+        g = _one_group(params, names, world_size, pg)
         g = dataclasses.replace(g, index=i, start=start)
         groups.append(g)
         start += g.padded_numel
@@ -235,9 +231,7 @@ def plan_frozen_units(
     that are not floating point (quantized weights) and those in ``trained`` (ids of the
     optimizer's parameters) are left out: they stay whole.
     """
-    names = {}
-    for name, p in module.named_parameters():
-        names.setdefault(id(p), name)
+    names = _first_names(module)
     seen: set[int] = set()
     out = []
     for m in module.modules():
@@ -248,9 +242,23 @@ def plan_frozen_units(
             seen.add(id(p))
             if p.is_floating_point() and param_numel(p) > persistence_threshold:
                 by_dtype.setdefault(p.dtype, []).append(p)
-        for params in by_dtype.values():
-            specs = [ParamSpec(names[id(p)], param_shape(p)) for p in params]
-            total = sum(s.numel for s in specs)
-            (g,) = plan_layout(specs, world_size, max(total, 1), align=_ALIGN).groups
-            out.append((g, params))
+        out.extend((_one_group(ps, names, world_size), ps) for ps in by_dtype.values())
     return out
+
+
+def _first_names(module: torch.nn.Module) -> dict[int, str]:
+    """Parameter id -> its first name in the module (a tied weight has several)."""
+    names: dict[int, str] = {}
+    for name, p in module.named_parameters():
+        names.setdefault(id(p), name)
+    return names
+
+
+def _one_group(
+    params: Sequence[torch.nn.Parameter], names: dict[int, str], world_size: int, pg: int = 0
+) -> FlatGroup:
+    """``params`` laid out as one group (a unit), padded to split evenly across the ranks."""
+    specs = [ParamSpec(names[id(p)], param_shape(p), pg) for p in params]
+    total = sum(s.numel for s in specs)
+    (g,) = plan_layout(specs, world_size, max(total, 1), align=_ALIGN).groups
+    return g

@@ -22,7 +22,7 @@ from typing import IO, Any
 from zlaunch import protocol
 from zlaunch.console_writer import BackgroundWriter, TextWriter
 
-__all__ = ["Console", "color_enabled", "print_table", "rank_ranges"]
+__all__ = ["Console", "color_enabled", "is_terminal", "print_table", "rank_ranges"]
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -50,13 +50,11 @@ def color_enabled(stream: IO[Any], requested: bool | None) -> bool:
         return requested
     if os.environ.get("NO_COLOR"):
         return False
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
+    return is_terminal(stream)
 
 
-def _isatty(stream: Any) -> bool:
+def is_terminal(stream: Any) -> bool:
+    """The stream is a terminal (False for anything without a working ``isatty``)."""
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
@@ -85,7 +83,7 @@ class Console:
     # A pipe or file is written from a thread of its own (zlaunch.console_writer), so that a
     # reader that stops reading never blocks the controller; a terminal is written directly.
     def _unblocking_bytes(self, stream: IO[bytes]) -> Any:
-        if _isatty(stream):
+        if is_terminal(stream):
             return stream
         writer = BackgroundWriter(stream)
         self._writers.append(writer)
@@ -93,7 +91,7 @@ class Console:
 
     def _unblocking_text(self, stream: IO[str]) -> Any:
         buffer = getattr(stream, "buffer", None)
-        if _isatty(stream) or buffer is None:
+        if is_terminal(stream) or buffer is None:
             return stream
         writer = BackgroundWriter(buffer)
         self._writers.append(writer)

@@ -61,9 +61,9 @@ class RankState:
     exit_code: int | None = None
     signal: int | None = None
     lost: bool = False
+    """Its agent's connection was lost: how it ended is unknown (it was killed there)."""
     stacks: bool = False
     """Its runtime dumps stacks on protocol.STACKS_SIGNAL (`zlaunch stacks`)."""
-    """Its agent's connection was lost: how it ended is unknown (it was killed there)."""
 
     @property
     def exited(self) -> bool:
@@ -483,10 +483,10 @@ class Job:
             ),
             error=True,
         )
+        sig = int(protocol.STACKS_SIGNAL)
         for index, link in enumerate(self.links):
             ranks = [s.rank for s in ready if s.node == index]
             if link is not None and ranks and not self.agent_done[index]:
-                sig = int(protocol.STACKS_SIGNAL)
                 link.write(protocol.encode({"t": protocol.SIGNAL, "sig": sig, "ranks": ranks}))
 
     def _forward_save_signal(self, signum: int) -> None:

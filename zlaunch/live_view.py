@@ -26,7 +26,7 @@ import sys
 import time
 from typing import IO, Any
 
-from zlaunch.console import Console, rank_ranges
+from zlaunch.console import Console, is_terminal, rank_ranges
 
 __all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
 
@@ -231,7 +231,7 @@ class LiveView(JobView):
         self.last_panel = 0.0
         self.saved = (console.out, console.err)
         console.out = _BytesOut(self)
-        if _isatty(console.err):  # notes to a redirected stderr stay there, off the terminal
+        if is_terminal(console.err):  # notes to a redirected stderr stay there, off the terminal
             console.err = _TextOut(self)
         self.live = Live(
             self._panel(),
@@ -396,13 +396,6 @@ class LiveView(JobView):
             title_align="left",
             subtitle_align="right",
         )
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
 
 
 def live_wanted(console: Console) -> bool:

@@ -23,6 +23,7 @@ always use SUM; callers divide.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommStats", "Communicator", "Handle"]
+__all__ = ["CommStats", "Communicator", "Handle", "collectives_in_flight"]
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -66,12 +67,14 @@ class CommStats:
 class Handle:
     """An in-flight collective; `wait()` blocks and then runs the local post-processing."""
 
-    __slots__ = ("_work", "_then", "_done")
+    __slots__ = ("_work", "_then", "_done", "__weakref__")
 
     def __init__(self, work=None, then: Callable[[], None] | None = None):
         self._work = work
         self._then = then
         self._done = False
+        if work is not None:
+            _issued.add(self)
 
     def wait(self) -> None:
         if self._done:
@@ -81,6 +84,7 @@ class Handle:
         if self._then is not None:
             self._then()
         self._done = True
+        _issued.discard(self)
 
     @property
     def done(self) -> bool:
@@ -90,6 +94,15 @@ class Handle:
 
 _DONE = Handle()
 _DONE._done = True
+
+# Async collectives issued and not yet waited for, so that a process exiting on an exception
+# can tell whether leaving the process group would wait for peers (runtime.group_teardown).
+_issued: weakref.WeakSet[Handle] = weakref.WeakSet()
+
+
+def collectives_in_flight() -> int:
+    """How many async collectives this process issued that have not completed."""
+    return sum(1 for h in list(_issued) if not h.done)
 
 
 class _Works:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import group_teardown
+
 __all__ = ["DistEnv", "DistInitError", "init_distributed", "shutdown_distributed"]
 
 
@@ -29,8 +31,9 @@ class DistEnv:
     world_size: int
     device: torch.device
     backend: str
-    group: object
-    """The data-parallel process group (explicit; pass it to runtime.comm.Communicator)."""
+    group: object = None
+    """The data-parallel process group for runtime.comm.Communicator; None is the default
+    (world) group, deliberately not held as an object: see runtime.group_teardown."""
 
 
 def _env_int(name: str, default: int | None = None) -> int | None:
@@ -53,6 +56,7 @@ def init_distributed(
     backend = "nccl" if use_cuda else "gloo"
     local_rank = _env_int("LOCAL_RANK", 0)
     if not dist.is_initialized():
+        group_teardown.import_before_init()
         if dist_init_required is False:
             raise DistInitError(
                 "dist_init_required=False but torch.distributed is not initialised; call "
@@ -79,6 +83,7 @@ def init_distributed(
                     "script with zlaunch, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
                 )
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    group_teardown.tear_down_at_exit()
     backend = str(dist.get_backend()).lower()
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
@@ -91,7 +96,6 @@ def init_distributed(
         world_size=dist.get_world_size(),
         device=device,
         backend=backend,
-        group=dist.group.WORLD,
     )
 
 

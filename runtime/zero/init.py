@@ -159,7 +159,7 @@ class Init:
                 from ..dist_env import init_distributed
 
                 init_distributed()
-            self._comm = Communicator(self._group or dist.group.WORLD)
+            self._comm = Communicator(self._group)
         return self._comm
 
     def partition_module(self, module: torch.nn.Module) -> None:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_ranks", "RankFailed"]
+__all__ = ["run_ranks", "RankFailed", "free_port"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ class RankFailed(RuntimeError):
     pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -42,7 +42,7 @@ def run_ranks(
     with tempfile.TemporaryDirectory(prefix="zl-mp-") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "args.pkl").write_bytes(pickle.dumps(kwargs or {}))
-        port = _free_port()
+        port = free_port()
         procs = []
         for rank in range(world_size):
             env = dict(os.environ)

@@ -399,7 +399,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
 
 
 def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
-    """One rank of one framework: train ``spec.steps`` steps and write the measurements."""
+    """One rank of one framework: train ``spec.steps`` steps, write the measurements, exit."""
     from bench_utils import (
         CollectiveCounter,
         current_rss_bytes,
@@ -500,7 +500,12 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
             record["save_s"], record["load_s"] = timings
     out.write_text(json.dumps(record))
     dist.barrier()
-    dist.destroy_process_group()
+    # Leave without interpreter teardown: the record is written, and a gloo group that some
+    # framework object still holds can abort the process at interpreter exit (SIGABRT), which
+    # would fail a run that measured everything (runtime/group_teardown.py explains why).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _profile_step(adapter, inputs, targets, directory: Path, framework: str, rank: int) -> None:

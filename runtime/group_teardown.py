@@ -37,7 +37,7 @@ _registered = False
 
 # Worker threads of the gloo backend, by the name torch gives them.
 _BACKEND_THREAD_NAMES = ("pt_gloo_runloop",)
-_IDLE_POLLS = 3
+_IDLE_POLLS = 5  # 10 ms without a runnable backend thread
 _IDLE_WAIT_LIMIT_S = 0.5
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_ranks", "RankFailed", "free_port"]
+__all__ = ["run_ranks", "RankFailed", "free_port", "rank_env"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """This process's environment plus what a launcher gives rank ``rank`` of a local job."""
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+    )
+    env.pop("ZLAUNCH_CONFIG", None)
+    return env
+
+
 def run_ranks(
     world_size: int, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 180
 ) -> list[Any]:
@@ -45,22 +62,10 @@ def run_ranks(
         port = free_port()
         procs = []
         for rank in range(world_size):
-            env = dict(os.environ)
-            env.update(
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(world_size),
-                LOCAL_WORLD_SIZE=str(world_size),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
-            )
-            env.pop("ZLAUNCH_CONFIG", None)
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-u", __file__, target, str(tmpdir)],
-                    env=env,
+                    env=rank_env(rank, world_size, port),
                     cwd=str(REPO),
                     stdout=(tmpdir / f"rank-{rank}.log").open("w"),
                     stderr=subprocess.STDOUT,

@@ -7,7 +7,6 @@ The deterministic check: after the runtime's atexit teardown no gloo worker thre
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.mp_utils import free_port
+from tests.runtime.mp_utils import REPO, free_port, rank_env
 
 pytestmark = pytest.mark.multirank
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("exit_worker.py")
 
 
@@ -27,20 +25,10 @@ def start_ranks(*args: str, world_size: int = 2) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world_size):
-        env = dict(os.environ)
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
-        )
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(WORKER), *args],
-                env=env,
+                env=rank_env(rank, world_size, port),
                 cwd=str(REPO),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

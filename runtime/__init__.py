@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["initialize", "Engine"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "Engine"]
 
 
 def initialize(
@@ -31,8 +31,10 @@ def initialize(
     by the script (an object, or a callable building one) replace the config's. The process
     group is initialised from the environment when it is not already.
     """
+    import warnings
+
     from . import stacks
-    from .config import ConfigError, load_config
+    from .config import ConfigError, ConfigWarning, load_config
     from .dist_env import init_distributed
     from .engine import Engine
 
@@ -41,6 +43,14 @@ def initialize(
     if model is None:
         raise ValueError("initialize() needs model=")
     args_config = getattr(args, "deepspeed_config", None) if args is not None else None
+    old_config = getattr(args, "deepscale_config", None) if args is not None else None
+    if old_config is not None:  # DeepSpeed's deprecated spelling
+        if args_config is not None:
+            raise ConfigError(
+                f"args.deepscale_config ({old_config}) and args.deepspeed_config ({args_config}) "
+                "are both set; pass only --deepspeed_config"
+            )
+        args_config = old_config
     if config is not None and args_config is not None:
         raise ConfigError(
             f"a config was given twice: config= and args.deepspeed_config ({args_config}); "
@@ -54,8 +64,11 @@ def initialize(
             "no config: pass config= (a dict or a path), set args.deepspeed_config, or start "
             "the script with zlaunch --config FILE (which sets ZLAUNCH_CONFIG)"
         )
-    loaded = source if hasattr(source, "resolve") else load_config(source)
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", ConfigWarning)
+        loaded = source if hasattr(source, "resolve") else load_config(source)
     env = init_distributed(dist_init_required)
+    _show_config_notes(notes, source, env.rank)
     resolved = loaded.resolve(env.world_size, _hidden_size(model))
     engine = Engine(
         module=model,
@@ -72,6 +85,95 @@ def initialize(
 
     attach(engine)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _show_config_notes(notes: list, source: Any, rank: int) -> None:
+    """Config notes ("auto" with nothing to resolve it, ...) once, from rank 0, and not at all
+    when zlaunch validated this very file before launch and showed them already."""
+    import logging
+    import warnings
+
+    from .config import ConfigWarning
+
+    for note in notes:
+        if not issubclass(note.category, ConfigWarning):
+            warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
+    launched = os.environ.get("ZLAUNCH_CONFIG")
+    shown = (
+        launched is not None
+        and isinstance(source, (str, os.PathLike))
+        and os.path.realpath(source) == os.path.realpath(launched)
+    )
+    if rank != 0 or shown:
+        return
+    for note in notes:
+        if issubclass(note.category, ConfigWarning):
+            logging.getLogger("runtime.config").warning("%s", note.message)
+
+
+def init_distributed(
+    dist_backend: str | None = None,
+    auto_mpi_discovery: bool = True,  # noqa: ARG001 - DeepSpeed's signature; zlaunch sets env
+    distributed_port: int | None = None,  # noqa: ARG001 - MASTER_PORT comes from the launcher
+    verbose: bool = True,  # noqa: ARG001
+    timeout: Any = None,
+    init_method: str | None = None,
+    dist_init_required: bool | None = None,
+    config: Any = None,  # noqa: ARG001
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
+    """Create the process group from the launcher's environment, as
+    ``deepspeed.init_distributed()`` does; nothing happens when it already exists.
+
+    The backend is NCCL with CUDA and gloo without; asking for another one is an error (not a
+    silent substitution). Rank, world size and address come from the environment zlaunch (or
+    torchrun, or DeepSpeed's launcher) sets; explicit ``rank``/``world_size``/``init_method``
+    are refused for the same reason. ``timeout`` is a ``datetime.timedelta`` or seconds.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from .dist_env import init_distributed as init
+
+    if dist.is_initialized():
+        return
+    expected = "nccl" if torch.cuda.is_available() else "gloo"
+    if dist_backend is not None and str(dist_backend).lower() != expected:
+        raise ValueError(
+            f"dist_backend={dist_backend!r}: this runtime uses {expected!r} on this machine; "
+            "leave dist_backend out"
+        )
+    if init_method is not None or rank != -1 or world_size != -1:
+        raise ValueError(
+            "init_method, rank and world_size come from the launcher's environment (RANK, "
+            "WORLD_SIZE, MASTER_ADDR, MASTER_PORT); leave them out"
+        )
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+    init(dist_init_required, seconds)
+
+
+def add_config_arguments(parser: Any) -> Any:
+    """Add DeepSpeed's command-line arguments to an argparse parser and return it:
+    ``--deepspeed`` (a flag for the script), ``--deepspeed_config FILE`` (read by
+    `initialize` from ``args``), and the deprecated ``--deepscale`` / ``--deepscale_config``."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (a flag for the script; no effect on the runtime)",
+    )
+    group.add_argument(
+        "--deepspeed_config", default=None, type=str, help="DeepSpeed JSON/YAML config file."
+    )
+    group.add_argument(
+        "--deepscale", default=False, action="store_true", help="Deprecated: use --deepspeed"
+    )
+    group.add_argument(
+        "--deepscale_config", default=None, type=str, help="Deprecated: use --deepspeed_config"
+    )
+    return parser
 
 
 def _hidden_size(model: Any) -> int | None:
@@ -98,8 +200,8 @@ def __getattr__(name: str):
         from .engine import Engine
 
         return Engine
-    if name == "zero":  # runtime.zero.Init / GatheredParameters, as deepspeed.zero
-        import importlib
+    if name in ("zero", "dist"):  # runtime.zero.Init, as deepspeed.zero; runtime.dist, as
+        import importlib  # deepspeed.comm
 
-        return importlib.import_module(".zero", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -2,8 +2,10 @@
 
 Users bring DeepSpeed configs, so the keys, defaults and the batch-size rules are DeepSpeed's
 (see REFERENCE.md). Where DeepSpeed is lax we are strict and say how to fix it: unknown keys
-inside a known block are errors that suggest the nearest valid key, duplicate keys are errors,
-and both fp16 and bf16 enabled is an error. Unknown top-level keys only warn.
+anywhere (top level included) are errors that suggest the nearest valid key, duplicate keys
+are errors, and both fp16 and bf16 enabled is an error. DeepSpeed blocks for features this
+runtime does not implement are accepted while disabled and refused when enabled
+(runtime.config_features).
 
 This module must stay importable without torch: the launcher validates a config before it
 contacts any host, and `zlaunch estimate` runs on machines without torch.
@@ -73,7 +75,8 @@ class ConfigError(ValueError):
 
 
 class ConfigWarning(UserWarning):
-    """A config key that is ignored: unknown at the top level, or not implemented."""
+    """A config setting that has no effect here ("auto" with nothing to resolve it, offload at
+    a stage that cannot use it)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,14 +84,21 @@ class ConfigWarning(UserWarning):
 
 
 def _describe(value: Any) -> str:
+    """A value as the config spells it, short enough for one line of an error message."""
     if isinstance(value, str):
-        return repr(value)
+        return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, default=str)[:60]
+    if isinstance(value, int) and value.bit_length() > 128:
+        # str() of a huge int is slow, and refused beyond 4300 digits.
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (dict, list, tuple)):
+        try:
+            return json.dumps(value, default=_describe)[:60]
+        except (ValueError, TypeError, RecursionError):  # circular, or a huge int inside
+            return f"a {type(value).__name__}"
     return str(value)
 
 
@@ -110,14 +120,17 @@ def _int(key: str, value: Any, minimum: int | None = 0, *, auto: bool = False) -
             raise ConfigError(f"must be an integer{extra}, got {_describe(value)}", key)
         value = int(value)
     if minimum is not None and value < minimum:
-        raise ConfigError(f"must be >= {minimum}, got {value}", key)
+        raise ConfigError(f"must be >= {minimum}, got {_describe(value)}", key)
     return value
 
 
 def _float(key: str, value: Any, minimum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"must be a number, got {_describe(value)}", key)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float range
+        raise ConfigError(f"must be a finite number, got {_describe(value)}", key) from None
     if not math.isfinite(value):
         raise ConfigError(f"must be a finite number, got {value}", key)
     if minimum is not None and value < minimum:
@@ -188,9 +201,13 @@ class BF16Config:
 
     enabled: bool = False
     """Train with bf16 parameters/gradients and fp32 master weights."""
+    check_grad_overflow: bool = True
+    """Skip (and count) an optimizer step whose gradients hold inf or nan, as DeepSpeed's
+    default does; false applies such a step (the weights become inf/nan)."""
 
     def __post_init__(self) -> None:
         _check(self, "enabled", _bool)
+        _check(self, "check_grad_overflow", _bool)
 
 
 @dataclass(frozen=True)
@@ -204,10 +221,8 @@ class OptimizerConfig:
     """Keyword arguments of the optimizer (lr, betas, eps, weight_decay, ...)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.type, str) or not self.type.strip():
-            raise ConfigError(
-                f'must be an optimizer name such as "AdamW", got {_describe(self.type)}', "type"
-            )
+        from .optimizer_names import check_optimizer
+
         if not isinstance(self.params, Mapping):
             raise ConfigError(f"must be a mapping, got {_describe(self.params)}", "params")
         if "max_grad_norm" in self.params:
@@ -216,6 +231,7 @@ class OptimizerConfig:
                 '"gradient_clipping" key instead',
                 "params.max_grad_norm",
             )
+        check_optimizer(self.type, self.params)
         object.__setattr__(self, "params", dict(self.params))
 
 
@@ -270,7 +286,7 @@ _SCHEDULER_INT_PARAMS = {
     "warmup_num_steps": 1,
     "total_num_steps": 1,
     "cycle_first_step_size": 1,
-    "cycle_second_step_size": 1,
+    "cycle_second_step_size": 0,  # 0: the lr only rises, then decays (DeepSpeed accepts it)
     "cycle_first_stair_count": 0,
     "cycle_second_stair_count": 0,
     "decay_step_size": 0,
@@ -278,8 +294,16 @@ _SCHEDULER_INT_PARAMS = {
     "last_batch_iteration": -1,
 }
 _SCHEDULER_BOOL_PARAMS = ("cycle_momentum", "lr_range_test_staircase")
-# Learning rates may be one number or one per parameter group.
-_SCHEDULER_LR_PARAMS = ("warmup_min_lr", "warmup_max_lr", "cycle_min_lr", "cycle_max_lr")
+# Learning rates and momenta may be one number or one per parameter group.
+_SCHEDULER_PER_GROUP_PARAMS = (
+    "warmup_min_lr",
+    "warmup_max_lr",
+    "cycle_min_lr",
+    "cycle_max_lr",
+    "cycle_min_mom",
+    "cycle_max_mom",
+    "lr_range_test_min_lr",
+)
 
 
 @dataclass(frozen=True)
@@ -293,7 +317,7 @@ class SchedulerConfig:
     SCHEDULER_PARAMS."""
 
     def __post_init__(self) -> None:
-        if self.type not in SCHEDULER_PARAMS:
+        if not isinstance(self.type, str) or self.type not in SCHEDULER_PARAMS:
             names = ", ".join(SCHEDULER_PARAMS)
             hint = _suggest(self.type, SCHEDULER_PARAMS) if isinstance(self.type, str) else ""
             for name in SCHEDULER_PARAMS:
@@ -325,7 +349,7 @@ class SchedulerConfig:
                 params[name] = _bool(key, value)
             elif name == "warmup_type":
                 params[name] = _choice(key, value, ("log", "linear"))
-            elif name in _SCHEDULER_LR_PARAMS and isinstance(value, (list, tuple)):
+            elif name in _SCHEDULER_PER_GROUP_PARAMS and isinstance(value, (list, tuple)):
                 params[name] = [_float(f"{key}[{i}]", v, 0.0) for i, v in enumerate(value)]
             else:
                 params[name] = _float(key, value)
@@ -621,9 +645,10 @@ def load_config(
 ) -> Config:
     """Read and validate a config from a mapping or a .json/.yaml/.yml file.
 
-    `origin` names the config in messages (default: the path as given). Raises ConfigError;
-    warns (ConfigWarning, one line each) about ignored top-level keys and options that are
-    accepted but not implemented. "auto" values are kept; `Config.resolve` fills them.
+    `origin` names the config in messages (default: the path as given). Raises ConfigError
+    (unknown keys, bad values, features turned on that this runtime does not implement); warns
+    (ConfigWarning, one line each) about settings that have no effect here. "auto" values are
+    kept; `Config.resolve` fills them.
     """
     from .config_load import read_config  # DeepSpeed's key tables and the file readers
 

@@ -16,8 +16,10 @@ rank owns, clips on the global norm, steps, and all-gathers the parameters back.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -97,6 +99,10 @@ class Engine(torch.nn.Module):
         self.skipped_steps = 0
         self._backward_calls = 0
         self._reduced_since_step = False
+        # --- DeepSpeed's accumulation controls (no_sync, set_gradient_accumulation_boundary) ---
+        self._step_applied = False
+        self._boundary_override: bool | None = None
+        self._in_no_sync = False
 
         dtype = self.precision.param_dtype
         module.to(device=self.device, dtype=dtype if self.precision.mixed else None)
@@ -292,7 +298,9 @@ class Engine(torch.nn.Module):
         Returns the loss divided by the accumulation steps, as DeepSpeed does.
         """
         gas = self.gradient_accumulation_steps()
-        if self._reduced_since_step or self._backward_calls >= gas:
+        # Under no_sync or a boundary the script sets, the script counts micro-batches itself.
+        counted = not self._in_no_sync and self._boundary_override is None
+        if self._reduced_since_step or (counted and self._backward_calls >= gas):
             raise AccumulationError(
                 f"engine.backward() was called {self._backward_calls + 1} times without "
                 f"engine.step() (gradient_accumulation_steps={gas}). Call engine.step() after "
@@ -305,8 +313,8 @@ class Engine(torch.nn.Module):
                 "(not `if engine.global_steps % accum == 0: engine.step()`)."
             )
         self.step_metrics.on_backward(loss)  # step metrics: this rank's loss
-        boundary = self.is_gradient_accumulation_boundary()
-        self._backward_calls += 1
+        boundary = self.is_gradient_accumulation_boundary() and not self._in_no_sync
+        self._backward_calls += counted
         self._reduced_since_step = boundary
         scaled = loss / gas if scale_wrt_gas else loss
         # Gradients are summed over ranks, so fold the 1/world_size of the mean in here.
@@ -318,15 +326,26 @@ class Engine(torch.nn.Module):
         return scaled
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether this micro-batch ends an accumulation: counted from the micro-steps, or as
+        set by `set_gradient_accumulation_boundary`."""
+        if self._boundary_override is not None:
+            return self._boundary_override
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def step(self) -> None:
         """Call after every backward; applies the update at the accumulation boundary."""
+        if self._in_no_sync:
+            raise AccumulationError(
+                "engine.step() was called inside engine.no_sync(); leave the no_sync block "
+                "first (its backward passes only accumulate gradients locally)"
+            )
         self._backward_calls = 0
         self._reduced_since_step = False
+        self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             outcome = self.optimizer.step()
             self.precision.update(outcome.skipped, step=self.global_steps, rank=self.global_rank)
+            self._step_applied = not outcome.skipped
             if outcome.skipped:
                 self.skipped_steps += 1
             elif self.lr_scheduler is not None:
@@ -339,6 +358,62 @@ class Engine(torch.nn.Module):
         self.micro_steps += 1
         if self.save_on_signal is not None:
             self.save_on_signal.at_boundary(self)  # checkpoint on signal (runtime/checkpoint)
+
+    # --- DeepSpeed's accumulation controls ---
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients on this rank (no collective); the
+        next backward outside reduces everything accumulated. As in DeepSpeed: stages 0-1 only
+        (stages 2-3 reduce every micro-batch to partition gradients), not re-entrant, and
+        step() inside raises."""
+        if self.zero_stage >= 2:
+            raise AccumulationError(
+                f"engine.no_sync() cannot be used at ZeRO stage {self.zero_stage}: stages 2 and 3 "
+                "reduce gradients every micro-batch to partition them; use stage 0 or 1, or "
+                "gradient_accumulation_steps"
+            )
+        if self._in_no_sync:
+            raise AccumulationError("engine.no_sync() is already active; it cannot be nested")
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Take over the accumulation boundary (DeepSpeed's API): backward passes while it is
+        false only accumulate; the one after setting it true reduces, and step() then
+        updates. Call it before each forward/backward."""
+        if not isinstance(is_boundary, bool):
+            raise TypeError(f"is_boundary must be True or False, got {is_boundary!r}")
+        self._boundary_override = is_boundary
+
+    def was_step_applied(self) -> bool:
+        """Whether the last step() updated the parameters (false between accumulation
+        boundaries and for a skipped non-finite step)."""
+        return self._step_applied
+
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """Change the global batch size by changing gradient_accumulation_steps (the micro
+        batch stays); it must be a multiple of micro batch * world size."""
+        per_step = self.train_micro_batch_size_per_gpu() * self.world_size
+        if (
+            isinstance(train_batch_size, bool)
+            or not isinstance(train_batch_size, int)
+            or train_batch_size < 1
+            or train_batch_size % per_step
+        ):
+            raise ValueError(
+                f"train_batch_size {train_batch_size!r} must be a positive multiple of "
+                f"train_micro_batch_size_per_gpu * world size = {per_step}"
+            )
+        self.config = dataclasses.replace(
+            self.config,
+            train_batch_size=train_batch_size,
+            gradient_accumulation_steps=train_batch_size // per_step,
+        )
+
+    # --- end accumulation controls ---
 
     # --- step metrics API (runtime/metrics.py) ---
     def log_metrics(self, values: dict, step: int | None = None) -> None:
@@ -366,6 +441,12 @@ class Engine(torch.nn.Module):
 
     def get_lr(self) -> list[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def get_mom(self) -> list:
+        """Per group, the momentum as DeepSpeed reports it: ``betas`` for Adam-like
+        optimizers, ``momentum`` for SGD/RMSprop, 0.0 where the group has neither."""
+        key = "betas" if "betas" in self.optimizer.param_groups[0] else "momentum"
+        return [g.get(key, 0.0) for g in self.optimizer.param_groups]
 
     def get_global_grad_norm(self) -> float | None:
         """Norm of the last step's gradients over all ranks, before clipping."""

@@ -293,6 +293,18 @@ class OneCycle(_IterationScheduler):
             if cycle_second_step_size is not None
             else self.first_step_size
         )
+        # DeepSpeed's bounds: a negative size would run the lr below cycle_min_lr (negative).
+        # A second size of 0 is a cycle that only rises.
+        if not self.first_step_size > 0:
+            raise ConfigError(
+                f"must be positive, got {cycle_first_step_size}",
+                "scheduler.params.cycle_first_step_size",
+            )
+        if not self.second_step_size >= 0:
+            raise ConfigError(
+                f"must be >= 0, got {cycle_second_step_size}",
+                "scheduler.params.cycle_second_step_size",
+            )
         self.total_size = self.first_step_size + self.second_step_size
         self.step_ratio = self.first_step_size / self.total_size
         self.first_stair_count = int(cycle_first_stair_count)
@@ -312,8 +324,8 @@ class OneCycle(_IterationScheduler):
                 "OneCycle: cycle_momentum is off because %s has no betas", type(opt).__name__
             )
             self.cycle_momentum = False
-        self.min_mom = float(cycle_min_mom)
-        self.max_mom = float(cycle_max_mom)
+        self.min_moms = _per_group(opt, cycle_min_mom, "cycle_min_mom")
+        self.max_moms = _per_group(opt, cycle_max_mom, "cycle_max_mom")
         self.decay_mom_rate = float(decay_mom_rate)
         self.skip_mom_decay = math.isclose(decay_step_size, 0) or math.isclose(decay_mom_rate, 0)
         super().__init__(opt, last_batch_iteration)
@@ -350,22 +362,26 @@ class OneCycle(_IterationScheduler):
         interval = (iteration - self.total_size + 1) / self.decay_step_size
         return [lo / (1 + self.decay_lr_rate * interval) for lo in self.min_lrs]
 
-    def momentum_at(self, iteration: int) -> float:
-        """beta1 at `iteration` (min momentum before the first step, as DeepSpeed sets it)."""
+    def momentum_at(self, iteration: int) -> list[float]:
+        """beta1 of each group at `iteration` (min momentum before the first step, as
+        DeepSpeed sets it)."""
         if iteration < 0:
-            return self.min_mom
+            return list(self.min_moms)
         if iteration < self.total_size:
-            return self.max_mom - (self.max_mom - self.min_mom) * self._scale_factor(iteration)
+            scale = self._scale_factor(iteration)
+            return [
+                hi - (hi - lo) * scale for lo, hi in zip(self.min_moms, self.max_moms, strict=True)
+            ]
         if self.skip_mom_decay:
-            return self.max_mom
+            return list(self.max_moms)
         interval = (iteration - self.total_size + 1) / self.decay_step_size
-        return self.max_mom * (1 + self.decay_mom_rate * interval)
+        return [hi * (1 + self.decay_mom_rate * interval) for hi in self.max_moms]
 
     def _apply(self, lrs: Sequence[float]) -> None:
         super()._apply(lrs)
         if self.cycle_momentum:
-            beta1 = self.momentum_at(self.last_batch_iteration)
-            for group in self.optimizer.param_groups:
+            moms = self.momentum_at(self.last_batch_iteration)
+            for group, beta1 in zip(self.optimizer.param_groups, moms, strict=True):
                 group["betas"] = (beta1, *tuple(group["betas"])[1:])
 
 
@@ -384,6 +400,15 @@ class LRRangeTest(_IterationScheduler):
     ):
         opt = _torch_optimizer(optimizer)
         self.min_lrs = _per_group(opt, lr_range_test_min_lr, "lr_range_test_min_lr")
+        if (
+            isinstance(lr_range_test_step_size, bool)
+            or not isinstance(lr_range_test_step_size, int)
+            or lr_range_test_step_size <= 0
+        ):
+            raise ConfigError(
+                f"must be a positive integer, got {lr_range_test_step_size!r}",
+                "scheduler.params.lr_range_test_step_size",
+            )
         self.step_size = int(lr_range_test_step_size)
         self.step_rate = float(lr_range_test_step_rate)
         self.staircase = bool(lr_range_test_staircase)

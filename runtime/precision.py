@@ -4,6 +4,11 @@ fp16 trains 16-bit parameters and gradients against fp32 master weights with a l
 (dynamic or static, runtime.loss_scaler); bf16 the same without scaling; fp32 uses the
 parameters themselves as master weights. Whether the step overflowed and the global gradient
 norm are decided together by ONE all-reduce of ``[sum of squares, non-finite flag]``.
+
+A step whose gradients hold inf or nan is skipped (and counted) at every precision and ZeRO
+stage, so the weights never silently become non-finite. DeepSpeed does the same for fp16, for
+bf16 (unless ``bf16.check_grad_overflow`` is false) and for fp32 at stages 1-3; at fp32 stage 0
+it applies the step. Only ``bf16.check_grad_overflow: false`` applies such a step here.
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ _DTYPES = {
 class Precision:
     """The precision policy of one engine."""
 
-    def __init__(self, mode: PrecisionMode, fp16_config=None):
+    def __init__(self, mode: PrecisionMode, fp16_config=None, *, check_overflow: bool = True):
         self.mode = mode
         self.param_dtype = _DTYPES[mode]
+        self.check_overflow = check_overflow or mode is PrecisionMode.FP16
+        """Skip steps with non-finite gradients (always under fp16: the loss scale needs it)."""
         self.scaler = None
         if mode is PrecisionMode.FP16:
             from .loss_scaler import build_loss_scaler
@@ -49,7 +56,9 @@ class Precision:
 
     @classmethod
     def from_config(cls, config) -> Precision:
-        return cls(PrecisionMode(config.precision), config.fp16)
+        mode = PrecisionMode(config.precision)
+        check = config.bf16.check_grad_overflow if mode is PrecisionMode.BF16 else True
+        return cls(mode, config.fp16, check_overflow=check)
 
     @property
     def mixed(self) -> bool:
@@ -58,7 +67,8 @@ class Precision:
 
     @property
     def skips_on_overflow(self) -> bool:
-        return self.mode is PrecisionMode.FP16
+        """A step with non-finite gradients is skipped instead of applied."""
+        return self.check_overflow
 
     @property
     def loss_scale(self) -> float:
@@ -67,6 +77,12 @@ class Precision:
     def update(self, overflow: bool, *, step: int, rank: int) -> None:
         """Feed the step's overflow to the scaler; rank 0 logs one line on overflow."""
         if self.scaler is None:
+            if overflow and rank == 0:
+                log.warning(
+                    "step %d: %s gradients are not finite (inf or nan): skipping step",
+                    step,
+                    self.mode.value,
+                )
             return
         before = self.loss_scale
         self.scaler.update(overflow)

@@ -385,19 +385,18 @@ def test_yaml_file_duplicates_and_exponent_numbers(tmp_path):
 
 def test_yaml_merge_keys_are_not_duplicates(tmp_path):
     path = tmp_path / "ds.yaml"
-    path.write_text("base: &base\n  enabled: false\ntensorboard:\n  <<: *base\n  enabled: true\n")
+    path.write_text("fp16: &base\n  enabled: false\ntensorboard:\n  <<: *base\n  enabled: true\n")
     config, notes = warnings_of(path)
-    assert config.tensorboard.enabled is True
-    assert notes == ["ds.json: unknown top-level key 'base' is ignored"]
+    assert config.tensorboard.enabled is True and notes == []
 
 
 def test_file_errors(tmp_path):
     missing = tmp_path / "nope.json"
     assert error_of(missing, origin=None) == f"{missing}: no such file; check the path"
     bad = tmp_path / "bad.json"
-    bad.write_text('{"train_batch_size": 8,}')
+    bad.write_text('{"train_batch_size": 8,\n "fp16": {"enabled": true}} extra')
     message = error_of(bad, origin=None)
-    assert message.startswith(f"{bad}: invalid JSON at line 1 column 24")
+    assert message.startswith(f"{bad}: invalid JSON at line 2 column 29")
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("a: [1, 2\n")
     assert error_of(bad_yaml, origin=None).startswith(f"{bad_yaml}: invalid YAML at line 2")
@@ -408,18 +407,18 @@ def test_file_errors(tmp_path):
     )
 
 
-# --- warnings -------------------------------------------------------------------------------
+# --- unknown keys and features this runtime does not implement --------------------------------
 
 
-def test_unknown_top_level_key_warns_with_suggestion():
-    config, notes = warnings_of({"train_micro_batch_size_per_gpu": 2, "gradient_clipping_": 0.5})
-    assert notes == [
-        "ds.json: unknown top-level key 'gradient_clipping_' is ignored; "
+def test_unknown_top_level_key_is_an_error_with_suggestion():
+    message = error_of({"train_micro_batch_size_per_gpu": 2, "gradient_clipings": 0.5})
+    assert message == (
+        "ds.json: gradient_clipings is not a DeepSpeed config key; "
         "did you mean 'gradient_clipping'?"
-    ]
-    assert config.gradient_clipping == 1.0
-    _, notes = warnings_of({"my_own_key": 1})
-    assert notes == ["ds.json: unknown top-level key 'my_own_key' is ignored"]
+    )
+    assert error_of({"my_own_key": 1}) == (
+        "ds.json: my_own_key is not a DeepSpeed config key; remove it"
+    )
 
 
 def test_common_harmless_keys_are_silent():
@@ -430,10 +429,19 @@ def test_common_harmless_keys_are_silent():
         "prescale_gradients": False,
         "gradient_predivide_factor": 1.0,
         "communication_data_type": None,
-        "activation_checkpointing": {"partition_activations": False},
-        "flops_profiler": {"enabled": True},
-        "checkpoint": {"tag_validation": "Warn"},
-        "data_types": {"grad_accum_dtype": "fp32"},
+        "activation_checkpointing": {"partition_activations": False, "number_checkpoints": None},
+        "flops_profiler": {"enabled": False, "profile_step": 1},
+        "comms_logger": {"enabled": False},
+        "csv_monitor": {"enabled": False},
+        "wandb": {"enabled": False, "project": "x"},
+        "autotuning": {"enabled": False},
+        "checkpoint": {"tag_validation": "Warn", "load_universal": False},
+        "compile": {"deepcompile": False},
+        "pipeline": {"stages": "auto"},
+        "elasticity": {"enabled": False},
+        "data_efficiency": {"enabled": False, "data_sampling": {"enabled": False}},
+        "nebula": {"enabled": False},
+        "data_types": {"grad_accum_dtype": "fp16"},
         "seq_parallel_size": 1,
         "steps_per_print": 100,
         "fp16": {"enabled": True, "auto_cast": False},
@@ -441,6 +449,8 @@ def test_common_harmless_keys_are_silent():
             "stage": 2,
             "load_from_fp32_weights": True,
             "round_robin_gradients": True,
+            "zero_quantized_gradients": False,
+            "zero_hpz_partition_size": 1,
         },
     }
     config, notes = warnings_of(source)
@@ -448,28 +458,69 @@ def test_common_harmless_keys_are_silent():
     assert config.steps_per_print == 100
 
 
-def test_unimplemented_semantics_warn():
-    source = {
-        "prescale_gradients": True,
-        "gradient_predivide_factor": 2.0,
-        "communication_data_type": "fp16",
-        "seq_parallel_size": 2,
-        "amp": {"enabled": True},
-        "fp16": {"auto_cast": True},
-        "zero_optimization": {"stage": 3, "zero_quantized_gradients": True},
-    }
-    _, notes = warnings_of(source)
-    assert notes == [
-        "ds.json: prescale_gradients = true is not implemented by this runtime; it is ignored",
-        "ds.json: gradient_predivide_factor = 2.0 is not implemented by this runtime; it is ignored",
-        "ds.json: communication_data_type = 'fp16' is not implemented by this runtime; it is ignored",
-        "ds.json: seq_parallel_size = 2 is not implemented by this runtime; it is ignored",
-        "ds.json: amp is enabled but not implemented by this runtime; it is ignored",
-        "ds.json: fp16.auto_cast = true is not implemented by this runtime; it is ignored",
-        "ds.json: zero_optimization.zero_quantized_gradients = true is not implemented by this "
-        "runtime; it is ignored",
-    ]
-    assert all("\n" not in note for note in notes)
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ({"prescale_gradients": True}, "prescale_gradients = true is not supported"),
+        ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor = 2.0 is not supported"),
+        ({"communication_data_type": "fp16"}, "communication_data_type = 'fp16' is not supp"),
+        ({"seq_parallel_size": 2}, "seq_parallel_size = 2 is not supported"),
+        ({"amp": {"enabled": True}}, "amp is enabled but not supported"),
+        ({"fp16": {"auto_cast": True}}, "fp16.auto_cast = true is not supported"),
+        ({"wall_clock_breakdown": True}, "wall_clock_breakdown = true is not supported"),
+        ({"flops_profiler": {"enabled": True}}, "flops_profiler is enabled but not supported"),
+        ({"comms_logger": {"enabled": True}}, "comms_logger is enabled but not supported"),
+        ({"csv_monitor": {"enabled": True}}, "csv_monitor is enabled but not supported"),
+        ({"wandb": {"enabled": True}}, "wandb is enabled but not supported"),
+        ({"comet": {"enabled": True}}, "comet is enabled but not supported"),
+        ({"autotuning": {"enabled": True}}, "autotuning is enabled but not supported"),
+        ({"nebula": {"enabled": True}}, "nebula is enabled but not supported"),
+        ({"elasticity": {"enabled": True}}, "elasticity is enabled but not supported"),
+        (
+            {"data_efficiency": {"data_routing": {"random_ltd": {"enabled": True}}}},
+            "data_efficiency is enabled but not supported",
+        ),
+        (
+            {
+                "compression_training": {
+                    "weight_quantization": {"shared_parameters": {"enabled": True}}
+                }
+            },
+            "compression_training is enabled but not supported",
+        ),
+        (
+            {"activation_checkpointing": {"partition_activations": True}},
+            "activation_checkpointing partition_activations = true is not supported",
+        ),
+        (
+            {"checkpoint": {"load_universal": True}},
+            "checkpoint load_universal = true is not supported",
+        ),
+        (
+            {"checkpoint": {"use_node_local_storage": True}},
+            "checkpoint use_node_local_storage = true is not supported",
+        ),
+        ({"compile": {"deepcompile": True}}, "compile deepcompile = true is not supported"),
+        ({"pipeline": {"stages": 2}}, "pipeline stages = 2 is not supported"),
+        (
+            {"zero_optimization": {"stage": 3, "zero_quantized_gradients": True}},
+            "zero_optimization.zero_quantized_gradients = true is not supported",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}},
+            "zero_optimization.zero_hpz_partition_size = 8 is not supported",
+        ),
+        (
+            {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}},
+            "data_types.grad_accum_dtype = 'fp32' is not supported by this runtime: gradients "
+            "accumulate in the training dtype (bf16)",
+        ),
+    ],
+)
+def test_enabled_features_that_are_not_implemented_are_refused(source, expected):
+    message = error_of(source)
+    assert message.startswith(f"ds.json: {expected}"), message
+    assert "not supported by this runtime" in message and "\n" not in message
 
 
 def test_offload_the_stage_cannot_use_is_dropped_with_a_warning():

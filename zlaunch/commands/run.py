@@ -61,8 +61,9 @@ def find_config_in_args(args: Sequence[str]) -> str | None:
 def validate_config(path: str, world_size: int) -> None:
     """Load the training config and resolve its batch sizes for `world_size`.
 
-    Raises zlaunch ConfigError (exit 2) naming the file; warnings from the loader (unknown
-    top-level keys) are shown as one `warning:` line each.
+    Raises zlaunch ConfigError (exit 2) naming the file, the key and the fix (unknown keys,
+    features turned on that the runtime does not implement); notes from the loader (settings
+    with no effect, such as an unresolvable "auto") are shown once, as one `warning:` line each.
     """
     if not os.path.exists(path):
         raise ConfigError(f"config file {path} not found", hint="check the --config path")

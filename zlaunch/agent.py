@@ -41,6 +41,9 @@ MAX_PENDING_OUTPUT = 32 * 1024 * 1024
 READ_SIZE = 256 * 1024
 # After every worker has exited, how long to wait for stray holders of the output pipes.
 DRAIN_AFTER_EXIT = 1.0
+# One structured event longer than this is dropped (reported as an "invalid" event): events
+# are small JSON objects, and a frame must stay below protocol.MAX_FRAME_BYTES.
+MAX_EVENT_BYTES = 1024 * 1024
 
 _PR_SET_PDEATHSIG = 1
 
@@ -108,7 +111,14 @@ class Worker:
             proc.stderr.fileno(): protocol.STDERR,
             events_fd: "events",
         }
-        self.splitters = {fd: protocol.LineSplitter() for fd in self.streams}
+        self.splitters = {
+            fd: protocol.LineSplitter(
+                MAX_EVENT_BYTES if stream == "events" else protocol.MAX_PIECE_BYTES
+            )
+            for fd, stream in self.streams.items()
+        }
+        self.dropping_event = 0
+        """Bytes of an over-long event dropped so far (its end has not arrived yet)."""
         self.pidfd: int | None = None
         self.returncode: int | None = None
 
@@ -143,7 +153,7 @@ class Agent:
         self.outbuf = bytearray()
         self.upstream_ok = True
         self.stdin_open = True
-        self.frames = protocol.FrameReader()
+        self.frames = protocol.FrameReader(on_bad=self._bad_frame)
         self.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT
         self.grace = 5.0
         self.last_heard = time.monotonic()
@@ -221,6 +231,7 @@ class Agent:
 
     def start_workers(self, spec: dict[str, Any]) -> None:
         self.spec_received = True
+        shared_env = spec.get("env") or {}
         self.grace = float(spec.get("grace", self.grace))
         self.heartbeat_timeout = float(spec.get("heartbeat_timeout", self.heartbeat_timeout))
         cwd = spec.get("cwd") or None
@@ -237,14 +248,14 @@ class Agent:
         for entry in spec["workers"]:
             if self.stopping:
                 break
-            self._spawn(entry, cwd, ifname_env)
+            self._spawn(entry, cwd, {**ifname_env, **shared_env})
         if not self.workers:
             self.stopping = True
 
-    def _spawn(self, entry: dict[str, Any], cwd: str | None, ifname_env: dict[str, str]) -> None:
+    def _spawn(self, entry: dict[str, Any], cwd: str | None, node_env: dict[str, str]) -> None:
         rank = int(entry["rank"])
         env = dict(os.environ)
-        env.update(ifname_env)
+        env.update(node_env)
         env.update(entry.get("env") or {})
         events_r, events_w = os.pipe()
         env["ZLAUNCH_EVENTS_FD"] = str(events_w)
@@ -262,7 +273,9 @@ class Agent:
                 start_new_session=True,
                 preexec_fn=lambda: _child_setup(agent_pid, ignored_signal),
             )
-        except OSError as err:
+        except (OSError, ValueError) as err:
+            # ValueError: a NUL byte in an argument or a variable. The controller refuses
+            # those at parse time; this keeps a bad spec from ending the agent.
             os.close(events_r)
             os.close(events_w)
             code = 126 if isinstance(err, PermissionError) else 127
@@ -307,17 +320,31 @@ class Agent:
             else:
                 lines = splitter.finish()
             if lines:
-                self._forward(worker, worker.streams[fd], lines)
+                self._forward(worker, worker.streams[fd], lines, splitter.partial)
             if not chunk:
                 self._close_pipe(fd)
                 return
             if not drain:
                 return
 
-    def _forward(self, worker: Worker, stream: str, lines: list[bytes]) -> None:
+    def _forward(self, worker: Worker, stream: str, lines: list[bytes], partial: bool) -> None:
+        """Send one read's lines; ``partial``: the last one has no newline (yet)."""
         if stream == "events":
             events = []
-            for raw in lines:
+            for index, raw in enumerate(lines):
+                unfinished = partial and index == len(lines) - 1
+                if unfinished or worker.dropping_event:
+                    worker.dropping_event += len(raw)
+                    if not unfinished:
+                        events.append(
+                            {
+                                "kind": "invalid",
+                                "text": f"event of {worker.dropping_event} bytes dropped "
+                                f"(limit {MAX_EVENT_BYTES})",
+                            }
+                        )
+                        worker.dropping_event = 0
+                    continue
                 if not raw.strip():
                     continue
                 try:
@@ -327,8 +354,15 @@ class Agent:
             if events:
                 self.send({"t": protocol.EVENT, "r": worker.rank, "e": events})
             return
-        text = [protocol.line_text(raw) for raw in lines]
-        self.send({"t": protocol.OUT, "r": worker.rank, "s": stream, "l": text})
+        frame = {
+            "t": protocol.OUT,
+            "r": worker.rank,
+            "s": stream,
+            "l": [protocol.line_text(raw) for raw in lines],
+        }
+        if partial:
+            frame["p"] = True
+        self.send(frame)
 
     def _close_pipe(self, fd: int) -> None:
         worker = self.fd_owner.pop(fd, None)
@@ -403,11 +437,15 @@ class Agent:
             self.stop(min(self.grace, UPSTREAM_LOST_GRACE), "controller closed the connection")
             return
         self.last_heard = time.monotonic()
-        try:
-            for frame in self.frames.feed(chunk):
-                self._handle(frame)
-        except protocol.ProtocolError as err:
-            self.send({"t": protocol.ERROR, "msg": str(err)})
+        for frame in self.frames.feed(chunk):
+            self._handle(frame)
+
+    def _bad_frame(self, err: protocol.ProtocolError) -> None:
+        """A frame from the controller that could not be read. Before the spec it can only
+        have been the spec: without it there is nothing to run, so give up at once."""
+        self.send({"t": protocol.ERROR, "msg": f"unreadable frame from the controller: {err}"})
+        if not self.spec_received and not self.stopping:
+            self.stop(0.0, "the spec could not be read")
 
     def _handle(self, frame: dict[str, Any]) -> None:
         kind = frame["t"]

@@ -108,8 +108,19 @@ def parse_env_text(text: str, *, origin: str = "<env>") -> dict[str, str]:
                 )
         else:
             value = _unquoted(rest)
+        _refuse_nul(value, f"{where}: the value of {key}")
         result[key] = value
     return result
+
+
+def _refuse_nul(value: str, what: str) -> None:
+    """A process environment cannot hold a NUL byte: the worker could never be started."""
+    if "\0" in value:
+        raise UsageError(
+            f"{what} holds a NUL byte (at character {value.index(chr(0))})",
+            hint="environment values cannot contain NUL bytes; remove it, or pass binary data "
+            "in a file",
+        )
 
 
 def _unquoted(rest: str) -> str:
@@ -187,6 +198,7 @@ def parse_env_options(items: Iterable[str], environ: Mapping[str, str]) -> dict[
                     hint=f"set it first, or give the value: --env {key}=VALUE",
                 )
             value = environ[key]
+        _refuse_nul(value, f"--env {key}: the value")
         result[key] = value
     return result
 

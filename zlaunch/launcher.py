@@ -37,6 +37,7 @@ from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
 from zlaunch.plan import Plan, build_plan
 from zlaunch.rundir import RunDir, RunStatus, new_run_id, plan_record
+from zlaunch.spec import encode_spec, node_spec
 from zlaunch.transport import Link, agent_argv, open_links
 
 __all__ = ["launch", "Job", "HEARTBEAT_INTERVAL", "HEARTBEAT_TIMEOUT"]
@@ -193,18 +194,19 @@ class Job:
         )
 
     def _read_agent(self, index: int, link: Link) -> None:
-        reader = protocol.FrameReader()
-        try:
-            while True:
-                chunk = link.read(1 << 18)
-                if not chunk:
-                    break
-                for frame in reader.feed(chunk):
-                    self.events.put(("frame", index, frame))
-            for frame in reader.finish():
+        # A frame that cannot be read is reported and skipped: the agent and its ranks are
+        # fine, and dropping them for one bad frame would stop the whole job.
+        reader = protocol.FrameReader(
+            on_bad=lambda err: self.events.put(("garbled", index, str(err)))
+        )
+        while True:
+            chunk = link.read(1 << 18)
+            if not chunk:
+                break
+            for frame in reader.feed(chunk):
                 self.events.put(("frame", index, frame))
-        except protocol.ProtocolError as err:
-            self.events.put(("garbled", index, str(err)))
+        for frame in reader.finish():
+            self.events.put(("frame", index, frame))
         self.events.put(("eof", index, None))
 
     def _await_hellos(self) -> None:
@@ -220,7 +222,9 @@ class Job:
                 continue
             if kind == "frame" and payload["t"] == protocol.HELLO:
                 self.hellos[index] = payload
-            elif kind in ("eof", "garbled"):
+            elif kind == "garbled":
+                self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
+            elif kind == "eof":
                 link = self.links[index]
                 tail = link.stderr_tail() if link else []
                 status = link.wait(1.0) if link else None
@@ -278,24 +282,20 @@ class Job:
         self.view.start(run_id, expected)
         self._record_ranks()
         # --- end live view ---
-        for index, node in enumerate(plan.nodes):
-            spec = {
-                "t": protocol.SPEC,
-                "cwd": node.cwd,
-                "master_addr": master_addr,
-                "grace": self.options.grace_period,
-                "heartbeat_timeout": HEARTBEAT_TIMEOUT,
-                "workers": [
-                    {
-                        "rank": w.rank,
-                        "local_rank": w.local_rank,
-                        "argv": list(w.argv),
-                        "env": dict(w.env),
-                    }
-                    for w in node.workers
-                ],
-            }
-            if not self.links[index].write(protocol.encode(spec)):
+        specs = [
+            encode_spec(
+                node_spec(
+                    node,
+                    master_addr=master_addr,
+                    grace=self.options.grace_period,
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                ),
+                node.host.display,
+            )
+            for node in plan.nodes
+        ]  # every spec is checked before any is sent: a job starts on all nodes or none
+        for index, spec in enumerate(specs):
+            if not self.links[index].write(spec):
                 self._agent_lost(index, "connection closed before the spec was sent")
 
     def _stream(self) -> None:
@@ -307,9 +307,9 @@ class Job:
             self.view.tick()  # live view: due line batches and panel refresh
             if kind == "frame":
                 self._on_frame(index, payload)
-            elif kind in ("eof", "garbled"):
-                if kind == "garbled":
-                    self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
+            elif kind == "garbled":
+                self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
+            elif kind == "eof":
                 if not self.agent_done[index]:
                     self._agent_lost(index, "connection to the agent lost")
             elif kind == "signal":
@@ -335,7 +335,9 @@ class Job:
             if state is None:
                 return
             lines = frame["l"]
-            state.log.write(b"".join(protocol.line_bytes(line) + b"\n" for line in lines))
+            data = b"\n".join(protocol.line_bytes(line) for line in lines)
+            # "p": the last line continues in the next frame; the log keeps the worker's bytes
+            state.log.write(data if frame.get("p") else data + b"\n")
             state.tail.extend(lines[-TAIL_LINES:])
             self.console.lines(state.host, state.rank, frame["s"], lines)
         elif kind == protocol.EVENT:

@@ -7,8 +7,10 @@ Agent -> controller
               ``addr`` is the server address of the SSH connection (how the other hosts reach
               this one; None for a local agent), ``client_addr`` the controller's address as this
               host sees it, ``port`` a TCP port that was free on ``addr`` (or 127.0.0.1).
-    out       {"t": "out", "r": rank, "s": "o"|"e", "l": [line, ...]}  complete lines, in order,
-              without their newline; one frame carries as many lines as one read returned.
+    out       {"t": "out", "r": rank, "s": "o"|"e", "l": [line, ...], "p"?: true}  lines in
+              order, without their newline; one frame carries what one read returned. With
+              ``"p"`` the last line had no newline yet: it is a piece of a longer line (cut
+              at MAX_PIECE_BYTES) or the unterminated end of the stream.
     started   {"t": "started", "r": rank, "pid": pid}
     exited    {"t": "exited", "r": rank, "pid": pid, "code": int|None, "signal": int|None}
     event     {"t": "event", "r": rank, "e": [object, ...]}  structured events from the worker
@@ -16,8 +18,9 @@ Agent -> controller
     bye       {"t": "bye"}                    every worker of this agent is gone; agent exits
 
 Controller -> agent
-    spec      {"t": "spec", "cwd", "workers": [{"rank", "local_rank", "argv", "env"}, ...],
-               "master_addr", "grace", "heartbeat_timeout"}
+    spec      {"t": "spec", "cwd", "env", "workers": [{"rank", "local_rank", "argv", "env"}, ...],
+               "master_addr", "grace", "heartbeat_timeout"}  ``env`` is what every worker of
+               the node shares (sent once); a worker's own ``env`` goes over it
     hb        {"t": "hb"}                     heartbeat; silence for ``heartbeat_timeout`` = lost
     stop      {"t": "stop", "grace": seconds} TERM every worker group, KILL after ``grace``
     signal    {"t": "signal", "sig": N, "ranks": [r, ...]?}  signal the worker processes
@@ -26,13 +29,19 @@ Controller -> agent
 Output bytes that are not valid UTF-8 survive the trip: lines are decoded with
 ``surrogateescape`` and JSON escapes the lone surrogates, so :func:`line_bytes` gives back the
 original bytes.
+
+No frame is longer than MAX_FRAME_BYTES: the agent cuts worker output into pieces small enough
+that even the worst JSON escaping (6 bytes per invalid byte) stays far below it, and the
+controller refuses a spec that would not fit before sending it. A reader that meets a longer
+or garbled frame drops it (and reports how long it was, never its bytes, which may hold
+secrets) and goes on with the next one.
 """
 
 from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
@@ -57,6 +66,8 @@ __all__ = [
     "decode",
     "FrameReader",
     "LineSplitter",
+    "MAX_FRAME_BYTES",
+    "MAX_PIECE_BYTES",
     "line_text",
     "line_bytes",
     "exit_code_of",
@@ -82,9 +93,12 @@ STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.S
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
 
-# A line longer than this without a newline is cut: the agent must not hold unbounded memory
-# for one line. Anything shorter is never broken.
-MAX_LINE_BYTES = 8 * 1024 * 1024
+# The longest frame a reader accepts; anything longer is dropped as a whole.
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+# Worker output without a newline is forwarded in pieces once this much has gathered. With one
+# read (256 KiB) on top and 6x escaping a frame stays under 2 MiB; the agent holds no more
+# than this per pipe, however long the line.
+MAX_PIECE_BYTES = 64 * 1024
 
 
 class ProtocolError(ValueError):
@@ -97,12 +111,13 @@ def encode(frame: dict[str, Any]) -> bytes:
 
 
 def decode(line: bytes | str) -> dict[str, Any]:
+    """One frame from one line. Errors give the length, never the bytes (a spec holds secrets)."""
     try:
         frame = json.loads(line)
-    except ValueError as err:
-        raise ProtocolError(f"not a JSON frame: {line[:200]!r}") from err
+    except (ValueError, RecursionError):
+        raise ProtocolError(f"not a JSON frame ({len(line)} bytes)") from None
     if not isinstance(frame, dict) or not isinstance(frame.get("t"), str):
-        raise ProtocolError(f"frame without a kind: {line[:200]!r}")
+        raise ProtocolError(f"frame without a kind ({len(line)} bytes)")
     return frame
 
 
@@ -116,43 +131,88 @@ def line_bytes(text: str) -> bytes:
 
 
 class LineSplitter:
-    """Cuts a byte stream into complete lines, keeping the unfinished tail for the next chunk."""
+    """Cuts a byte stream into lines, keeping the unfinished tail for the next chunk.
 
-    __slots__ = ("_tail",)
+    A tail longer than ``limit`` is handed out as it is, so memory stays bounded; ``partial``
+    then says that the last line returned has no newline (the next one continues it).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_tail", "_limit", "partial")
+
+    def __init__(self, limit: int = MAX_FRAME_BYTES) -> None:
         self._tail = b""
+        self._limit = limit
+        self.partial = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
         data = self._tail + chunk if self._tail else chunk
         lines = data.split(b"\n")
         self._tail = lines.pop()
-        if len(self._tail) > MAX_LINE_BYTES:
+        self.partial = len(self._tail) > self._limit
+        if self.partial:
             lines.append(self._tail)
             self._tail = b""
         return lines
 
     def finish(self) -> list[bytes]:
-        """At end of stream: the last line if it had no newline."""
+        """At end of stream: the last line if it had no newline (``partial`` then)."""
         tail, self._tail = self._tail, b""
+        self.partial = bool(tail)
         return [tail] if tail else []
 
 
 class FrameReader:
-    """Incremental decoder for a stream of frames (bytes in, frames out)."""
+    """Incremental decoder for a stream of frames (bytes in, frames out).
 
-    def __init__(self) -> None:
-        self._lines = LineSplitter()
+    A frame longer than ``limit`` or one that does not decode raises ProtocolError, or, with
+    ``on_bad``, is passed to it as a ProtocolError and skipped: one bad frame must not cost
+    the frames after it.
+    """
+
+    def __init__(
+        self,
+        on_bad: Callable[[ProtocolError], None] | None = None,
+        limit: int = MAX_FRAME_BYTES,
+    ) -> None:
+        self._lines = LineSplitter(limit)
+        self._limit = limit
+        self._on_bad = on_bad
+        self._skipped = 0  # bytes of an over-long frame dropped so far; its end is still due
 
     def feed(self, chunk: bytes) -> Iterator[dict[str, Any]]:
-        for line in self._lines.feed(chunk):
-            if line.strip():
-                yield decode(line)
+        return self._frames(self._lines.feed(chunk), end=False)
 
     def finish(self) -> Iterator[dict[str, Any]]:
-        for line in self._lines.finish():
-            if line.strip():
-                yield decode(line)
+        return self._frames(self._lines.finish(), end=True)
+
+    def _frames(self, lines: list[bytes], end: bool) -> Iterator[dict[str, Any]]:
+        cut = self._lines.partial and not end
+        for index, line in enumerate(lines):
+            unfinished = cut and index == len(lines) - 1
+            if unfinished or self._skipped:
+                self._skipped += len(line) + (0 if unfinished else 1)
+                if not unfinished:
+                    size, self._skipped = self._skipped, 0
+                    self._bad(ProtocolError(f"frame of {size} bytes dropped (limit {self._limit})"))
+                continue
+            if not line.strip():
+                continue
+            if len(line) > self._limit:
+                self._bad(
+                    ProtocolError(f"frame of {len(line)} bytes dropped (limit {self._limit})")
+                )
+                continue
+            try:
+                frame = decode(line)
+            except ProtocolError as err:
+                self._bad(err)
+                continue
+            yield frame
+
+    def _bad(self, err: ProtocolError) -> None:
+        if self._on_bad is None:
+            raise err
+        self._on_bad(err)
 
 
 def exit_code_of(code: int | None, signal: int | None) -> int:

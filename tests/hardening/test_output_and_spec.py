@@ -1,0 +1,129 @@
+"""Issue 13, items 1-3: output of any size and bytes, big environments and NUL bytes never
+end or hang a job. Each case runs the real ``zlaunch`` command on localhost."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.hardening.helpers import assert_usage_error, write_script, zlaunch
+from zlaunch import protocol
+from zlaunch.envfile import parse_env_options, parse_env_text
+from zlaunch.errors import UsageError
+
+# Bytes a worker writes without a single newline: every invalid UTF-8 byte costs 6 bytes of
+# JSON, so the old frames were ~6x this, far over the 8 MiB frame limit.
+HOSTILE_BYTES = 10 * 1024 * 1024
+
+BINARY_WORKER = """
+import os, random, sys
+rng = random.Random(int(os.environ["RANK"]))
+data = bytes(rng.randrange(0x80, 0x100) for _ in range(256 * 1024))
+out = sys.stdout.buffer
+sent = 0
+while sent < {size}:
+    out.write(data)
+    sent += len(data)
+out.write(b"\\rprogress 100%\\r")  # a tqdm bar ends without a newline too
+out.flush()
+print("after", file=sys.stderr)
+"""
+
+
+def _rank_log(runs: Path, rank: int) -> bytes:
+    run = runs / os.readlink(runs / "latest")
+    (log,) = (run / "attempt-0").glob(f"*/rank-{rank}.log")
+    return log.read_bytes()
+
+
+def test_output_without_newlines_of_any_bytes_reaches_the_log_and_the_job_succeeds(tmp_path):
+    script = write_script(tmp_path, "binary.py", BINARY_WORKER.format(size=HOSTILE_BYTES))
+    result = zlaunch(tmp_path, "--log-dir", "runs", "--num-gpus", "1", script)
+    assert result.returncode == 0, result.stderr.decode("utf-8", "replace")[-3000:]
+    rng = random.Random(0)
+    data = bytes(rng.randrange(0x80, 0x100) for _ in range(256 * 1024))
+    expected = data * (HOSTILE_BYTES // len(data)) + b"\rprogress 100%\r"
+    log = _rank_log(tmp_path / "runs", 0)
+    # stderr's line lands between two pieces of stdout's: only stdout's bytes are ordered
+    assert log.replace(b"after\n", b"", 1) == expected
+    assert b"after\n" in log
+
+
+def test_agent_output_frames_stay_far_below_the_limit_whatever_the_bytes():
+    # Worst case of one read: the piece limit plus a whole read, every byte escaped.
+    from zlaunch.agent import READ_SIZE
+
+    worst = bytes([0x80]) * (protocol.MAX_PIECE_BYTES + READ_SIZE)
+    frame = {"t": protocol.OUT, "r": 0, "s": "o", "l": [protocol.line_text(worst)], "p": True}
+    assert len(protocol.encode(frame)) < protocol.MAX_FRAME_BYTES // 2
+
+
+def test_a_frame_over_the_limit_is_dropped_alone_and_reported_without_its_bytes():
+    bad: list[str] = []
+    reader = protocol.FrameReader(on_bad=lambda err: bad.append(str(err)), limit=1000)
+    secret = "hunter2" * 400
+    data = (
+        protocol.encode({"t": "hb"})
+        + protocol.encode({"t": "spec", "env": {"X": secret}})
+        + b"{not json "
+        + secret.encode()
+        + b"\n"
+        + protocol.encode({"t": "bye"})
+    )
+    frames = []
+    for i in range(0, len(data), 333):
+        frames.extend(reader.feed(data[i : i + 333]))
+    frames.extend(reader.finish())
+    assert [f["t"] for f in frames] == ["hb", "bye"]
+    assert len(bad) == 2 and not any("hunter2" in b for b in bad)
+    assert "bytes dropped" in bad[0]
+
+
+def test_a_big_env_file_shared_by_many_slots_starts_the_job(tmp_path):
+    # 1 MiB shared by 12 workers: sent once per node, not once per worker (was 12 MiB: the
+    # agent could not read its spec and the job sat in "starting" forever).
+    # (Many names: Linux takes at most 128 KiB per variable.)
+    lines = "".join(f"BIG_{i}={'v' * 32 * 1024}\n" for i in range(32))
+    (tmp_path / ".zlaunch_env").write_text(lines)
+    script = write_script(
+        tmp_path, "env.py", "import os; assert len(os.environ['BIG_31']) == 1 << 15\n"
+    )
+    result = zlaunch(tmp_path, "--log-dir", "runs", "--num-gpus", "12", script, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+
+
+def test_a_spec_over_the_limit_fails_fast_naming_the_variable_not_its_value(tmp_path):
+    (tmp_path / ".zlaunch_env").write_text("HUGE=" + "s3cr3t" * (1_500_000) + "\nSMALL=1\n")
+    script = write_script(tmp_path, "ok.py", "pass\n")
+    result = zlaunch(tmp_path, "--log-dir", "runs", "--num-gpus", "1", script, timeout=60)
+    err = assert_usage_error(result, "HUGE", "MiB")
+    assert "s3cr3t" not in err and "s3cr3t" not in result.stdout.decode()
+    record = json.loads(next((tmp_path / "runs").glob("*/run.json")).read_text())
+    assert record["status"] == "failed" and record["exit_code"] == 2
+
+
+def test_a_nul_byte_in_an_env_file_is_refused_at_its_line(tmp_path):
+    (tmp_path / ".zlaunch_env").write_bytes(b"A=1\nB=x\x00y\n")
+    script = write_script(tmp_path, "ok.py", "pass\n")
+    result = zlaunch(tmp_path, "--log-dir", "runs", "--num-gpus", "1", script, timeout=60)
+    assert_usage_error(result, ".zlaunch_env:2", "B", "NUL")
+    assert not (tmp_path / "runs").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize(
+    "text", ['K="a\x00b"\n', "K='a\x00b'\n", "export K=a\x00\n", 'K="line\nsecond\x00"\n']
+)
+def test_nul_bytes_in_env_text_are_refused_in_every_quoting(text):
+    with pytest.raises(UsageError, match="NUL"):
+        parse_env_text(text, origin="f")
+
+
+def test_nul_bytes_in_env_options_are_refused():
+    with pytest.raises(UsageError, match="NUL"):
+        parse_env_options(["K=a\x00b"], {})
+    with pytest.raises(UsageError, match="NUL"):
+        parse_env_options(["K"], {"K": "a\x00b"})

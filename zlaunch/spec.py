@@ -1,0 +1,75 @@
+"""The spec frame of one node: what its agent starts, with the shared environment sent once.
+
+Every worker of a node gets the same forwarded names, env files and --env values; only a few
+names (RANK, LOCAL_RANK) differ. Sending the shared part once keeps a spec small whatever the
+number of slots. A spec that would still exceed the frame limit is refused here, before
+anything is sent, with the names that make it big: an agent cannot read it, and the job would
+otherwise never start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from zlaunch import protocol
+from zlaunch.errors import UsageError
+from zlaunch.plan import NodePlan
+
+__all__ = ["shared_env", "node_spec", "encode_spec"]
+
+
+def shared_env(envs: list[Mapping[str, str]]) -> dict[str, str]:
+    """The names (and values) that every one of ``envs`` has in common."""
+    if not envs:
+        return {}
+    common = dict(envs[0])
+    for env in envs[1:]:
+        common = {k: v for k, v in common.items() if env.get(k) == v}
+    return common
+
+
+def node_spec(
+    node: NodePlan, *, master_addr: str, grace: float, heartbeat_timeout: float
+) -> dict[str, Any]:
+    common = shared_env([w.env for w in node.workers])
+    return {
+        "t": protocol.SPEC,
+        "cwd": node.cwd,
+        "master_addr": master_addr,
+        "grace": grace,
+        "heartbeat_timeout": heartbeat_timeout,
+        "env": common,
+        "workers": [
+            {
+                "rank": w.rank,
+                "local_rank": w.local_rank,
+                "argv": list(w.argv),
+                "env": {k: v for k, v in w.env.items() if k not in common},
+            }
+            for w in node.workers
+        ],
+    }
+
+
+def encode_spec(spec: dict[str, Any], host: str, limit: int = protocol.MAX_FRAME_BYTES) -> bytes:
+    """The spec as a frame; UsageError (exit 2) naming the biggest variables when too long."""
+    data = protocol.encode(spec)
+    if len(data) <= limit:
+        return data
+    sizes: dict[str, int] = {}
+    for env in [spec.get("env") or {}] + [w.get("env") or {} for w in spec["workers"]]:
+        for name, value in env.items():
+            sizes[name] = sizes.get(name, 0) + len(protocol.encode({"t": value})) - 9
+    biggest = sorted(sizes.items(), key=lambda item: -item[1])[:3]
+    listing = ", ".join(f"{name} ({_mib(size)})" for name, size in biggest)
+    raise UsageError(
+        f"the start message for {host} would be {_mib(len(data))}, more than the "
+        f"{_mib(limit)} an agent reads; the largest variables are {listing}",
+        hint="keep large data out of the environment (.zlaunch_env, --env): write it to a file "
+        "and pass the file's path",
+    )
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"

@@ -31,12 +31,16 @@ class SshOptions:
     """Private key file (`ssh -i`); None = ssh's default keys and agent."""
     timeout: float = 10.0
     """Seconds to wait for each ssh connection before the host counts as unreachable."""
+    accept_new_hosts: bool = False
+    """Trust a host whose key is in no known_hosts file, and record it (ssh's accept-new)."""
 
     def __post_init__(self) -> None:
         if self.port is not None and not 1 <= self.port <= 65535:
             raise UsageError(f"--ssh-port must be 1-65535, got {self.port}")
-        if not self.timeout > 0:
-            raise UsageError(f"--ssh-timeout must be more than 0 seconds, got {self.timeout}")
+        if not self.timeout > 0 or self.timeout == float("inf"):
+            raise UsageError(
+                f"--ssh-timeout must be a number of seconds more than 0, got {self.timeout}"
+            )
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,11 @@ def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
 @click.option("--ssh-port", type=click.IntRange(1, 65535))
 @click.option("-I", "--identity", help="ssh private key file.")
 @click.option("--ssh-timeout", type=float, default=10.0, show_default=True, help="Seconds.")
+@click.option(
+    "--accept-new-hosts",
+    is_flag=True,
+    help="Trust hosts missing from known_hosts and record their keys (ssh's accept-new).",
+)
 @click.option("--python", help="Interpreter on the nodes. Default: this one.")
 @click.option("--chdir", help="Working directory the workers will use. Default: the current one.")
 @click.option("--no-color", is_flag=True, help="Plain table.")
@@ -186,6 +191,7 @@ def command(
     ssh_port,
     identity,
     ssh_timeout,
+    accept_new_hosts,
     python,
     chdir,
     no_color,
@@ -209,6 +215,7 @@ def command(
         port=ssh_port,
         identity=os.path.expanduser(identity) if identity else None,
         timeout=ssh_timeout,
+        accept_new_hosts=accept_new_hosts,
     )
     cwd = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
     reports = check_hosts(

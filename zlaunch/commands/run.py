@@ -151,6 +151,7 @@ def build_options(
     ssh_port: int | None = None,
     identity: str | None = None,
     ssh_timeout: float = 10.0,
+    accept_new_hosts: bool = False,
     python: str | None = None,
     chdir: str | None = None,
     env: Sequence[str] = (),
@@ -249,6 +250,7 @@ def build_options(
             port=ssh_port,
             identity=_existing_file(identity, "--identity"),
             timeout=ssh_timeout,
+            accept_new_hosts=accept_new_hosts,
         ),
         log_dir=os.path.abspath(os.path.expanduser(log_dir or DEFAULT_LOG_DIR)),
         ranks_filter=parse_ranks(ranks, world_size) if ranks else None,
@@ -315,6 +317,11 @@ def _save_on_signal(value: str | None) -> str | None:
 @click.option("--ssh-port", "--ssh_port", "ssh_port", type=click.IntRange(1, 65535))
 @click.option("-I", "--identity", help="ssh private key file.")
 @click.option("--ssh-timeout", type=float, default=10.0, show_default=True, help="Seconds.")
+@click.option(
+    "--accept-new-hosts",
+    is_flag=True,
+    help="Trust hosts missing from known_hosts and record their keys (ssh's accept-new).",
+)
 @click.option("--python", help="Interpreter on the nodes. Default: this one.")
 @click.option("--chdir", help="Working directory of the workers. Default: the current one.")
 @click.option("--env", multiple=True, metavar="KEY[=VALUE]", help="Set a worker variable.")

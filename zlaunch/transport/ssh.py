@@ -7,14 +7,17 @@ config's ``IdentityFile``, the default key files and a running ssh-agent.
 Host keys are checked as OpenSSH does: the known_hosts files the ssh config names
 (``UserKnownHostsFile``, ``GlobalKnownHostsFile``, else ``~/.ssh/known_hosts`` and
 ``/etc/ssh/ssh_known_hosts``) are read, and a host whose key differs from the one recorded
-there is refused. An unknown host is refused under ``StrictHostKeyChecking yes`` and otherwise
-accepted for this run (``accept-new`` without writing the file: nothing can be asked).
+there is refused. An unknown host is refused too, as OpenSSH does in batch mode (nothing can be
+asked, and the spec sent next carries every secret of the job): unless ``--accept-new-hosts``
+or the ssh config's ``StrictHostKeyChecking accept-new`` (or ``no``) says to trust it, in which
+case its key is appended to the first ``UserKnownHostsFile`` and checked on every later run.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import threading
 from collections.abc import Sequence
 
 from zlaunch.errors import HostUnreachable
@@ -30,8 +33,19 @@ _DEFAULT_KNOWN_HOSTS = {
 }
 
 
+# StrictHostKeyChecking values under which OpenSSH records an unknown key and goes on.
+_ACCEPT_NEW = frozenset({"accept-new", "no", "off"})
+# Connections open in parallel: one writer at a time appends to known_hosts.
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
 class _UnknownHostKey(Exception):
-    """A host key found in no known_hosts file, under StrictHostKeyChecking yes."""
+    """A host key found in no known_hosts file, and no permission to trust a new one."""
+
+    def __init__(self, hostname: str, key) -> None:
+        super().__init__(hostname)
+        self.hostname = hostname
+        self.key = key
 
 
 def _known_hosts_files(ssh_config) -> list[str]:
@@ -47,7 +61,34 @@ def _known_hosts_files(ssh_config) -> list[str]:
     return files
 
 
-def _check_host_keys(connection) -> None:
+def _user_known_hosts(ssh_config) -> str:
+    """Where a newly trusted key is written: the first UserKnownHostsFile, as OpenSSH does."""
+    value = ssh_config.get("userknownhostsfile", _DEFAULT_KNOWN_HOSTS["userknownhostsfile"])
+    names = value if isinstance(value, list) else str(value).split()
+    return os.path.expanduser(names[0])
+
+
+def _record_host_key(path: str, hostname: str, key) -> None:
+    """Append ``hostname``'s key to known_hosts (a new file and its folder private)."""
+    folder = os.path.dirname(path) or "."
+    with _KNOWN_HOSTS_LOCK:
+        if not os.path.isdir(folder):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
+            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def fingerprint(key) -> str:
+    """``ssh-keygen -l`` style: SHA256:base64, what a user compares with the host's."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _check_host_keys(connection, accept_new: bool) -> None:
     """Load the recorded host keys into the connection and pick the unknown-host policy."""
     import paramiko
 
@@ -61,13 +102,23 @@ def _check_host_keys(connection) -> None:
                 hint="fix or remove the broken line (ssh-keygen -R HOST -f FILE)",
             ) from err
     strict = str(connection.ssh_config.get("stricthostkeychecking", "")).lower()
-    if strict == "yes":
+    trust_new = accept_new or strict in _ACCEPT_NEW
+    known_hosts = _user_known_hosts(connection.ssh_config)
 
-        class Reject(paramiko.MissingHostKeyPolicy):
-            def missing_host_key(self, client, hostname, key):
-                raise _UnknownHostKey(hostname)
+    class Policy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):
+            if not trust_new:
+                raise _UnknownHostKey(hostname, key)
+            try:
+                _record_host_key(known_hosts, hostname, key)
+            except OSError as err:
+                raise HostUnreachable(
+                    f"cannot record the host key of {hostname} in {known_hosts}: "
+                    f"{err.strerror or err}"
+                ) from None
+            client.get_host_keys().add(hostname, key.get_name(), key)
 
-        client.set_missing_host_key_policy(Reject())
+    client.set_missing_host_key_policy(Policy())
 
 
 def remote_command(argv: Sequence[str]) -> str:
@@ -113,7 +164,7 @@ class SshLink(Link):
             connect_kwargs=connect_kwargs,
         )
         where = host.display
-        _check_host_keys(connection)
+        _check_host_keys(connection, ssh.accept_new_hosts)
         try:
             connection.open()
             transport = connection.client.get_transport()
@@ -129,14 +180,19 @@ class SshLink(Link):
                 hint="if the host was reinstalled, remove the old key: ssh-keygen -R "
                 f"{err.hostname}; otherwise someone may be intercepting the connection",
             ) from err
+        except HostUnreachable:
+            connection.close()
+            raise
         except _UnknownHostKey as err:
             connection.close()
+            known = _user_known_hosts(connection.ssh_config)
             raise HostUnreachable(
-                f"ssh to {where} refused: host key of {err} is not in known_hosts "
-                "(StrictHostKeyChecking yes)",
-                hint=f"add it first: ssh-keyscan {err} >> ~/.ssh/known_hosts "
-                "(or the file UserKnownHostsFile names)",
-            ) from err
+                f"ssh to {where} refused: its host key ({err.key.get_name()} "
+                f"{fingerprint(err.key)}) is not in known_hosts, so nothing proves the host "
+                "is the one meant",
+                hint=f"check the fingerprint with the host's admin, then rerun with "
+                f"--accept-new-hosts to record it in {known} (or add it there yourself)",
+            ) from None
         except paramiko.AuthenticationException as err:
             connection.close()
             raise HostUnreachable(

@@ -203,7 +203,8 @@ class BF16Config:
     """Train with bf16 parameters/gradients and fp32 master weights."""
     check_grad_overflow: bool = True
     """Skip (and count) an optimizer step whose gradients hold inf or nan, as DeepSpeed's
-    default does; false applies such a step (the weights become inf/nan)."""
+    default does; false applies such a step (the weights become inf/nan) at stages 1-2, the
+    only stages where DeepSpeed reads the key."""
 
     def __post_init__(self) -> None:
         _check(self, "enabled", _bool)

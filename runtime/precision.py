@@ -6,9 +6,10 @@ parameters themselves as master weights. Whether the step overflowed and the glo
 norm are decided together by ONE all-reduce of ``[sum of squares, non-finite flag]``.
 
 A step whose gradients hold inf or nan is skipped (and counted) at every precision and ZeRO
-stage, so the weights never silently become non-finite. DeepSpeed does the same for fp16, for
-bf16 (unless ``bf16.check_grad_overflow`` is false) and for fp32 at stages 1-3; at fp32 stage 0
-it applies the step. Only ``bf16.check_grad_overflow: false`` applies such a step here.
+stage, so the weights never silently become non-finite. DeepSpeed (0.19.8, measured) skips the
+same steps, with one exception: at fp32 stage 0 it applies them. ``bf16.check_grad_overflow:
+false`` applies such steps at bf16 stages 1-2, the only place DeepSpeed reads the key (at bf16
+stages 0 and 3 it skips them regardless, and so does this runtime).
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ class Precision:
     @classmethod
     def from_config(cls, config) -> Precision:
         mode = PrecisionMode(config.precision)
-        check = config.bf16.check_grad_overflow if mode is PrecisionMode.BF16 else True
+        check = True
+        if mode is PrecisionMode.BF16 and config.zero_optimization.stage in (1, 2):
+            check = config.bf16.check_grad_overflow
         return cls(mode, config.fp16, check_overflow=check)
 
     @property

@@ -293,13 +293,12 @@ def test_unusable_config_files(job, capsys, launcher, make, words):
     assert launcher.calls == []
 
 
-def test_unknown_top_level_key_warns_and_continues(job, capsys):
-    write_config(job, {**GOOD_CONFIG, "my_custom_key": 1}, name="extra.json")
-    code, _, err = zlaunch(
-        capsys, "--dry-run", "--num-gpus", "2", "train.py", "--config", "extra.json"
-    )
-    assert code == 0
-    assert "warning:" in err and "my_custom_key" in err
+def test_unknown_top_level_key_fails_before_launch(job, capsys, launcher):
+    write_config(job, {**GOOD_CONFIG, "gradient_clipings": 1}, name="extra.json")
+    code, _, err = zlaunch(capsys, "--num-gpus", "2", "train.py", "--config", "extra.json")
+    assert code == 2 and launcher.calls == []
+    assert "gradient_clipings is not a DeepSpeed config key" in err
+    assert "did you mean 'gradient_clipping'?" in err and "Traceback" not in err
 
 
 # ---- usage errors: exit 2, clear message, nothing started ------------------------------------

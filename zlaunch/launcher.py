@@ -36,6 +36,7 @@ from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
 from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
 from zlaunch.plan import Plan, build_plan
+from zlaunch.redact import redact_argv
 from zlaunch.rundir import RunDir, RunStatus, new_run_id, plan_record
 from zlaunch.spec import encode_spec, node_spec
 from zlaunch.transport import Link, agent_argv, open_links
@@ -135,7 +136,7 @@ class Job:
                 {
                     "config": opts.config_path,
                     "hosts": [h.name for h in self.hosts],
-                    "program": list(opts.program),
+                    "program": redact_argv(opts.program),
                     "cwd": opts.cwd,
                     "plan": None,
                 },

@@ -39,7 +39,7 @@ class SshOptions:
             raise UsageError(f"--ssh-port must be 1-65535, got {self.port}")
         if not self.timeout > 0 or self.timeout == float("inf"):
             raise UsageError(
-                f"--ssh-timeout must be a number of seconds more than 0, got {self.timeout}"
+                f"--ssh-timeout must be more than 0 seconds (and finite), got {self.timeout}"
             )
 
 

@@ -23,7 +23,6 @@ ZLAUNCH_EVENTS_FD and the *_SOCKET_IFNAME defaults are added by the agent on eac
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import shlex
 import time
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from zlaunch import protocol
 from zlaunch.hostfile import Host
 from zlaunch.options import LaunchOptions
+from zlaunch.redact import redact_argv, shown_env_value
 
 __all__ = [
     "WorkerSpec",
@@ -78,9 +78,6 @@ RESERVED_ENV = frozenset(
 
 # master_port value meaning "not chosen yet: probed on the master host at launch".
 AUTO_PORT = 0
-
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|KEY", re.IGNORECASE)
-REDACTED = "<redacted>"
 
 
 @dataclass(frozen=True)
@@ -234,8 +231,8 @@ def build_plan(
 
 
 def redact(name: str, value: str) -> str:
-    """Hide the value of names that look secret (TOKEN, SECRET, PASSWORD, KEY)."""
-    return REDACTED if _SECRET_NAME.search(name) else value
+    """The value --dry-run shows: hidden when it looks secret (see zlaunch/redact.py)."""
+    return shown_env_value(name, value)
 
 
 def _show(value: str) -> str:
@@ -257,8 +254,8 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 def render_plan(plan: Plan) -> str:
     """Human-readable plan for --dry-run: per host its ranks, slots, command and env.
 
-    Env values of names containing TOKEN, SECRET, PASSWORD or KEY are redacted; names are
-    sorted. The env shown under a host is common to its workers; the rank lines show what
+    Values that look secret are redacted (zlaunch/redact.py: by name, token format, URL
+    password; arguments like --api-token=X too); names are sorted. The env shown under a host is common to its workers; the rank lines show what
     differs (RANK and LOCAL_RANK, and anything else that would).
     """
     port = "auto" if plan.master_port == AUTO_PORT else str(plan.master_port)
@@ -290,7 +287,7 @@ def render_plan(plan: Plan) -> str:
             own_text = " ".join(f"{k}={_show(redact(k, v))}" for k, v in sorted(own.items()))
             lines.append(
                 f"  rank {worker.rank} (local {worker.local_rank}, slot {worker.slot}): "
-                f"{_show_argv(worker.argv)}"
+                f"{_show_argv(redact_argv(worker.argv))}"
             )
             if own_text:
                 lines.append(f"    {own_text}")

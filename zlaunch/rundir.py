@@ -9,6 +9,10 @@ Layout (``<log_dir>`` defaults to ``./zlaunch_runs``)::
     <log_dir>/<run-id>/ranks.json                 per rank: host, pid, alive, exit or lost, last step
     <log_dir>/latest -> <run-id>
 
+The directory and everything in it is private to the user (0700 folders, 0600 files): rank
+logs hold whatever the workers print. Environment values are recorded only for an allow-list
+of names (zlaunch/redact.py), secret-looking arguments are redacted.
+
 Rank logs hold the raw lines (no prefix), stdout and stderr in the order they arrived, and are
 never filtered by ``--ranks``. Run ids sort by start time. ``run.json`` is rewritten atomically
 on every status change, so a reader never sees half a file.
@@ -24,7 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
-from zlaunch.plan import Plan, new_run_id, redact
+from zlaunch.plan import Plan, new_run_id
+from zlaunch.redact import recorded_env_value, redact_argv
 
 __all__ = [
     "RunDir",
@@ -59,16 +64,25 @@ def host_dirname(host: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@-]", "_", host) or "_"
 
 
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def _open_private(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+
+
 def _write_json_atomic(path: str, data: Any) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    fd = _open_private(tmp, os.O_WRONLY | os.O_TRUNC)
+    with open(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=2, sort_keys=False)
         handle.write("\n")
     os.replace(tmp, path)
 
 
 def plan_record(plan: Plan) -> dict[str, Any]:
-    """The plan as JSON for run.json, with secret-looking env values redacted."""
+    """The plan as JSON for run.json: env names, and values only where allow-listed."""
     return {
         "run_id": plan.run_id,
         "attempt": plan.attempt,
@@ -86,8 +100,8 @@ def plan_record(plan: Plan) -> dict[str, Any]:
                         "rank": w.rank,
                         "local_rank": w.local_rank,
                         "slot": w.slot,
-                        "argv": list(w.argv),
-                        "env": {k: redact(k, v) for k, v in sorted(w.env.items())},
+                        "argv": redact_argv(w.argv),
+                        "env": {k: recorded_env_value(k, v) for k, v in sorted(w.env.items())},
                     }
                     for w in node.workers
                 ],
@@ -108,8 +122,10 @@ class RunDir:
 
     @classmethod
     def create(cls, log_dir: str, run_id: str, record: dict[str, Any]) -> RunDir:
-        path = os.path.join(os.path.abspath(log_dir), run_id)
-        os.makedirs(path, exist_ok=False)
+        root = os.path.abspath(log_dir)
+        os.makedirs(root, mode=PRIVATE_DIR, exist_ok=True)  # an existing root keeps its mode
+        path = os.path.join(root, run_id)
+        os.mkdir(path, PRIVATE_DIR)
         run = cls(path, run_id)
         run.write_record(
             {
@@ -139,16 +155,19 @@ class RunDir:
 
     def open_rank_log(self, attempt: int, host: str, rank: int) -> IO[bytes]:
         path = self.rank_log_path(attempt, host, rank)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        attempt_dir = os.path.dirname(os.path.dirname(path))
+        for folder in (attempt_dir, os.path.dirname(path)):
+            os.makedirs(folder, mode=PRIVATE_DIR, exist_ok=True)
         # Unbuffered: each batch of lines reaches the file at once, so `zlaunch logs --follow`
         # in another terminal sees it within its poll interval.
-        return open(path, "ab", buffering=0)
+        return open(_open_private(path, os.O_WRONLY | os.O_APPEND), "ab", buffering=0)
 
     def write_failure(self, failure: dict[str, Any]) -> None:
         _write_json_atomic(os.path.join(self.path, FAILURE_FILE), failure)
 
     def open_metrics(self) -> IO[str]:
-        return open(os.path.join(self.path, METRICS_FILE), "a", encoding="utf-8")
+        fd = _open_private(os.path.join(self.path, METRICS_FILE), os.O_WRONLY | os.O_APPEND)
+        return open(fd, "a", encoding="utf-8")
 
     # --- per-rank state (read by `zlaunch status`) ---
     def write_ranks(self, attempt: int, ranks: list[dict[str, Any]]) -> None:

@@ -22,12 +22,14 @@ from typing import Any
 
 from .config import ConfigError
 
-__all__ = ["MAX_DEPTH", "MAX_VALUES", "plain", "read_file"]
+__all__ = ["MAX_DEPTH", "MAX_INT_BITS", "MAX_VALUES", "plain", "read_file"]
 
 MAX_DEPTH = 64
 """Deepest nesting of mappings and lists accepted."""
 MAX_VALUES = 100_000
 """Most values a config may hold once YAML aliases are expanded."""
+MAX_INT_BITS = 64
+"""Largest integer accepted (sizes, counts and steps all fit)."""
 
 
 class _DupDict(dict):
@@ -61,6 +63,15 @@ def _walk(data: Any, origin: str | None) -> tuple[str, str] | None:
     first_duplicate: list[tuple[str, str]] = []
 
     def visit(value: Any, path: str, depth: int) -> int:
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            # Such an int means nothing as a setting, and str()/json of it fails past 4300
+            # digits (the run record writes the config as JSON).
+            raise ConfigError(
+                f"is an integer of {value.bit_length()} bits; config values fit in "
+                f"{MAX_INT_BITS} bits",
+                path or None,
+                origin,
+            )
         if not isinstance(value, (dict, list)):
             return 1
         known = sizes.get(id(value))
@@ -174,9 +185,8 @@ def _yaml_loader() -> type:
             key = loader.construct_object(key_node, deep=True)
             line = f"line {key_node.start_mark.line + 1}"
             if not isinstance(key, Hashable) or isinstance(key, (tuple, frozenset)):
-                raise ConfigError(
-                    f"a mapping key must be a name, not a {type(key).__name__} ({line})"
-                )
+                kind = "list" if isinstance(key, (list, tuple)) else "mapping"
+                raise ConfigError(f"a mapping key must be a name, not a {kind} ({line})")
             if key in seen:
                 duplicates.append((key, line))
             seen.add(key)

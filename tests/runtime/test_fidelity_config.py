@@ -1,0 +1,285 @@
+"""Config files DeepSpeed reads are read here (hjson: comments, trailing commas), hostile files
+end in one ConfigError (exit 2 from zlaunch, no traceback), and what DeepSpeed would silently
+ignore (unknown keys, enabled features this runtime lacks, optimizers it cannot build) is
+refused before launch.
+
+Where DeepSpeed is installed, its own config reader (DeepSpeedConfig) reads the same files.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tracemalloc
+
+import pytest
+
+from runtime.config import ConfigError, load_config
+from tests.runtime.mp_utils import REPO
+
+HJSON_TEXT = """{
+  // DeepSpeed's reader is hjson: comments and trailing commas are fine
+  "train_batch_size": 24,   # another comment
+  /* a block comment */
+  "gradient_clipping": 0.5,
+  "zero_optimization": {"stage": 2,},
+  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95,],},},
+}
+"""
+
+
+def deepspeed_config_class():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+    except ImportError:
+        return None
+    return DeepSpeedConfig
+
+
+def error_of(source) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(source)
+    return str(info.value)
+
+
+# --- hjson ---------------------------------------------------------------------------------------
+
+
+def test_comments_and_trailing_commas_load_as_in_deepspeed(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(HJSON_TEXT)
+    ours = load_config(path).resolve(world_size=1)
+    assert (ours.train_batch_size, ours.gradient_clipping) == (24, 0.5)
+    assert ours.zero_optimization.stage == 2
+    assert ours.optimizer.params == {"lr": 1e-3, "betas": [0.9, 0.95]}
+    DeepSpeedConfig = deepspeed_config_class()
+    if DeepSpeedConfig is None:
+        pytest.skip("deepspeed is not installed; our half ran")
+    theirs = DeepSpeedConfig(str(path))
+    assert (theirs.train_batch_size, theirs.gradient_clipping) == (24, 0.5)
+    assert theirs.zero_optimization_stage == 2 and theirs.optimizer_params == ours.optimizer.params
+
+
+def test_duplicates_and_suggestions_survive_hjson(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(
+        '{"train_batch_size": 8, // c\n "zero_optimization": {"stage": 1, "stage": 2,}}'
+    )
+    assert error_of(path) == (
+        f"{path}: zero_optimization.stage is given more than once; a later value would silently "
+        "replace an earlier one, so keep exactly one"
+    )
+    path.write_text('{"train_batch_size": 8, "zero_optimization": {"stge": 1,},}')
+    assert error_of(path).endswith(
+        "zero_optimization.stge is not a valid key; did you mean 'stage'?"
+    )
+    DeepSpeedConfig = deepspeed_config_class()
+    if DeepSpeedConfig is None:
+        pytest.skip("deepspeed is not installed; our half ran")
+    path.write_text('{"train_batch_size": 8, "train_batch_size": 16}')
+    with pytest.raises(ValueError, match="Duplicate"):
+        DeepSpeedConfig(str(path))  # DeepSpeed refuses duplicates too
+
+
+def test_yaml_still_loads(tmp_path):
+    path = tmp_path / "ds.yaml"
+    path.write_text("train_batch_size: 8\nbf16:\n  enabled: true\n  check_grad_overflow: false\n")
+    config = load_config(path)
+    assert config.precision == "bf16" and config.bf16.check_grad_overflow is False
+
+
+# --- hostile files: one ConfigError, bounded ------------------------------------------------------
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, levels + 1):
+        refs = ", ".join([f"*a{i - 1}"] * 9)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+def _merge_bomb(levels: int = 9) -> str:
+    lines = ["m0: &m0 {a: 1, b: 2, c: 3, d: 4, e: 5, f: 6, g: 7, h: 8, i: 9}"]
+    for i in range(1, levels + 1):
+        refs = ", ".join([f"*m{i - 1}"] * 9)
+        lines.append(f"m{i}: &m{i} {{<<: [{refs}], k{i}: 0}}")
+    return "\n".join(lines) + "\n"
+
+
+HOSTILE = [
+    ("bomb.yaml", _alias_bomb(), "holds more than 100000 values once aliases are expanded"),
+    ("merge.yaml", _merge_bomb(), "holds more than 100000 values once aliases are expanded"),
+    ("listkey.yaml", "? [a, b]\n: 1\n", "a mapping key must be a name, not a list (line 1)"),
+    ("dictkey.yaml", "? {a: 1}\n: 1\n", "a mapping key must be a name, not a mapping (line 1)"),
+    ("recursive.yaml", "a: &a [1, *a]\n", "an alias refers to a node that contains it"),
+    ("recmap.yaml", "a: &a {b: *a}\n", "an alias refers to a node that contains it"),
+    ("deep.json", '{"a": ' + "[" * 5000 + "]" * 5000 + "}", "is nested too deeply to read"),
+    ("deep2.json", '{"a": ' + "[" * 100 + "]" * 100 + "}", "is nested more than 64 levels deep"),
+    ("deep.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
+    ("bigint.json", '{"train_batch_size": ' + "7" * 5000 + "}", "4300 digits"),
+    ("bigint.yaml", "train_batch_size: " + "7" * 5000 + "\n", "4300 digits"),
+    ("hexint.yaml", "train_batch_size: 0x" + "f" * 5000 + "\n", "an integer of 20000 bits"),
+    (
+        "optauto.json",
+        '{"train_batch_size": 2, "optimizer": {"type": "auto"}}',
+        'optimizer.type is "auto", which nothing resolves here',
+    ),
+    (
+        "schedlist.json",
+        '{"train_batch_size": 2, "scheduler": {"type": ["WarmupLR"]}}',
+        "scheduler.type must be one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, "
+        'LRRangeTest, got ["WarmupLR"]',
+    ),
+    (
+        "schedauto.json",
+        '{"train_batch_size": 2, "scheduler": {"type": "auto"}}',
+        'scheduler.type is "auto"',
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "words"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_files_end_in_one_config_error_in_bounded_memory(tmp_path, name, text, words):
+    path = tmp_path / name
+    path.write_text(text)
+    tracemalloc.start()
+    try:
+        message = error_of(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message.startswith(f"{path}: ") and words in message, message
+    assert len(message) < 400 and "\n" not in message
+    # The 414-byte alias bomb of the issue took 633 MiB; parsing is linear in the file now.
+    assert peak < 64 * 2**20 + 200 * len(text), peak
+
+
+def test_huge_integers_are_refused_not_printed():
+    message = error_of({"zero_optimization": {"stage": 2, "reduce_bucket_size": 10**6000}})
+    assert message == (
+        "zero_optimization.reduce_bucket_size is an integer of 19932 bits; config values fit "
+        "in 64 bits"
+    )
+
+
+def test_a_mapping_that_contains_itself_is_refused():
+    loop: dict = {"train_batch_size": 2}
+    loop["tensorboard"] = loop
+    assert "contains itself" in error_of(loop)
+
+
+# --- refused before launch --------------------------------------------------------------------------
+
+
+REFUSED = [
+    ({"gradient_clipings": 1.0}, "gradient_clipings is not a DeepSpeed config key; did you mean"),
+    ({"flops_profiler": {"enabled": True}}, "flops_profiler is enabled but not supported"),
+    ({"wandb": {"enabled": True}}, "wandb is enabled but not supported"),
+    ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb' is not supported by this runtime"),
+    ({"optimizer": {"type": "OneBitAdam"}}, "'OneBitAdam' is not supported by this runtime"),
+    ({"optimizer": {"type": "AdamW8bit"}}, "'AdamW8bit' is not supported by this runtime"),
+    (
+        {"optimizer": {"type": "AdamW", "params": {"betas": 0.9}}},
+        "optimizer.params.betas must be a list of two numbers such as [0.9, 0.999], got 0.9",
+    ),
+    (
+        {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "momentum": 0.9}}},
+        "optimizer.params.momentum is not a parameter of AdamW",
+    ),
+    ({"optimizer": {"type": "Adamw2"}}, "'Adamw2' is not an optimizer this runtime can build"),
+]
+
+
+@pytest.mark.parametrize(("extra", "words"), REFUSED)
+def test_refused_in_the_config_reader(extra, words):
+    assert words in error_of({"train_batch_size": 2, **extra})
+
+
+def test_disabled_blocks_deepspeed_accepts_are_accepted():
+    source = {
+        "train_batch_size": 2,
+        "flops_profiler": {"enabled": False},
+        "wandb": {"enabled": False},
+        "csv_monitor": {"enabled": False},
+        "comms_logger": {"enabled": False},
+        "activation_checkpointing": {"partition_activations": False},
+        "wall_clock_breakdown": False,
+        "checkpoint": {"load_universal": False},
+        "compile": {"deepcompile": False},
+    }
+    load_config(source)
+    DeepSpeedConfig = deepspeed_config_class()
+    if DeepSpeedConfig is None:
+        pytest.skip("deepspeed is not installed; our half ran")
+    DeepSpeedConfig(source)
+
+
+def test_deepspeed_ignores_what_is_refused_here():
+    """The other reading: DeepSpeed accepts an unknown key silently (a misspelt
+    gradient_clipping trains unclipped) - the reason this runtime refuses it."""
+    DeepSpeedConfig = deepspeed_config_class()
+    if DeepSpeedConfig is None:
+        pytest.skip("deepspeed is not installed")
+    theirs = DeepSpeedConfig({"train_batch_size": 2, "gradient_clipings": 0.5})
+    assert theirs.gradient_clipping != 0.5
+
+
+# --- through the real zlaunch command -----------------------------------------------------------
+
+
+CLI_CASES = [
+    ("bomb.yaml", _alias_bomb()),
+    ("listkey.yaml", "? [a, b]\n: 1\n"),
+    ("recursive.yaml", "a: &a [1, *a]\n"),
+    ("deep.json", '{"a": ' + "[" * 5000 + "]" * 5000 + "}"),
+    ("bigint.json", '{"train_batch_size": ' + "7" * 5000 + "}"),
+    ("optauto.json", '{"train_batch_size": 1, "optimizer": {"type": "auto"}}'),
+    ("schedlist.json", '{"train_batch_size": 1, "scheduler": {"type": ["WarmupLR"]}}'),
+    ("unknown.json", '{"train_batch_size": 1, "gradient_clipings": 1}'),
+    ("lamb.json", '{"train_batch_size": 1, "optimizer": {"type": "Lamb"}}'),
+    (
+        "betas.json",
+        '{"train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"betas": 0.9}}}',
+    ),
+    ("wandb.json", '{"train_batch_size": 1, "wandb": {"enabled": true}}'),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_zlaunch_exits_2_with_one_message_and_no_traceback(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    (tmp_path / "train.py").write_text("print('never runs')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "--dry-run", "train.py", "--config", name],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "never runs" not in done.stdout
+    assert name in done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.strip()]
+    assert 1 <= len(lines) <= 3 and all(len(x) < 500 for x in lines), done.stderr
+
+
+def test_valid_hjson_config_passes_the_cli(tmp_path):
+    (tmp_path / "ds.json").write_text(HJSON_TEXT)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "--dry-run", "train.py", "--config", "ds.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr

@@ -21,7 +21,8 @@ __all__ = ["OPTIMIZER_PARAMS", "check_optimizer"]
 
 _COMMON = ("lr", "weight_decay", "maximize", "foreach", "differentiable", "capturable")
 OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
-    "Adam": (*_COMMON, "betas", "eps", "amsgrad", "fused", "decoupled_weight_decay"),
+    # "Adam" builds AdamW unless adam_w_mode is false (DeepSpeed's rule): AdamW's arguments.
+    "Adam": (*_COMMON, "betas", "eps", "amsgrad", "fused"),
     "AdamW": (*_COMMON, "betas", "eps", "amsgrad", "fused"),
     "SGD": (*_COMMON, "momentum", "dampening", "nesterov", "fused"),
     "Adagrad": (*_COMMON, "lr_decay", "initial_accumulator_value", "eps", "fused"),

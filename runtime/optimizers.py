@@ -4,7 +4,8 @@
 ``SGD`` are torch's, and any other name is looked up case-insensitively in ``torch.optim``.
 Adam, AdamW and SGD use torch's fused kernels when the master weights allow it (about 10x
 faster than the per-tensor loop on CPU for a 4M-element shard here: 15 ms vs 170 ms), so the
-CPU-offloaded step is fast too.
+CPU-offloaded step is fast too. The config reader has already checked the type and parameters
+without torch (runtime.optimizer_names), before launch; this module builds the class.
 """
 
 from __future__ import annotations

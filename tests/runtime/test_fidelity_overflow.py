@@ -98,6 +98,32 @@ def train_three_steps(stage: int, precision: str, check: bool, inf_rank: int = 0
     }
 
 
+@pytest.mark.parametrize(
+    ("precision", "stage", "check", "skips"),
+    [
+        ("fp16", 0, True, True),
+        ("fp16", 2, True, True),
+        ("fp32", 0, True, True),
+        ("fp32", 2, True, True),
+        ("bf16", 0, False, True),  # DeepSpeed reads check_grad_overflow at stages 1-2 only
+        ("bf16", 1, False, False),
+        ("bf16", 2, False, False),
+        ("bf16", 2, True, True),
+        ("bf16", 3, False, True),
+    ],
+)
+def test_the_skip_rule_per_precision_and_stage(precision, stage, check, skips):
+    from runtime.config import load_config
+    from runtime.precision import Precision
+
+    source = {"train_batch_size": 1, "zero_optimization": {"stage": stage}}
+    if precision != "fp32":
+        source[precision] = {"enabled": True}
+    if precision == "bf16":
+        source["bf16"]["check_grad_overflow"] = check
+    assert Precision.from_config(load_config(source)).skips_on_overflow is skips
+
+
 @pytest.mark.parametrize(("stage", "precision", "check"), CASES)
 def test_non_finite_step_is_skipped_counted_and_reported(stage, precision, check):
     out = train_three_steps(stage, precision, check)

@@ -47,6 +47,9 @@ Auto = Literal["auto"]
 IntOrAuto = Union[int, Auto]
 
 
+_MAX_KEY_CHARS = 120
+
+
 class ConfigError(ValueError):
     """An invalid config; the message names the file (if any), the key path and the fix.
 
@@ -56,6 +59,8 @@ class ConfigError(ValueError):
 
     def __init__(self, problem: str, key: str | None = None, origin: str | None = None):
         self.problem = problem
+        if key is not None and len(key) > _MAX_KEY_CHARS:  # a hostile key is not echoed whole
+            key = key[:_MAX_KEY_CHARS] + "..."
         self.key = key
         self.origin = origin
         text = f"{key} {problem}" if key else problem
@@ -146,6 +151,8 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
 
 
 def _suggest(key: str, valid: Any) -> str:
+    if len(key) > _MAX_KEY_CHARS:  # nothing valid is that long; difflib would take seconds
+        return ""
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else ""
 

@@ -12,7 +12,6 @@ checks against the installed torch when it builds the optimizer.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -89,7 +88,7 @@ def canonical_name(type_name: str) -> str | None:
 
 def check_optimizer(type_name: Any, params: Mapping[str, Any]) -> None:
     """Raise ConfigError unless the runtime can build `type_name` with `params`."""
-    from .config import ConfigError, _describe
+    from .config import ConfigError, _describe, _suggest
 
     if not isinstance(type_name, str) or not type_name.strip() or type_name == "auto":
         raise ConfigError(
@@ -98,27 +97,24 @@ def check_optimizer(type_name: Any, params: Mapping[str, Any]) -> None:
     name = canonical_name(type_name)
     if name is None:
         why = _REFUSED.get(type_name.strip().lower().replace("_", "").replace("-", ""))
+        shown = _describe(type_name)
         if why:
-            problem = f"{type_name!r} is not supported by this runtime ({why}); {_USE_INSTEAD}"
+            problem = f"{shown} is not supported by this runtime ({why}); {_USE_INSTEAD}"
         else:
-            close = difflib.get_close_matches(type_name, list(OPTIMIZER_PARAMS), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            problem = f"{type_name!r} is not an optimizer this runtime can build; {hint}" + (
-                f"{_USE_INSTEAD}; torch.optim classes: {', '.join(OPTIMIZER_PARAMS)}"
+            hint = _suggest(type_name, OPTIMIZER_PARAMS)
+            problem = (
+                f"{shown} is not an optimizer this runtime can build; "
+                + (f"{hint} " if hint else "")
+                + f"{_USE_INSTEAD}; torch.optim classes: {', '.join(OPTIMIZER_PARAMS)}"
             )
         raise ConfigError(problem, "type")
     known = OPTIMIZER_PARAMS[name] + (_DS_ADAM_KEYS if name in ("Adam", "AdamW") else ())
     for key, value in params.items():
         path = f"params.{key}"
         if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+            hint = _suggest(str(key), known)
             raise ConfigError(
-                f"is not a parameter of {name}; "
-                + (
-                    f"did you mean {close[0]!r}?"
-                    if close
-                    else f"its parameters: {', '.join(known)}"
-                ),
+                f"is not a parameter of {name}; " + (hint or f"its parameters: {', '.join(known)}"),
                 path,
             )
         _check_value(path, key, value)

@@ -283,3 +283,18 @@ def test_valid_hjson_config_passes_the_cli(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"x" * 10_000_000: 1},
+        {"zero_optimization": {"y" * 10_000_000: 1}},
+        {"zero_optimization": {"stage": "s" * 10_000_000}},
+        {"optimizer": {"type": "A" * 10_000_000}},
+        {"optimizer": {"type": "AdamW", "params": {"z" * 10_000_000: 1}}},
+        {"scheduler": {"type": "W" * 10_000_000}},
+    ],
+)
+def test_a_huge_key_or_value_is_not_repeated_in_the_message(source):
+    assert len(error_of(source)) < 600

@@ -257,8 +257,9 @@ def _check_nodes(root: Any, origin: str) -> None:
 def _parse_yaml(text: str, origin: str) -> Any:
     import yaml
 
-    loader = _yaml_loader()(text)
+    loader = None
     try:
+        loader = _yaml_loader()(text)  # reads the stream: a bad character fails here
         root = loader.get_single_node()
         _check_nodes(root, origin)
         return loader.construct_document(root) if root is not None else None
@@ -277,7 +278,8 @@ def _parse_yaml(text: str, origin: str) -> Any:
     except ValueError as err:  # an integer of more than 4300 digits, a bad timestamp
         raise ConfigError(f"invalid YAML: {_first_line(err)}", origin=origin) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_file(path: str | os.PathLike, origin: str) -> Any:

@@ -112,6 +112,23 @@ def when_differs(defaults: Mapping[str, Any], instead: str) -> Check:
     return check
 
 
+def _tensor_parallel(value: Any) -> str | None:
+    """DeepSpeed's AutoTP training block: off while autotp_size (and tp.tp_size) is 0 or 1."""
+    if not isinstance(value, Mapping):
+        return None
+    inner = value.get("tp", value.get("tensor_parallel"))
+    sizes = [value.get("autotp_size", 0)]
+    if isinstance(inner, Mapping):
+        sizes.append(inner.get("tp_size", 1))
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size > 1:
+            return (
+                f"sets a tensor-parallel size of {_describe(size)}, which is {_UNSUPPORTED} "
+                "(data parallelism only); remove the block"
+            )
+    return None
+
+
 _LOG_YOURSELF = (
     "log from the script instead (engine.log_metrics; the tensorboard block is supported)"
 )
@@ -194,10 +211,7 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
         },
         "pipeline parallelism is not implemented; remove the block",
     ),
-    "tensor_parallel": when_differs(
-        {"autotp_size": 1, "tp_size": 1, "enabled": False},
-        "tensor parallelism is not implemented; remove the block",
-    ),
+    "tensor_parallel": _tensor_parallel,
     "prescale_gradients": unless(False),
     "gradient_predivide_factor": unless(1, 1.0),
     "gradient_allreduce_op": unless("mean", instead="gradients are averaged; remove it"),

@@ -438,6 +438,7 @@ def test_common_harmless_keys_are_silent():
         "checkpoint": {"tag_validation": "Warn", "load_universal": False},
         "compile": {"deepcompile": False},
         "pipeline": {"stages": "auto"},
+        "tensor_parallel": {"autotp_size": 0},
         "elasticity": {"enabled": False},
         "data_efficiency": {"enabled": False, "data_sampling": {"enabled": False}},
         "nebula": {"enabled": False},
@@ -502,6 +503,7 @@ def test_common_harmless_keys_are_silent():
         ),
         ({"compile": {"deepcompile": True}}, "compile deepcompile = true is not supported"),
         ({"pipeline": {"stages": 2}}, "pipeline stages = 2 is not supported"),
+        ({"tensor_parallel": {"autotp_size": 4}}, "tensor_parallel sets a tensor-parallel size"),
         (
             {"zero_optimization": {"stage": 3, "zero_quantized_gradients": True}},
             "zero_optimization.zero_quantized_gradients = true is not supported",

@@ -265,6 +265,12 @@ ZERO_KEYS: dict[str, Check] = {
     "stage3_module_granularity_threshold": accepted,
     "stage3_use_all_reduce_for_fetch_params": accepted,
     "stage3_allgather_sequential": accepted,
+    # DeepSpeed's field names of the four above (it accepts either spelling)
+    "model_persistence_threshold": accepted,
+    "module_granularity_threshold": accepted,
+    "use_all_reduce_for_fetch_params": accepted,
+    "allgather_sequential": accepted,
+    "parameter_alignment": accepted,  # padding between parameters; results are the same
     "stage3_partition_stream_chunk_size": accepted,
     "mics_hierarchical_params_gather": accepted,
     "compute_grad_norm": unless(True, instead="the gradient norm is always computed"),

@@ -165,6 +165,8 @@ class _Parser:
             ("offload_optimizer", "cpu_offload", OFFLOAD_OPTIMIZER_KEYS, 4),
             ("offload_param", "cpu_offload_param", {}, 5),
         ):
+            if legacy in value and value[legacy] is None:  # DeepSpeed's default: not given
+                del value[legacy]
             if legacy in value:  # deprecated boolean form
                 flag = _bool(f"{name}.{legacy}", value.pop(legacy))
                 if key in value:

@@ -298,3 +298,42 @@ def test_valid_hjson_config_passes_the_cli(tmp_path):
 )
 def test_a_huge_key_or_value_is_not_repeated_in_the_message(source):
     assert len(error_of(source)) < 600
+
+
+def _deepspeed_models():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        from deepspeed.runtime import precision_config
+        from deepspeed.runtime.zero import config, offload_config
+    except ImportError:
+        pytest.skip("deepspeed is not installed (pip install '.[bench]' to compare with it)")
+    return [
+        ("zero_optimization", config.DeepSpeedZeroConfig, {"stage": 3}),
+        ("offload_optimizer", offload_config.DeepSpeedZeroOffloadOptimizerConfig, None),
+        ("offload_param", offload_config.DeepSpeedZeroOffloadParamConfig, None),
+        ("fp16", precision_config.DeepSpeedFP16Config, {}),
+        ("bf16", precision_config.DeepSpeedBF16Config, {}),
+    ]
+
+
+def test_every_key_of_deepspeeds_blocks_is_known_at_its_default():
+    """Each field (and alias) of DeepSpeed's own config models, at DeepSpeed's default value, is
+    read here without error: a config DeepSpeed accepts is never refused for a key name."""
+    checked = 0
+    for block, model, base in _deepspeed_models():
+        for name, field in model.model_fields.items():
+            default = field.default
+            default = getattr(default, "value", default)  # enums
+            if not isinstance(default, (bool, int, float, str, type(None))):
+                default = None
+            for key in {name, field.alias} - {None}:
+                if base is None:  # an offload block, inside zero_optimization
+                    source = {"zero_optimization": {"stage": 3, block: {key: default}}}
+                else:
+                    source = {block: {**base, key: default}}
+                try:
+                    load_config({"train_batch_size": 1, **source})
+                except ConfigError as err:
+                    pytest.fail(f"{block}.{key} = {default!r}: {err}")
+                checked += 1
+    assert checked > 60

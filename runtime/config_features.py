@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
+from .config import _describe
+
 __all__ = [
     "BF16_KEYS",
     "FP16_KEYS",
@@ -28,12 +30,6 @@ __all__ = [
 Check = Callable[[Any], Union[str, None]]
 
 _UNSUPPORTED = "not supported by this runtime"
-
-
-def _describe(value: Any) -> str:
-    from .config import _describe as describe  # one renderer of values for all messages
-
-    return describe(value)
 
 
 def accepted(_value: Any) -> None:

@@ -16,6 +16,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .config import ConfigError, _describe, _suggest
+
 __all__ = ["OPTIMIZER_PARAMS", "check_optimizer"]
 
 _COMMON = ("lr", "weight_decay", "maximize", "foreach", "differentiable", "capturable")
@@ -88,8 +90,6 @@ def canonical_name(type_name: str) -> str | None:
 
 def check_optimizer(type_name: Any, params: Mapping[str, Any]) -> None:
     """Raise ConfigError unless the runtime can build `type_name` with `params`."""
-    from .config import ConfigError, _describe, _suggest
-
     if not isinstance(type_name, str) or not type_name.strip() or type_name == "auto":
         raise ConfigError(
             f'must be an optimizer name such as "AdamW", got {_describe(type_name)}', "type"
@@ -126,8 +126,6 @@ def check_optimizer(type_name: Any, params: Mapping[str, Any]) -> None:
 
 
 def _check_value(path: str, key: str, value: Any) -> None:
-    from .config import ConfigError, _describe
-
     if key in _BOOLS:
         if not isinstance(value, bool):
             raise ConfigError(f"must be true or false, got {_describe(value)}", path)

@@ -50,6 +50,17 @@ def _agree_fn(engine):
     return agree
 
 
+def _share_fn(engine):
+    """rank 0's integer on every rank (names a save's partial directory uniquely)."""
+
+    def share(value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=engine.device)
+        engine.comm.broadcast(t, src=0)
+        return int(t.item())
+
+    return share
+
+
 def _default_dir(given: str | None, what: str) -> str:
     if given:
         return str(given)
@@ -289,6 +300,7 @@ def save_engine(
         rank=rank,
         world_size=engine.comm.world_size,
         agree=_agree_fn(engine),
+        share=_share_fn(engine),
         pieces=engine_pieces(engine),
         extra=extra if rank == 0 else None,
         rank_state=_rng_state(),
@@ -404,6 +416,11 @@ def load_engine(
                     )
     except CheckpointError as err:
         error = err
+    except Exception as err:  # noqa: BLE001 - every rank must reach agree(), whatever failed
+        error = CheckpointError(
+            f"cannot load {path or load_dir}: {type(err).__name__}: {err}; the checkpoint is "
+            "malformed"
+        )
     if not agree(error is None):
         if error is not None:
             raise error

@@ -13,25 +13,37 @@ Directory of one checkpoint::
       latest                          the tag, written last and atomically
       <tag>/manifest.json             world size, parameters, pieces per rank, JSON state
       <tag>/shard-00000-of-00004.safetensors
-      .<tag>.partial/                 a save in progress; never read
+      .<tag>.partial-<token>/         a save in progress; never read
+      .zlaunch-save.lock              held by rank 0 of the save in progress
 
 Commit protocol (every rank calls `write_checkpoint`; ``agree(ok)`` is an all-ranks AND that
-doubles as a barrier):
+doubles as a barrier, ``share(n)`` gives every rank rank 0's ``n``):
 
-1. rank 0 creates ``.<tag>.partial``; agree.
+1. rank 0 takes the directory's lock (another save in progress there, from another job say,
+   is refused: two saves would mix their shards), removes what crashed saves left, creates
+   ``.<tag>.partial-<token>`` with a fresh token; agree; share the token.
 2. every rank writes and fsyncs its shard and a small sidecar (bytes, crc32, pieces, RNG);
-   agree — a rank that failed makes every rank raise, and nothing is committed.
-3. rank 0 merges the sidecars into ``manifest.json`` (fsync), renames the directory to
+   agree — a rank that failed makes every rank raise, rank 0 removes the partial directory
+   (a full disk stays no fuller than before), and nothing is committed.
+3. rank 0 merges the sidecars into ``manifest.json`` (fsync), puts the directory in place as
    ``<tag>`` (fsync of the parent), then writes ``latest`` (temp, fsync, rename, fsync);
-   agree, so no rank returns before the checkpoint is complete.
+   agree, so no rank returns before the checkpoint is complete. An existing ``<tag>`` is
+   swapped with the new one in one atomic exchange; where the file system cannot exchange,
+   it is renamed to ``.<tag>.old`` first, and a crash between the two renames leaves
+   ``.<tag>.old``, which `resolve_checkpoint` reads and the next save puts back.
 
-A crash at any point leaves ``latest`` naming the previous complete checkpoint.
+A crash at any point leaves ``latest`` naming a complete checkpoint. Folders are 0700 and
+files 0600: a checkpoint holds the whole model.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import json
 import os
+import secrets
 import shutil
 import time
 import zlib
@@ -66,6 +78,10 @@ SLOW_SAVE_ENV = "ZLAUNCH_TEST_SLOW_SAVE"
 that tag only), so that a test can kill a worker while a shard is half written."""
 
 _EXTRA_PREFIX = "__full__/"
+LOCK_FILE = ".zlaunch-save.lock"
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+_RENAME_EXCHANGE = 2
 
 
 @dataclass(frozen=True, order=True)
@@ -108,10 +124,15 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _create(path: str) -> int:
+    """A new private file, opened for writing (an old one at ``path`` is replaced)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE)
+
+
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``path`` so that readers see the old or the new content, never a mix."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(_create(tmp), "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -171,7 +192,7 @@ def _serialize(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) ->
 
 
 def _write_file(path: str, data: bytes, slow_s: float) -> None:
-    with open(path, "wb") as f:
+    with open(_create(path), "wb") as f:
         if slow_s > 0:
             half = len(data) // 2
             f.write(data[:half])
@@ -186,6 +207,80 @@ def _write_file(path: str, data: bytes, slow_s: float) -> None:
 
 
 # ---------------------------------------------------------------------------- save
+class _SaveLock:
+    """Rank 0's hold on a checkpoint directory for one save (flock: freed if it dies)."""
+
+    def __init__(self, save_dir: str):
+        self.path = os.path.join(save_dir, LOCK_FILE)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(
+                f"another save into {save_dir} is in progress ({self.path} is locked): two "
+                "jobs saving into one directory would mix their shards; give each job its own "
+                "save_dir"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def release(self) -> None:
+        os.close(self.fd)  # closing drops the flock
+
+
+def _remove_leftovers(save_dir: str) -> None:
+    """What crashed or failed saves left (rank 0, holding the lock: no save is running).
+
+    Partial directories go. A ``.<tag>.old`` whose ``<tag>`` is missing is the only copy of
+    that tag (a crash between the two renames of a re-save): it is put back, not removed.
+    """
+    for name in os.listdir(save_dir):
+        path = os.path.join(save_dir, name)
+        if not name.startswith(".") or not os.path.isdir(path):
+            continue
+        if ".partial" in name:
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.endswith(".old"):
+            tag = name[1 : -len(".old")]
+            if tag and not os.path.exists(os.path.join(save_dir, tag)):
+                os.rename(path, os.path.join(save_dir, tag))
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where unsupported."""
+    libc = _libc()
+    renameat2 = getattr(libc, "renameat2", None) if libc is not None else None
+    if renameat2 is None:
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+        return False  # this file system cannot exchange: rename in two steps
+    raise OSError(err, os.strerror(err), a)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _as_error(err: BaseException, what: str) -> CheckpointError:
+    """Any failure as the one error type, so that every rank reaches the agreement."""
+    if isinstance(err, CheckpointError):
+        return err
+    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    return CheckpointError(f"{what}: {text or type(err).__name__}")
+
+
 def write_checkpoint(
     save_dir: str,
     tag: str,
@@ -198,6 +293,7 @@ def write_checkpoint(
     rank_state: Any = None,
     manifest_fields: Callable[[], dict] | None = None,
     save_latest: bool = True,
+    share: Callable[[int], int] | None = None,
 ) -> str:
     """Write this rank's part of checkpoint ``tag``; every rank must call it. Returns the path.
 
@@ -205,44 +301,59 @@ def write_checkpoint(
     ``extra``: whole tensors stored as they are (rank 0: buffers, frozen parameters).
     ``rank_state``: JSON-able per-rank state (RNG). ``manifest_fields``: called on rank 0 only,
     returns the JSON-able global state merged into the manifest (must hold ``params``).
+    ``share``: a collective returning rank 0's argument on every rank; it names the partial
+    directory uniquely. Without it (one process) the token is fixed; the lock still holds.
     """
     tag = validate_tag(tag)
     save_dir = os.path.abspath(save_dir)
     final = os.path.join(save_dir, tag)
-    partial = os.path.join(save_dir, f".{tag}.partial")
 
     error: BaseException | None = None
+    lock: _SaveLock | None = None
+    token = secrets.randbits(31) if rank == 0 and share is not None else 0
     if rank == 0:
         try:
-            os.makedirs(save_dir, exist_ok=True)
-            if os.path.exists(partial):
-                shutil.rmtree(partial)  # left by a save that crashed
-            os.makedirs(partial)
-        except OSError as err:
-            error = CheckpointError(f"cannot create {partial}: {err.strerror or err}")
-    if not agree(error is None):
-        raise error or CheckpointError(f"rank 0 could not create {partial}")
-
+            os.makedirs(save_dir, mode=PRIVATE_DIR, exist_ok=True)
+            lock = _SaveLock(save_dir)
+            _remove_leftovers(save_dir)
+            os.mkdir(_partial_path(save_dir, tag, token), PRIVATE_DIR)
+        except Exception as err:  # noqa: BLE001 - every rank must reach agree()
+            error = _as_error(err, f"cannot start saving {final}")
     try:
-        _write_rank(partial, tag, rank, world_size, pieces, extra or {}, rank_state)
-    except (CheckpointError, OSError, ValueError, TypeError, RuntimeError) as err:
-        error = CheckpointError(f"rank {rank}: writing its shard in {partial} failed: {err}")
-    if not agree(error is None):
-        raise error or CheckpointError(
-            f"another rank failed to write its shard of {tag}; nothing was committed and "
-            f"{os.path.join(save_dir, LATEST)} is unchanged"
-        )
-
-    if rank == 0:
+        if not agree(error is None):
+            raise error or CheckpointError(f"rank 0 could not start saving {final}")
+        if share is not None:
+            token = share(token)
+        partial = _partial_path(save_dir, tag, token)
         try:
-            _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest)
-        except CheckpointError as err:
-            error = err
-        except (OSError, ValueError, TypeError) as err:
-            error = CheckpointError(f"committing checkpoint {final} failed: {err}")
-    if not agree(error is None):
-        raise error or CheckpointError(f"rank 0 failed to commit {final}")
-    return final
+            _write_rank(partial, tag, rank, world_size, pieces, extra or {}, rank_state)
+        except Exception as err:  # noqa: BLE001
+            text = err.strerror if isinstance(err, OSError) and err.strerror else err
+            error = CheckpointError(f"rank {rank}: writing its shard in {partial} failed: {text}")
+        if not agree(error is None):
+            if rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            raise error or CheckpointError(
+                f"another rank failed to write its shard of {tag}; nothing was committed and "
+                f"{os.path.join(save_dir, LATEST)} is unchanged"
+            )
+
+        if rank == 0:
+            try:
+                _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest)
+            except Exception as err:  # noqa: BLE001
+                error = _as_error(err, f"committing checkpoint {final} failed")
+                shutil.rmtree(partial, ignore_errors=True)
+        if not agree(error is None):
+            raise error or CheckpointError(f"rank 0 failed to commit {final}")
+        return final
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _partial_path(save_dir: str, tag: str, token: int) -> str:
+    return os.path.join(save_dir, f".{tag}.partial-{token:08x}")
 
 
 def _write_rank(partial, tag, rank, world_size, pieces, extra, rank_state) -> None:
@@ -283,7 +394,7 @@ def _write_rank(partial, tag, rank, world_size, pieces, extra, rank_state) -> No
         "extra": extra_meta,
         "state": jsonable.encode(rank_state, f"rank {rank} state"),
     }
-    with open(os.path.join(partial, _sidecar_name(rank)), "w", encoding="utf-8") as f:
+    with open(_create(os.path.join(partial, _sidecar_name(rank))), "w", encoding="utf-8") as f:
         json.dump(sidecar, f)
         f.flush()
         os.fsync(f.fileno())
@@ -319,12 +430,18 @@ def _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_lat
         os.remove(os.path.join(partial, _sidecar_name(r)))
     fsync_dir(partial)
     old = None
-    if os.path.exists(final):
+    if not os.path.exists(final):
+        os.rename(partial, final)
+    elif _exchange(partial, final):
+        old = partial  # now holds the previous checkpoint of this tag
+    else:
+        # Two renames: a crash between them leaves only .<tag>.old, which resolve_checkpoint
+        # reads and the next save puts back.
         old = os.path.join(save_dir, f".{tag}.old")
         if os.path.exists(old):
             shutil.rmtree(old)
         os.rename(final, old)
-    os.rename(partial, final)
+        os.rename(partial, final)
     fsync_dir(save_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -351,14 +468,14 @@ def resolve_checkpoint(load_dir: str, tag: str | None) -> str | None:
             raise CheckpointError(f"cannot read {latest}: {err}") from None
         if not tag:
             raise CheckpointError(f"{latest} is empty; it should hold the tag of a checkpoint")
-        path = os.path.join(load_dir, validate_tag(tag))
+        path = _tag_dir(load_dir, validate_tag(tag))
         if not os.path.isdir(path):
             raise CheckpointError(
                 f"{latest} names the tag {tag!r}, but {path} does not exist; pass an existing "
                 "tag= or fix the file"
             )
     else:
-        path = os.path.join(load_dir, validate_tag(tag))
+        path = _tag_dir(load_dir, validate_tag(tag))
         if not os.path.isdir(path):
             raise CheckpointError(f"checkpoint {path} does not exist")
     if not os.path.isfile(os.path.join(path, MANIFEST)):
@@ -366,6 +483,15 @@ def resolve_checkpoint(load_dir: str, tag: str | None) -> str | None:
             f"{path} has no {MANIFEST}: it is not a complete checkpoint (a save that did not "
             "finish?)"
         )
+    return path
+
+
+def _tag_dir(load_dir: str, tag: str) -> str:
+    """``<tag>``, or ``.<tag>.old`` when a re-save crashed between its two renames."""
+    path = os.path.join(load_dir, tag)
+    old = os.path.join(load_dir, f".{tag}.old")
+    if not os.path.exists(path) and os.path.isfile(os.path.join(old, MANIFEST)):
+        return old
     return path
 
 

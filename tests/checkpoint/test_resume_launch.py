@@ -121,11 +121,15 @@ def test_crash_while_saving_keeps_the_previous_checkpoint(tmp_path):
         env={"ZLAUNCH_TEST_SLOW_SAVE": "3@global_step10"},
         wait=False,
     )
-    partial = ckpt / ".global_step10.partial"
+
+    def partials() -> list:  # the save's folder: .global_step10.partial-<token>
+        return list(ckpt.glob(".global_step10.partial*"))
+
     deadline = time.monotonic() + 120
     # Wait until both shards of step 10 are being written (the hook holds them half done).
     while time.monotonic() < deadline:
-        shards = list(partial.glob("shard-*.safetensors")) if partial.exists() else []
+        found = partials()
+        shards = list(found[0].glob("shard-*.safetensors")) if found else []
         if len(shards) == 2 and all(s.stat().st_size > 0 for s in shards):
             break
         time.sleep(0.05)
@@ -141,7 +145,7 @@ def test_crash_while_saving_keeps_the_previous_checkpoint(tmp_path):
     # The restart resumed from the last complete checkpoint, then saved step 10 properly.
     assert f"resumed from {ckpt / 'global_step5'} at step 5" in text
     assert (ckpt / "latest").read_text().strip() == "global_step10"
-    assert not partial.exists()
+    assert not partials()
     assert_same_run(reference, out, 12)
 
 

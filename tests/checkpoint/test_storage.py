@@ -216,6 +216,8 @@ def test_a_corrupt_shard_header_is_named_and_the_checksum_catches_data(tmp_path)
     with CheckpointReader(str(tmp_path / "t2")) as reader:
         with pytest.raises(CheckpointError, match="checksum"):
             reader.verify_checksums()
+        with pytest.raises(CheckpointError, match="checksum"):  # and on the first read
+            reader.read("a.weight", "param")
 
 
 def test_a_manifest_with_a_wrong_shape_is_named(tmp_path):

@@ -7,6 +7,7 @@ Layout (``<log_dir>`` defaults to ``./zlaunch_runs``)::
     <log_dir>/<run-id>/failure.json               root cause and every failed rank
     <log_dir>/<run-id>/metrics.jsonl              one JSON row per "metrics" event of a worker
     <log_dir>/<run-id>/ranks.json                 per rank: host, pid, alive, exit or lost, last step
+    <log_dir>/<run-id>/controller.lock            locked by the live controller (fcntl)
     <log_dir>/latest -> <run-id>
 
 The directory and everything in it is private to the user (0700 folders, 0600 files): rank
@@ -20,9 +21,11 @@ on every status change, so a reader never sees half a file.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ from zlaunch.redact import recorded_env_value, redact_argv
 
 __all__ = [
     "RunDir",
+    "process_identity",
+    "lock_holder",
     "RunStatus",
     "new_run_id",
     "find_run",
@@ -46,6 +51,9 @@ FAILURE_FILE = "failure.json"
 METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 LATEST = "latest"
+CONTROLLER_LOCK = "controller.lock"
+# struct flock on Linux (x86-64, arm64): l_type, l_whence, l_start, l_len, l_pid, padding.
+_FLOCK = "hhqqi4x"
 
 
 class RunStatus:
@@ -111,12 +119,56 @@ def plan_record(plan: Plan) -> dict[str, Any]:
     }
 
 
+def process_identity(pid: int) -> dict[str, Any] | None:
+    """What tells this process from a later one with the same pid: its start time (clock
+    ticks since boot) and the boot it started in. None when there is no such live process."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot_id = handle.read().strip()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return {"pid": pid, "start_ticks": int(fields[19]), "boot_id": boot_id}
+
+
+def _hold_controller_lock(path: str) -> int:
+    """Lock ``path`` for as long as this process lives (never closed: closing would unlock).
+
+    A POSIX lock, because F_GETLK tells another process who holds it. It also drops when this
+    process closes *any* descriptor of the file: nothing in the controller opens it again.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def lock_holder(run_path: str) -> int | None:
+    """The pid that holds the run's controller lock: the live controller, or None."""
+    try:
+        fd = os.open(os.path.join(run_path, CONTROLLER_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    kind, _, _, _, pid = struct.unpack(_FLOCK, answer)
+    return pid if kind != fcntl.F_UNLCK and pid > 0 else None
+
+
 @dataclass
 class RunDir:
     """One run's directory. The controller writes it; ``zlaunch logs/status/stop`` read it."""
 
     path: str
     run_id: str
+    _lock_fd: int | None = None
 
     # ---- writing (controller) -----------------------------------------------------------
 
@@ -127,11 +179,15 @@ class RunDir:
         path = os.path.join(root, run_id)
         os.mkdir(path, PRIVATE_DIR)
         run = cls(path, run_id)
+        # `zlaunch stop` and `stacks` signal only the process that holds this lock and matches
+        # the identity recorded below: never a process that merely reuses the pid.
+        run._lock_fd = _hold_controller_lock(os.path.join(path, CONTROLLER_LOCK))
         run.write_record(
             {
                 "run_id": run_id,
                 "status": RunStatus.STARTING,
                 "controller_pid": os.getpid(),
+                "controller": process_identity(os.getpid()),
                 "start_time": time.time(),
                 "end_time": None,
                 "exit_code": None,

@@ -14,15 +14,16 @@ from typing import Any
 
 import click
 
-from zlaunch.errors import UsageError
+from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.options import DEFAULT_LOG_DIR
-from zlaunch.rundir import RunDir, RunStatus, find_run
+from zlaunch.rundir import RunDir, RunStatus, find_run, lock_holder, process_identity
 
 __all__ = [
     "run_options",
     "open_run",
     "ENDED",
     "controller_alive",
+    "controller_to_signal",
     "effective_status",
     "run_ended",
     "engine_rows",
@@ -55,19 +56,29 @@ def open_run(log_dir: str | None, run: str | None) -> RunDir:
 
 
 def controller_alive(record: dict[str, Any]) -> bool:
-    """Whether the controller that owns the run still lives (checked on this machine)."""
+    """Whether the controller that owns the run still lives (checked on this machine): the
+    process with its pid has the start time and boot recorded in run.json. A recycled pid
+    belongs to a process started later, so it never matches."""
+    recorded = record.get("controller")
     pid = record.get("controller_pid")
-    if not isinstance(pid, int) or pid <= 0:
+    if not isinstance(recorded, dict) or not isinstance(pid, int) or pid <= 0:
         return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            cmdline = handle.read()
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    # A recycled pid belongs to some other program: it is not our controller.
-    return b"zlaunch" in cmdline and state != "Z"
+    return recorded.get("pid") == pid and process_identity(pid) == recorded
+
+
+def controller_to_signal(run: RunDir, record: dict[str, Any], what: str) -> int:
+    """The controller's pid, once proven: it holds the run's lock and matches the identity
+    recorded at start. ZlaunchError otherwise: signalling a stranger is never an option."""
+    pid = record.get("controller_pid")
+    holder = lock_holder(run.path)
+    if holder is None or holder != pid or not controller_alive(record):
+        raise ZlaunchError(
+            f"run {run.run_id}: its controller (pid {pid}) is not running on this machine; "
+            f"nothing to {what}"
+            + (f" (pid {pid} is another process now)" if process_identity(pid or 0) else ""),
+            hint=f"zlaunch {what} must run on the machine that started the job, while it runs",
+        )
+    return pid
 
 
 def effective_status(record: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ import click
 
 from zlaunch.commands.runs_common import (
     ENDED,
-    controller_alive,
+    controller_to_signal,
     effective_status,
     open_run,
     run_options,
@@ -90,12 +90,7 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
     status = effective_status(record)
     if status in ENDED or record.get("end_time") is not None:
         raise ZlaunchError(f"run {rundir.run_id} already ended ({status}); no stacks to show")
-    if not controller_alive(record):
-        raise ZlaunchError(
-            f"run {rundir.run_id}: its controller (pid {record.get('controller_pid')}) is not "
-            "running on this machine",
-            hint="zlaunch stacks must run on the machine that started the job",
-        )
+    controller = controller_to_signal(rundir, record, "stacks")
     state = rundir.ranks() or {}
     rows = [r for r in state.get("ranks", []) if r.get("state") == "running"]
     ready = {r["rank"]: r for r in rows if r.get("stacks")}
@@ -109,7 +104,7 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
     paths = {r: rundir.rank_log_path(attempt, row["host"], r) for r, row in ready.items()}
     start = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
     try:
-        os.kill(record["controller_pid"], protocol.STACKS_SIGNAL)
+        os.kill(controller, protocol.STACKS_SIGNAL)
     except (ProcessLookupError, PermissionError) as err:
         raise ZlaunchError(f"run {rundir.run_id}: cannot signal its controller ({err})") from None
 

@@ -1,6 +1,7 @@
 """``zlaunch stop``: stop a running job from any terminal of the controller's machine.
 
-Sends SIGTERM to the controller pid recorded in run.json; the controller then stops every
+Sends SIGTERM to the controller recorded in run.json, once proven to be it (it holds the run's
+lock and has the start time recorded there); the controller then stops every
 rank on every host exactly as on Ctrl-C (TERM, grace period, KILL) and records the run as
 interrupted. By default the command waits until the run has ended and says how it ended.
 """
@@ -15,7 +16,7 @@ import click
 
 from zlaunch.commands.runs_common import (
     ENDED,
-    controller_alive,
+    controller_to_signal,
     effective_status,
     open_run,
     run_options,
@@ -47,13 +48,7 @@ def command(run: str | None, log_dir: str | None, no_wait: bool, timeout: float)
             + (f", exit code {code}" if code is not None else "")
             + "); nothing to stop"
         )
-    if not controller_alive(record):
-        raise ZlaunchError(
-            f"run {rundir.run_id}: its controller (pid {record.get('controller_pid')}) is not "
-            "running on this machine; nothing to stop here",
-            hint="zlaunch stop must run on the machine that started the job",
-        )
-    pid = record["controller_pid"]
+    pid = controller_to_signal(rundir, record, "stop")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

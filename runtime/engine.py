@@ -354,7 +354,7 @@ class Engine(torch.nn.Module):
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
             # --- step metrics: report steps emit one event from rank 0 (runtime/metrics.py) ---
-            self.step_metrics.on_boundary(outcome.grad_norm)
+            self.step_metrics.on_boundary(outcome.grad_norm, outcome.skipped)
         self.micro_steps += 1
         if self.save_on_signal is not None:
             self.save_on_signal.at_boundary(self)  # checkpoint on signal (runtime/checkpoint)

@@ -235,13 +235,15 @@ class StepMetrics:
         self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
         self._loss_count += 1
 
-    def on_boundary(self, grad_norm: float | None) -> None:
-        """After an optimizer step (``engine.global_steps`` already counts it)."""
+    def on_boundary(self, grad_norm: float | None, skipped: bool = False) -> None:
+        """After an optimizer step (``engine.global_steps`` already counts it). A skipped step
+        (non-finite gradients: every rank agrees) is reported at once, whatever
+        steps_per_print says, so the live view shows it when it happens."""
         engine = self.engine
         self._window_steps += 1
         self._window_samples += engine.train_batch_size()
         step = engine.global_steps
-        report = step == 1 or (self.every > 0 and step % self.every == 0)
+        report = step == 1 or skipped or (self.every > 0 and step % self.every == 0)
         if not report:
             self._reset_loss()
             return

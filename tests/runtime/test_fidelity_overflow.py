@@ -39,11 +39,11 @@ def single_process_group():
         dist.destroy_process_group()
 
 
-def _config(stage: int, precision: str, check: bool) -> dict:
+def _config(stage: int, precision: str, check: bool, steps_per_print: int = 1) -> dict:
     cfg = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
-        "steps_per_print": 1,
+        "steps_per_print": steps_per_print,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
         "scheduler": {
             "type": "WarmupLR",
@@ -68,11 +68,14 @@ def _full_params(engine) -> list[torch.Tensor]:
     return [p.detach().float().clone() for p in engine.module.parameters()]
 
 
-def train_three_steps(stage: int, precision: str, check: bool, inf_rank: int = 0) -> dict:
+def train_three_steps(
+    stage: int, precision: str, check: bool, inf_rank: int = 0, steps_per_print: int = 1
+) -> dict:
     """Steps 1 and 3 are ordinary; step 2's loss is inf on rank `inf_rank`."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    engine, *_ = runtime.initialize(model=model, config=_config(stage, precision, check))
+    config = _config(stage, precision, check, steps_per_print)
+    engine, *_ = runtime.initialize(model=model, config=config)
     events: list[dict] = []
     engine.step_metrics.sink = types.SimpleNamespace(emit=events.append)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
@@ -138,6 +141,12 @@ def test_non_finite_step_is_skipped_counted_and_reported(stage, precision, check
     else:  # bf16.check_grad_overflow false at stages 1-2: applied, as DeepSpeed does
         assert out["skipped"] == 0 and not out["finite"]
         assert out["applied"] == [True, True, True]
+
+
+def test_a_skipped_step_is_reported_at_once_whatever_steps_per_print_says():
+    out = train_three_steps(1, "fp32", True, steps_per_print=100)
+    # step 1 (the first) and step 2 (skipped) are reported; step 3 waits for step 100
+    assert out["event_skipped"] == [0, 1]
 
 
 def test_skipped_step_logs_one_line_on_rank_0(caplog):

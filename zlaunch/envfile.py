@@ -24,6 +24,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
+from zlaunch.clip import clip
 from zlaunch.errors import UsageError
 
 __all__ = [
@@ -89,12 +90,12 @@ def parse_env_text(text: str, *, origin: str = "<env>") -> dict[str, str]:
         key = key.rstrip()
         if not sep:
             raise UsageError(
-                f"{where}: expected KEY=VALUE, got {lines[lineno - 1].strip()!r}",
+                f"{where}: expected KEY=VALUE, got {clip(lines[lineno - 1].strip())}",
                 hint="write one variable per line as KEY=VALUE (a '#' starts a comment line)",
             )
         if not _KEY.fullmatch(key):
             raise UsageError(
-                f"{where}: bad variable name {key!r}",
+                f"{where}: bad variable name {clip(key)}",
                 hint="names use letters, digits and '_', and do not start with a digit",
             )
         rest = rest.lstrip(" \t")
@@ -103,7 +104,7 @@ def parse_env_text(text: str, *, origin: str = "<env>") -> dict[str, str]:
             tail = tail.strip()
             if tail and not tail.startswith("#"):
                 raise UsageError(
-                    f"{where}: unexpected text after the closing quote of {key}: {tail!r}",
+                    f"{where}: unexpected text after the closing quote of {key}: {clip(tail)}",
                     hint="quote the whole value, or put a '#' before a comment",
                 )
         else:
@@ -188,7 +189,7 @@ def parse_env_options(items: Iterable[str], environ: Mapping[str, str]) -> dict[
         key, sep, value = item.partition("=")
         if not _KEY.fullmatch(key):
             raise UsageError(
-                f"--env {item!r}: bad variable name {key!r}",
+                f"--env {clip(item)}: bad variable name {clip(key)}",
                 hint="use --env KEY=VALUE, or --env KEY to pass the value zlaunch sees",
             )
         if not sep:

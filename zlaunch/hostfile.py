@@ -17,6 +17,7 @@ never a silent fallback to localhost.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import shutil
@@ -24,11 +25,14 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from zlaunch.clip import brief, clip
 from zlaunch.errors import HostfileError, UsageError
 
 __all__ = ["Host", "load_hostfile", "parse_hostfile", "default_hosts", "visible_gpu_slots"]
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+# More workers than this on one host is a typo (and slots 0..N-1 are held in memory).
+MAX_SLOTS = 4096
 KNOWN_KEYS = ("slots", "port", "user")
 # What people write for a known key, from other launchers' hostfiles and habit.
 KEY_ALIASES = {
@@ -133,14 +137,14 @@ def _parse_line(line: str, where: str) -> Host:
         key, sep, value = pair.partition("=")
         if not sep:
             raise HostfileError(
-                f"{where}: bad entry {line!r}: expected key=value after the host, got {pair!r}",
+                f"{where}: bad entry: expected key=value after the host, got {clip(pair)}",
                 hint="write one host per line as 'HOST slots=N [port=P] [user=U]'",
             )
         if key not in KNOWN_KEYS:
             near = [KEY_ALIASES[key]] if key in KEY_ALIASES else []
             near = near or difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.6)
             raise HostfileError(
-                f"{where}: unknown key {key!r}",
+                f"{where}: unknown key {clip(key)}",
                 hint=f"did you mean {near[0]!r}?"
                 if near
                 else f"known keys are {', '.join(KNOWN_KEYS)}",
@@ -150,11 +154,17 @@ def _parse_line(line: str, where: str) -> Host:
         values[key] = value
 
     if "slots" not in values:
+        shown = brief(first)
         raise HostfileError(
-            f"{where}: host {first} has no slots",
-            hint=f"add the number of workers for this host, e.g. '{first} slots=8'",
+            f"{where}: host {shown} has no slots",
+            hint=f"add the number of workers for this host, e.g. '{shown} slots=8'",
         )
     slots = _positive_int(values["slots"], "slots", where, hint="slots must be 1 or more")
+    if slots > MAX_SLOTS:
+        raise HostfileError(
+            f"{where}: slots must be 1-{MAX_SLOTS}, got {slots}",
+            hint="slots is the number of workers (GPUs) on this host",
+        )
     port = None
     if "port" in values:
         port = _positive_int(values["port"], "port", where, hint="an ssh port is 1-65535")
@@ -170,7 +180,7 @@ def _parse_line(line: str, where: str) -> Host:
             )
         user = values["user"]
         if not _USER.fullmatch(user):
-            raise HostfileError(f"{where}: bad user name {user!r}", hint=_USER_HINT)
+            raise HostfileError(f"{where}: bad user name {clip(user)}", hint=_USER_HINT)
     return Host(name=name, slots=tuple(range(slots)), user=user, port=port)
 
 
@@ -180,38 +190,50 @@ def _parse_destination(text: str, where: str) -> tuple[str | None, str]:
     if "@" in text:
         user, _, text = text.rpartition("@")
         if not _USER.fullmatch(user):
-            raise HostfileError(
-                f"{where}: bad user name {user!r} in {user}@{text}", hint=_USER_HINT
-            )
+            raise HostfileError(f"{where}: bad user name {clip(user)}", hint=_USER_HINT)
     if text.startswith("["):
-        if not text.endswith("]") or not _IPV6.fullmatch(text[1:-1]):
+        if not text.endswith("]") or not is_ipv6(text[1:-1]):
             raise HostfileError(
-                f"{where}: bad entry {text!r}: expected an IPv6 address in brackets",
+                f"{where}: bad entry {clip(text)}: expected an IPv6 address in brackets",
                 hint="write IPv6 hosts like '[fe80::1] slots=2'",
             )
         return user, text[1:-1]
     if ":" in text:
         raise HostfileError(
-            f"{where}: bad host {text!r}",
+            f"{where}: bad host {clip(text)}",
             hint="put IPv6 addresses in brackets ('[::1] slots=2') and the ssh port in "
             "'port=' ('node1 slots=8 port=2222')",
         )
     if "=" in text:
         raise HostfileError(
-            f"{where}: bad entry: the line starts with {text!r} instead of a host name",
+            f"{where}: bad entry: the line starts with {clip(text)} instead of a host name",
             hint="write one host per line as 'HOST slots=N'",
         )
     if not _NAME.fullmatch(text):
         raise HostfileError(
-            f"{where}: bad host name {text!r}",
+            f"{where}: bad host name {clip(text)}",
             hint="host names use letters, digits, '.', '-' and '_'",
         )
     return user, text
 
 
+def is_ipv6(text: str) -> bool:
+    """An IPv6 address, with an optional %zone (what may stand in brackets)."""
+    if not _IPV6.fullmatch(text):
+        return False
+    try:
+        ipaddress.IPv6Address(text.partition("%")[0])
+    except ValueError:
+        return False
+    return True
+
+
 def _positive_int(value: str, key: str, where: str, *, hint: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise HostfileError(f"{where}: {key} must be a positive integer, got {value!r}", hint=hint)
+    # ASCII digits only: str.isdigit() also takes '²' and other digits int() refuses.
+    if not (value.isascii() and value.isdigit()) or len(value) > 18 or int(value) < 1:
+        raise HostfileError(
+            f"{where}: {key} must be a positive integer, got {clip(value)}", hint=hint
+        )
     return int(value)
 
 
@@ -234,7 +256,7 @@ def visible_gpu_slots(environ: Mapping[str, str] | None = None) -> tuple[int, ..
             kept.append(entry)
         if not kept:
             return None
-        if all(e.isdigit() for e in kept):
+        if all(e.isascii() and e.isdigit() for e in kept):
             return tuple(int(e) for e in kept)
         return tuple(range(len(kept)))
     smi = shutil.which("nvidia-smi")
@@ -259,6 +281,8 @@ def default_hosts(num_gpus: int | None, environ: Mapping[str, str] | None = None
         return [Host("localhost", gpus or (0,))]
     if num_gpus < 1:
         raise UsageError(f"--num-gpus must be 1 or more, got {num_gpus}")
+    if num_gpus > MAX_SLOTS:
+        raise UsageError(f"--num-gpus must be at most {MAX_SLOTS}, got {num_gpus}")
     if gpus and num_gpus <= len(gpus):
         return [Host("localhost", gpus[:num_gpus])]
     return [Host("localhost", tuple(range(num_gpus)))]

@@ -105,8 +105,8 @@ class LaunchOptions:
             raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.resume and not self.checkpoint_dir:
             raise UsageError("--resume needs --checkpoint-dir DIR (where to resume from)")
-        if self.grace_period < 0:
-            raise UsageError(f"--grace-period must be 0 or more, got {self.grace_period}")
+        if not 0 <= self.grace_period < float("inf"):  # also refuses nan
+            raise UsageError(f"--grace-period must be 0 or more (seconds), got {self.grace_period}")
         # Own copies, so later changes to the caller's dict or lists do not leak in.
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "hosts", tuple(self.hosts))

@@ -19,6 +19,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import replace
 
+from zlaunch.clip import clip
 from zlaunch.errors import UsageError
 from zlaunch.hostfile import Host
 
@@ -93,7 +94,7 @@ def select_hosts(
 
     if not selected:
         raise UsageError(
-            f"{selector_flag} {exclude!r} leaves no hosts to run on"
+            f"{selector_flag} {clip(exclude)} leaves no hosts to run on"
             if exclude
             else "no hosts selected",
             hint="check the selector against the hostfile",
@@ -114,7 +115,7 @@ def parse_selector(text: str, hosts: Sequence[Host], flag: str) -> dict[str, fro
         term = term.strip()
         if not term:
             raise UsageError(
-                f"{flag} {text!r}: empty host between '@'",
+                f"{flag} {clip(text)}: empty host between '@'",
                 hint="join hosts with a single '@', e.g. node1@node2",
             )
         name, slot_text = _split_term(term, text, flag)
@@ -123,7 +124,7 @@ def parse_selector(text: str, hosts: Sequence[Host], flag: str) -> dict[str, fro
             near = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.6)
             known = ", ".join(h.display for h in hosts)
             raise UsageError(
-                f"{flag}: host {name!r} is not in the hostfile",
+                f"{flag}: host {clip(name)} is not in the hostfile",
                 hint=f"did you mean {near[0]!r}?" if near else f"hosts are: {known}",
             )
         if slot_text is None:
@@ -145,17 +146,17 @@ def _split_term(term: str, text: str, flag: str) -> tuple[str, str | None]:
     if term.startswith("["):
         close = term.find("]")
         if close < 0:
-            raise UsageError(f"{flag} {text!r}: '[' without ']' in {term!r}")
+            raise UsageError(f"{flag}: '[' without ']' in {clip(term)}")
         name, rest = term[1:close], term[close + 1 :]
         if not rest:
             return name, None
         if not rest.startswith(":"):
-            raise UsageError(f"{flag} {text!r}: expected ':' after {term[: close + 1]!r}")
+            raise UsageError(f"{flag}: expected ':' after {clip(term[: close + 1])}")
         return name, rest[1:]
     name, sep, slots = term.partition(":")
     if ":" in slots:
         raise UsageError(
-            f"{flag} {text!r}: too many ':' in {term!r}",
+            f"{flag}: too many ':' in {clip(term)}",
             hint="put IPv6 hosts in brackets, e.g. [fe80::1]:0,1",
         )
     return name, (slots if sep else None)
@@ -166,15 +167,15 @@ def _parse_slots(text: str, term: str, flag: str, host: Host) -> set[int]:
     for item in text.split(","):
         item = item.strip()
         low, dash, high = item.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not _number(low) or (dash and not _number(high)):
             raise UsageError(
-                f"{flag}: bad slot {item!r} in {term!r}",
+                f"{flag}: bad slot {clip(item)} in {clip(term)}",
                 hint="slots are numbers or ranges joined by ',', e.g. node1:0,2-3",
             )
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
             raise UsageError(
-                f"{flag}: empty slot range {item!r} in {term!r}",
+                f"{flag}: empty slot range {clip(item)} in {clip(term)}",
                 hint=f"write the range low-high, e.g. {last}-{first}",
             )
         if last > max(host.slots):
@@ -185,6 +186,11 @@ def _parse_slots(text: str, term: str, flag: str, host: Host) -> set[int]:
             )
         slots.update(range(first, last + 1))
     return slots
+
+
+def _number(text: str) -> bool:
+    """ASCII digits, few enough for int() (str.isdigit() also takes '²', which int() refuses)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _slot_list(slots: Sequence[int]) -> str:

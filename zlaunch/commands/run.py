@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from zlaunch.clip import brief, clip
 from zlaunch.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ def parse_ranks(text: str, world_size: int) -> frozenset[int]:
     for item in text.split(","):
         item = item.strip()
         low, dash, high = item.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise UsageError(f"--ranks: bad rank {item!r}", hint="e.g. --ranks 0,3-5")
+        if not _number(low) or (dash and not _number(high)):
+            raise UsageError(f"--ranks: bad rank {clip(item)}", hint="e.g. --ranks 0,3-5")
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
             raise UsageError(f"--ranks: empty range {item!r}", hint=f"write {last}-{first}")
@@ -112,6 +113,11 @@ def parse_ranks(text: str, world_size: int) -> frozenset[int]:
             )
         ranks.update(range(first, last + 1))
     return frozenset(ranks)
+
+
+def _number(text: str) -> bool:
+    """ASCII digits, few enough for int() (str.isdigit() also takes '²', which int() refuses)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _existing_file(path: str | None, flag: str) -> str | None:
@@ -131,7 +137,7 @@ def _reject_option_as_script(script: str) -> None:
     known = [name for param in command.params for name in getattr(param, "opts", [])]
     near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
     raise UsageError(
-        f"no such option: {flag}",
+        f"no such option: {brief(flag)}",
         hint=f"did you mean {near[0]}?" if near else "see zlaunch run --help",
     )
 
@@ -186,6 +192,11 @@ def build_options(
         raise UsageError("--module and --no-python cannot be used together")
     if no_python and python is not None:
         raise UsageError("--python has no effect with --no-python", hint="drop one of them")
+    if python is not None and (not python or python.startswith("-")):
+        raise UsageError(
+            f"--python {clip(python)}: expected an interpreter, e.g. --python /usr/bin/python3",
+            hint="--python takes the interpreter's path; its options cannot be passed there",
+        )
 
     cwd = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
     if not os.path.isdir(cwd):
@@ -276,7 +287,9 @@ def _save_on_signal(value: str | None) -> str | None:
     name = value.strip().upper()
     name = name if name.startswith("SIG") else "SIG" + name
     if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
-        raise UsageError(f"--save-on {value}: not a signal that can be caught", hint="e.g. SIGUSR1")
+        raise UsageError(
+            f"--save-on {clip(value)}: not a signal that can be caught", hint="e.g. SIGUSR1"
+        )
     if name in ("SIGINT", "SIGTERM"):
         raise UsageError(
             f"--save-on {value}: zlaunch uses {name} to stop the job", hint="use SIGUSR1 or SIGUSR2"

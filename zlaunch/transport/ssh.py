@@ -125,9 +125,10 @@ def remote_command(argv: Sequence[str]) -> str:
     """The shell command run by sshd: no env, no secrets, just the interpreter and module.
 
     ``cd /`` so that a stale or unmounted login directory cannot break the start; workers get
-    their own cwd from the spec.
+    their own cwd from the spec. ``exec --``: an interpreter path starting with '-' must not
+    be read as one of exec's options (``exec -c`` would clear the environment).
     """
-    return "cd / && exec " + shlex.join(argv)
+    return "cd / && exec -- " + shlex.join(argv)
 
 
 class SshLink(Link):

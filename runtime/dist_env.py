@@ -1,15 +1,38 @@
-"""Process-group setup from the launcher's environment.
+"""Process-group setup from the launcher's environment, whichever launcher started the process.
 
-RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT / LOCAL_RANK come from zlaunch (or torchrun, or
-the DeepSpeed launcher). NCCL and ``cuda:LOCAL_RANK`` when CUDA is available, gloo and CPU
-otherwise. A plain ``python train.py`` (none of those variables) becomes a world of one with an
-in-process store, so single-process runs need no launcher.
+Where the world comes from, first match wins (:func:`discover_world`, pure, over an env mapping):
+
+1. ``RANK`` / ``WORLD_SIZE`` (zlaunch, torchrun, DeepSpeed's launcher), with ``MASTER_ADDR``,
+   ``MASTER_PORT`` and ``LOCAL_RANK``.
+2. Open MPI's ``mpirun``: ``OMPI_COMM_WORLD_RANK`` / ``_SIZE`` / ``_LOCAL_RANK``.
+3. MPICH / Intel MPI (PMI): ``PMI_RANK`` / ``PMI_SIZE``, local rank ``MPI_LOCALRANKID`` —
+   unless a Slurm step with the same task count says the same thing (``srun --mpi=pmi2`` sets
+   both; Slurm's variables then give more).
+4. Slurm's ``srun``: ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``; rank 0's host is
+   the first of ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``); the port is derived
+   from the job and step ids (:func:`slurm_port`) unless ``MASTER_PORT`` is set.
+
+MPI comes before Slurm because ``mpirun`` inside an allocation starts its daemons with ``srun``:
+every rank then inherits ``SLURM_PROCID`` of its node's daemon, which is not its rank. For the
+MPI launchers ``MASTER_ADDR`` names rank 0's host; without it, ranks all on one node use
+127.0.0.1, and ranks on several nodes ask mpi4py (when installed) for rank 0's host name.
+
+When a launcher says the world is larger than one but this process's rank (or rank 0's address)
+cannot be found, :class:`DistInitError` names what is missing: N copies silently training alone
+is the failure this module exists to prevent. Only with no launcher at all is the process a
+world of one (in-process store), and it says so in one log line. ``WORLD_SIZE=1`` asks for a
+world of one on purpose, inside an allocation too.
+
+Backend: NCCL and ``cuda:LOCAL_RANK`` when CUDA is available, gloo and CPU otherwise.
 """
 
 from __future__ import annotations
 
 import datetime
+import enum
+import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -17,11 +40,52 @@ import torch.distributed as dist
 
 from . import group_teardown
 
-__all__ = ["DistEnv", "DistInitError", "init_distributed", "shutdown_distributed"]
+__all__ = [
+    "DistEnv",
+    "DistInitError",
+    "Launcher",
+    "World",
+    "discover_world",
+    "init_distributed",
+    "shutdown_distributed",
+    "slurm_port",
+]
+
+log = logging.getLogger("runtime.dist_env")
+
+#: Ports derived from a job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the usual
+#: service ports, below Linux's ephemeral range (32768-60999).
+PORT_BASE, PORT_SPAN = 15000, 17000
+DEFAULT_PORT = 29500
 
 
 class DistInitError(RuntimeError):
     """The distributed environment is missing or inconsistent."""
+
+
+class Launcher(enum.Enum):
+    """What started this process, as far as its environment tells."""
+
+    NONE = "no launcher"
+    ENV = "RANK/WORLD_SIZE (zlaunch, torchrun)"
+    OPENMPI = "Open MPI (mpirun)"
+    PMI = "MPICH/PMI (mpiexec)"
+    SLURM = "Slurm (srun)"
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process stands, read from the environment by :func:`discover_world`."""
+
+    launcher: Launcher
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str | None = None
+    """Rank 0's host; None for a world of one (no store to reach)."""
+    master_port: int | None = None
+    note: str = ""
+    """One line saying where the numbers came from, for the log."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +100,295 @@ class DistEnv:
     (world) group, deliberately not held as an object: see runtime.group_teardown."""
 
 
-def _env_int(name: str, default: int | None = None) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+# -- discovery (pure) -------------------------------------------------------------------------
+
+
+def discover_world(
+    env: Mapping[str, str], mpi_master: Callable[[], str | None] | None = None
+) -> World:
+    """This process's place in the job from ``env``; DistInitError when it cannot be known.
+
+    ``mpi_master`` is asked for rank 0's host when MPI ranks span several nodes and
+    ``MASTER_ADDR`` is not set (:func:`init_distributed` passes one that uses mpi4py).
+    """
+    if _present(env, "RANK", "WORLD_SIZE"):
+        return _from_env(env)
+    if _present(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        return _from_openmpi(env, mpi_master)
+    if _present(env, "PMI_RANK", "PMI_SIZE") and not _slurm_agrees_with_pmi(env):
+        return _from_pmi(env, mpi_master)
+    if _present(env, "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_PROCID", "SLURM_NTASKS"):
+        return _from_slurm(env)
+    return World(
+        Launcher.NONE,
+        0,
+        1,
+        0,
+        note="no launcher found (no RANK/WORLD_SIZE, SLURM_*, OMPI_COMM_WORLD_* or PMI_* "
+        "variables): running as a world of one process",
+    )
+
+
+def slurm_port(job_id: int, step_id: int = 0) -> int:
+    """The rendezvous port of a Slurm step: the same on every task of the step, different for
+    steps of one job running side by side (up to 16), spread over PORT_SPAN ports by job id."""
+    return PORT_BASE + (job_id * 16 + step_id % 16) % PORT_SPAN
+
+
+def _from_env(env: Mapping[str, str]) -> World:
+    world_size = _int(env, "WORLD_SIZE")
+    rank = _int(env, "RANK")
+    local_rank = _int(env, "LOCAL_RANK", 0)
+    if (
+        world_size == 1
+        and rank in (None, 0)
+        and not (env.get("MASTER_ADDR") and env.get("MASTER_PORT"))
+    ):
+        return World(Launcher.ENV, 0, 1, local_rank, note="WORLD_SIZE=1: a world of one process")
+    missing = [n for n in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(n)]
+    if missing:
+        raise DistInitError(
+            f"distributed environment incomplete: {', '.join(missing)} not set (start the "
+            "script with zlaunch, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
+        )
+    assert rank is not None and world_size is not None
+    _check_rank(rank, world_size, "RANK", "WORLD_SIZE")
+    return World(
+        Launcher.ENV,
+        rank,
+        world_size,
+        local_rank,
+        env["MASTER_ADDR"],
+        _int(env, "MASTER_PORT"),
+        note=f"rank {rank} of {world_size} from RANK/WORLD_SIZE",
+    )
+
+
+def _from_openmpi(env: Mapping[str, str], mpi_master: Callable[[], str | None] | None) -> World:
+    size = _int(env, "OMPI_COMM_WORLD_SIZE")
+    rank = _int(env, "OMPI_COMM_WORLD_RANK")
+    local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+    local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    what = "Open MPI (mpirun)"
+    if size is None:
+        raise DistInitError(
+            f"{what}: OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not, so the "
+            "world size is unknown; start the script with mpirun, or set RANK and WORLD_SIZE"
+        )
+    if size == 1 and rank in (None, 0):
+        return World(Launcher.OPENMPI, 0, 1, 0, note=f"{what}: one process")
+    _require(what, size, "OMPI_COMM_WORLD_SIZE", rank=("OMPI_COMM_WORLD_RANK", rank))
+    _require(what, size, "OMPI_COMM_WORLD_SIZE", rank=("OMPI_COMM_WORLD_LOCAL_RANK", local_rank))
+    assert rank is not None and local_rank is not None
+    _check_rank(rank, size, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
+    one_node = local_size == size
+    addr = _mpi_master_addr(env, what, one_node, "OMPI_COMM_WORLD_LOCAL_SIZE", mpi_master)
+    port, port_from = _port(env, "OMPI_MCA_ess_base_jobid")
+    return World(
+        Launcher.OPENMPI,
+        rank,
+        size,
+        local_rank,
+        addr,
+        port,
+        note=f"{what}: rank {rank} of {size}, local rank {local_rank}, master {addr}:{port} "
+        f"({port_from})",
+    )
+
+
+def _from_pmi(env: Mapping[str, str], mpi_master: Callable[[], str | None] | None) -> World:
+    size = _int(env, "PMI_SIZE")
+    rank = _int(env, "PMI_RANK")
+    local_rank = _int(env, "MPI_LOCALRANKID")
+    local_size = _int(env, "MPI_LOCALNRANKS")
+    what = "MPICH/PMI (mpiexec)"
+    if size is None:
+        raise DistInitError(
+            f"{what}: PMI_RANK is set but PMI_SIZE is not, so the world size is unknown; start "
+            "the script with mpiexec, or set RANK and WORLD_SIZE"
+        )
+    if size == 1 and rank in (None, 0):
+        return World(Launcher.PMI, 0, 1, 0, note=f"{what}: one process")
+    _require(what, size, "PMI_SIZE", rank=("PMI_RANK", rank))
+    assert rank is not None
+    _check_rank(rank, size, "PMI_RANK", "PMI_SIZE")
+    one_node = local_size == size
+    if local_rank is None:
+        if not one_node:
+            raise DistInitError(
+                f"{what}: PMI_RANK={rank} of PMI_SIZE={size} but MPI_LOCALRANKID is not set, so "
+                "this rank's device on its node is unknown; set LOCAL_RANK (or use mpiexec "
+                "from MPICH/Intel MPI, which sets MPI_LOCALRANKID)"
+            )
+        local_rank = rank
+    addr = _mpi_master_addr(env, what, one_node, "MPI_LOCALNRANKS", mpi_master)
+    port, port_from = _port(env, None)
+    return World(
+        Launcher.PMI,
+        rank,
+        size,
+        local_rank,
+        addr,
+        port,
+        note=f"{what}: rank {rank} of {size}, local rank {local_rank}, master {addr}:{port} "
+        f"({port_from})",
+    )
+
+
+def _from_slurm(env: Mapping[str, str]) -> World:
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "?"
+    what = f"Slurm job {job}"
+    in_step = _present(env, "SLURM_STEP_ID", "SLURM_STEPID")
+    size_var = next(
+        (n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") if env.get(n)), None
+    )
+    size = _int(env, size_var) if size_var else None
+    nodes = (
+        _int(env, "SLURM_STEP_NUM_NODES")
+        or _int(env, "SLURM_JOB_NUM_NODES")
+        or _int(env, "SLURM_NNODES")
+    )
+    rank = _int(env, "SLURM_PROCID")
+    if not in_step:
+        # A salloc shell or a batch script: one process, whatever the allocation holds.
+        many = (size or 1) > 1 or (nodes or 1) > 1
+        if many:
+            held = f"{size_var}={size}" if size_var and (size or 1) > 1 else f"{nodes} nodes"
+            raise DistInitError(
+                f"{what} holds {held}, but this process is not a task of srun (no SLURM_STEP_ID"
+                f"{'' if rank is not None else ', no SLURM_PROCID'}), so its rank is unknown: "
+                "this is the allocation's shell or batch script, which runs one copy. Start "
+                "the script with `srun python ...` (one task per rank) or with `zlaunch`; to "
+                "run one process here on purpose, set WORLD_SIZE=1"
+            )
+        return World(
+            Launcher.SLURM, 0, 1, 0, note=f"{what}: allocation shell, not a step: one process"
+        )
+    if size is None:
+        raise DistInitError(
+            f"{what}: SLURM_STEP_NUM_TASKS and SLURM_NTASKS are not set, so the number of "
+            "tasks is unknown; start the script with srun, or set RANK and WORLD_SIZE"
+        )
+    if size == 1 and rank in (None, 0):
+        return World(Launcher.SLURM, 0, 1, 0, note=f"{what}: one task")
+    _require(what, size, size_var or "SLURM_NTASKS", rank=("SLURM_PROCID", rank))
+    local_rank = _int(env, "SLURM_LOCALID")
+    _require(what, size, size_var or "SLURM_NTASKS", rank=("SLURM_LOCALID", local_rank))
+    assert rank is not None and local_rank is not None
+    _check_rank(rank, size, "SLURM_PROCID", size_var or "SLURM_NTASKS")
+    addr = env.get("MASTER_ADDR")
+    addr_from = "MASTER_ADDR"
+    if not addr:
+        list_var = next(
+            (
+                n
+                for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                if env.get(n)
+            ),
+            None,
+        )
+        if list_var is None:
+            raise DistInitError(
+                f"{what}: task {rank} of {size}, but SLURM_STEP_NODELIST and "
+                "SLURM_JOB_NODELIST are not set, so rank 0's host is unknown; set MASTER_ADDR"
+            )
+        from zlaunch.slurm_hostlist import HostlistError, first_host
+
+        try:
+            addr = first_host(env[list_var])
+        except HostlistError as exc:
+            raise DistInitError(f"{what}: {list_var}: {exc}; set MASTER_ADDR") from None
+        addr_from = f"first host of {list_var}"
+    if env.get("MASTER_PORT"):
+        port, port_from = _int(env, "MASTER_PORT"), "MASTER_PORT"
+    else:
+        job_id = _int(env, "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID")
+        if job_id is None:
+            raise DistInitError(
+                f"{what}: SLURM_JOB_ID is not set, so no port can be derived from it; set "
+                "MASTER_PORT"
+            )
+        step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
+        port = slurm_port(job_id, int(step) if step.isdigit() else 0)
+        port_from = "from SLURM_JOB_ID and SLURM_STEP_ID"
+    assert port is not None
+    return World(
+        Launcher.SLURM,
+        rank,
+        size,
+        local_rank,
+        addr,
+        port,
+        note=f"{what}: task {rank} of {size}, local {local_rank}; master {addr} ({addr_from}), "
+        f"port {port} ({port_from})",
+    )
+
+
+def _slurm_agrees_with_pmi(env: Mapping[str, str]) -> bool:
+    """``srun --mpi=pmi2`` sets PMI_RANK/PMI_SIZE equal to Slurm's own; ``mpiexec`` inside an
+    allocation starts its proxies with srun, whose step counts nodes, not ranks."""
+    if not _present(env, "SLURM_STEP_ID", "SLURM_STEPID"):
+        return False
+    steps = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")
+    return steps == env.get("PMI_SIZE") and env.get("SLURM_PROCID") == env.get("PMI_RANK")
+
+
+def _mpi_master_addr(
+    env: Mapping[str, str],
+    what: str,
+    one_node: bool,
+    local_size_var: str,
+    mpi_master: Callable[[], str | None] | None,
+) -> str:
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"]
+    if one_node:
+        return "127.0.0.1"
+    addr = mpi_master() if mpi_master is not None else None
+    if addr:
+        return addr
+    raise DistInitError(
+        f"{what}: the ranks run on several nodes ({local_size_var} is smaller than the world) "
+        "and MASTER_ADDR is not set, so rank 0's host is unknown; pass it to every rank "
+        "(mpirun -x MASTER_ADDR=<rank 0's host>), or install mpi4py so the ranks can ask"
+    )
+
+
+def _port(env: Mapping[str, str], job_var: str | None) -> tuple[int, str]:
+    if env.get("MASTER_PORT"):
+        port = _int(env, "MASTER_PORT")
+        assert port is not None
+        return port, "MASTER_PORT"
+    job = _int(env, job_var) if job_var else None
+    if job is not None:
+        return PORT_BASE + job % PORT_SPAN, f"from {job_var}"
+    return DEFAULT_PORT, "default"
+
+
+def _require(what: str, size: int, size_var: str, rank: tuple[str, int | None]) -> None:
+    name, value = rank
+    if value is None:
+        raise DistInitError(
+            f"{what}: {size_var}={size} but {name} is not set, so this process's place in the "
+            f"job is unknown; start the script through the launcher itself (a wrapper that "
+            f"drops {name} breaks it), or set RANK, LOCAL_RANK and WORLD_SIZE"
+        )
+
+
+def _check_rank(rank: int, size: int, rank_var: str, size_var: str) -> None:
+    if size < 1:
+        raise DistInitError(f"{size_var} must be at least 1, got {size}")
+    if not 0 <= rank < size:
+        raise DistInitError(f"{rank_var}={rank} is outside 0..{size - 1} ({size_var}={size})")
+
+
+def _present(env: Mapping[str, str], *names: str) -> bool:
+    return any(env.get(n) not in (None, "") for n in names)
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
         return default
     try:
         return int(raw)
@@ -48,13 +398,44 @@ def _env_int(name: str, default: int | None = None) -> int | None:
         ) from None
 
 
+def _env_int(name: str, default: int | None = None) -> int | None:
+    return _int(os.environ, name, default)
+
+
+def _mpi4py_master() -> str | None:
+    """Rank 0's host name broadcast over MPI, or None without mpi4py."""
+    try:
+        from mpi4py import MPI  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    import socket
+
+    return MPI.COMM_WORLD.bcast(socket.gethostname(), root=0)
+
+
+def cuda_index(local_rank: int, device_count: int) -> int:
+    """The CUDA device of a local rank. When the launcher gave each task its own GPU (Slurm's
+    ``--gpus-per-task``: one visible device), that one; otherwise the local rank's."""
+    if device_count == 1:
+        return 0
+    if local_rank >= device_count:
+        raise DistInitError(
+            f"local rank {local_rank} has no GPU: this process sees {device_count} "
+            "(CUDA_VISIBLE_DEVICES); start at most one rank per visible GPU on each node"
+        )
+    return local_rank
+
+
+# -- process group --------------------------------------------------------------------------
+
+
 def init_distributed(
     dist_init_required: bool | None = None, timeout_s: float | None = None
 ) -> DistEnv:
     """Initialise the default process group if needed and describe this rank."""
     use_cuda = torch.cuda.is_available()
     backend = "nccl" if use_cuda else "gloo"
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0) or 0
     if not dist.is_initialized():
         group_teardown.import_before_init()
         if dist_init_required is False:
@@ -62,26 +443,33 @@ def init_distributed(
                 "dist_init_required=False but torch.distributed is not initialised; call "
                 "torch.distributed.init_process_group first or pass dist_init_required=None"
             )
-        rank = _env_int("RANK")
-        world_size = _env_int("WORLD_SIZE")
+        world = discover_world(os.environ, _mpi4py_master)
+        local_rank = world.local_rank
         timeout = datetime.timedelta(seconds=timeout_s or 1800)
         if use_cuda:
+            local_rank = cuda_index(local_rank, torch.cuda.device_count())
             torch.cuda.set_device(local_rank)
-        if rank is None and world_size is None:
+        if world.master_addr is None:  # a world of one: no store to reach
+            if world.launcher is Launcher.NONE:
+                log.warning("%s", world.note)
+            else:
+                log.info("%s", world.note)
             dist.init_process_group(
                 backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
             )
         else:
-            missing = [
-                n
-                for n in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-                if not os.environ.get(n)
-            ]
-            if missing:
-                raise DistInitError(
-                    f"distributed environment incomplete: {', '.join(missing)} not set (start the "
-                    "script with zlaunch, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
-                )
+            if world.launcher is not Launcher.ENV:
+                log.info("%s", world.note)
+                # What zlaunch would have set, for the script (LOCAL_RANK for its device) and
+                # for env:// below; values the user set win.
+                for name, value in (
+                    ("RANK", world.rank),
+                    ("WORLD_SIZE", world.world_size),
+                    ("LOCAL_RANK", world.local_rank),
+                    ("MASTER_ADDR", world.master_addr),
+                    ("MASTER_PORT", world.master_port),
+                ):
+                    os.environ.setdefault(name, str(value))
             dist.init_process_group(backend, init_method="env://", timeout=timeout)
     group_teardown.tear_down_at_exit()
     backend = str(dist.get_backend()).lower()

@@ -48,4 +48,8 @@ def test_bad_input_is_one_short_usage_error(tmp_path, case):
 def test_the_remote_command_never_reads_the_interpreter_as_an_option():
     from zlaunch.transport.ssh import remote_command
 
-    assert remote_command(["-c", "-m", "zlaunch.agent"]) == "cd / && exec -- -c -m zlaunch.agent"
+    with pytest.raises(ValueError, match="option of exec"):
+        remote_command(["-c", "-m", "zlaunch.agent"])
+    assert remote_command(["python3", "-m", "zlaunch.agent"]) == (
+        "cd / && exec python3 -m zlaunch.agent"
+    )

@@ -125,10 +125,13 @@ def remote_command(argv: Sequence[str]) -> str:
     """The shell command run by sshd: no env, no secrets, just the interpreter and module.
 
     ``cd /`` so that a stale or unmounted login directory cannot break the start; workers get
-    their own cwd from the spec. ``exec --``: an interpreter path starting with '-' must not
-    be read as one of exec's options (``exec -c`` would clear the environment).
+    their own cwd from the spec. An interpreter starting with '-' would be read as one of exec's
+    options (``exec -c`` clears the environment; dash has no ``exec --``): refused here, and
+    `--python` refuses it at the command line.
     """
-    return "cd / && exec -- " + shlex.join(argv)
+    if argv[0].startswith("-"):
+        raise ValueError(f"the interpreter {argv[0]!r} would be read as an option of exec")
+    return "cd / && exec " + shlex.join(argv)
 
 
 class SshLink(Link):

@@ -195,7 +195,8 @@ class SshLink(Link):
                 f"{fingerprint(err.key)}) is not in known_hosts, so nothing proves the host "
                 "is the one meant",
                 hint=f"check the fingerprint with the host's admin, then rerun with "
-                f"--accept-new-hosts to record it in {known} (or add it there yourself)",
+                f"--accept-new-hosts to record it in {known}, or add it yourself: "
+                f"ssh-keyscan {err.hostname} >> {known}",
             ) from None
         except paramiko.AuthenticationException as err:
             connection.close()

@@ -404,6 +404,11 @@ def load_engine(
             staged, scalars = _read_all(engine, reader, names, with_opt)
             _, extra_names = _module_tensors(engine)
             extra = {n: reader.read_extra(n) for n in extra_names if n in reader.extra}
+            # Decoded now, before the agreement: a malformed entry must fail every rank
+            # together, not one rank after the others moved on.
+            for key in ("client_state", "lr_scheduler", "loss_scaler", "counters"):
+                reader.state(key)
+            reader.rank_state(engine.comm.rank % reader.world_size)
             if load_module_strict:
                 # Frozen parameters saved with exclude_frozen_parameters keep the model's values.
                 excluded = set(reader.state("excluded_frozen") or ())

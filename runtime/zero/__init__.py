@@ -7,10 +7,22 @@ importing the pure-Python parts (``runtime.zero.partition``) stays free of torch
 
 from __future__ import annotations
 
-__all__ = ["Init", "GatheredParameters"]
+__all__ = [
+    "Init",
+    "GatheredParameters",
+    "set_z3_leaf_modules",
+    "unset_z3_leaf_modules",
+    "get_z3_leaf_modules",
+    "z3_leaf_module",
+]
+_LEAF = {"set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module"}
 
 
 def __getattr__(name: str):
+    if name in _LEAF:
+        from . import leaf_modules
+
+        return getattr(leaf_modules, name)
     if name in __all__:
         from . import init
 

@@ -15,6 +15,20 @@
   rank's gradient shard (at most two reductions in flight with ``overlap_comm``, one without)
   and release the unit.
 
+Beyond that (see the modules named):
+
+* a parameter read by forward code without its module being called (``out_proj.weight`` in
+  ``nn.MultiheadAttention``) is fetched on the read and released when the module that read it
+  returns (`stage3_access`);
+* forward hooks are always-called, and a forward that runs inside backward (activation
+  checkpointing recomputing a block, reentrant or not, stopped early or not) never releases
+  what backward still needs;
+* a unit gathered before an optimizer step is never used after it: fetching a unit whose
+  buffer predates the last step gathers it again;
+* leaf modules (`leaf_modules`: mixture-of-experts layers) are one unit, reduced at the end
+  of backward in the same order on every rank;
+* every rank's collectives are checked to pair up (`stage3_sequence`).
+
 The *trace* is the sequence of unit fetches of the last complete forward+backward pass. When
 a pass departs from it (data-dependent control flow), prefetching and keeping stop for the rest
 of that pass (fetches are on demand, one log line the first time) and that pass becomes the
@@ -33,7 +47,9 @@ import math
 import torch
 
 from ..comm import Communicator, Handle
+from . import stage3_access
 from .partition import FlatLayout
+from .stage3_sequence import CollectiveSequence
 from .stage3_units import Unit, UnitState
 
 __all__ = ["Stage3Coordinator"]
@@ -50,6 +66,11 @@ def _tensors(obj):
     elif isinstance(obj, dict):
         for o in obj.values():
             yield from _tensors(o)
+
+
+def _in_backward_pass() -> bool:
+    """True while autograd runs a backward on this thread (activation recomputation)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class _SavedInUnit:
@@ -104,14 +125,14 @@ class Stage3Coordinator:
         self._saved_hooks: list = []
         for u in units:
             u.coordinator = self
+        self._version = 0
+        """Optimizer steps taken: a gathered unit of an older version is stale."""
+        self._frames: list[list[Unit]] = []
+        """Per module running forward (innermost last): the units it fetched by reading them."""
+        self._ran_leaves: set[int] = set()
+        self.sequence = CollectiveSequence(comm, units)
         self._hooks = []
-        unit_of = {id(p): u for u in units for p in u.params}
-        for m in module.modules():
-            mine: list[Unit] = []
-            for p in m._parameters.values():
-                u = unit_of.get(id(p)) if p is not None else None
-                if u is not None and not u.persistent and u not in mine:
-                    mine.append(u)
+        for m, mine in _unit_owners(module, units):
             if m is module:
                 self._hooks.append(m.register_forward_pre_hook(self._begin_pass, prepend=True))
             if mine:
@@ -119,7 +140,9 @@ class Stage3Coordinator:
                     m.register_forward_pre_hook(functools.partial(self._pre_forward, mine))
                 )
                 self._hooks.append(
-                    m.register_forward_hook(functools.partial(self._post_forward, mine))
+                    m.register_forward_hook(
+                        functools.partial(self._post_forward, mine), always_call=True
+                    )
                 )
         self._hooks.append(module.register_forward_hook(self._end_forward, always_call=True))
         for u in units:
@@ -131,15 +154,25 @@ class Stage3Coordinator:
                             functools.partial(self._grad_ready, u, i)
                         )
                     )
+        stage3_access.install(module, self._on_read)
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u: Unit) -> None:
         if u.state is UnitState.RELEASED:
             self._make_room(u.numel)
+            self.sequence.record("fetch", u)
             u.start_gather(self.comm)
+            u.version = self._version
             self._by_storage[u.full.untyped_storage().data_ptr()] = u
             self.live_numel += u.numel
             self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+        elif u.version != self._version and not u.persistent:
+            # Gathered before the last optimizer step (held across it): gather it again in
+            # place, so no forward ever computes with the old weights.
+            u.wait()
+            self.sequence.record("fetch", u)
+            u.regather(self.comm)
+            u.version = self._version
 
     def _release(self, u: Unit) -> None:
         if u.persistent or u.state is UnitState.RELEASED:
@@ -174,6 +207,7 @@ class Stage3Coordinator:
         u.last_pos = pos
         if self._on_trace and (pos >= len(self._trace) or self._trace[pos] != u.index):
             self._on_trace = False
+            self.sequence.mark_diverged()
             if not self._warned_divergence and self.comm.rank == 0:
                 log.info(
                     "stage 3: the modules ran in a different order than in the recorded trace "
@@ -225,19 +259,68 @@ class Stage3Coordinator:
     def _begin_pass(self, module, args) -> None:
         self._saved_hooks.append(torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack))
         self._saved_hooks[-1].__enter__()
-        if self._in_backward:
+        self._frames.append([])
+        if self._in_backward or _in_backward_pass():
             return
         # Units kept by a forward whose backward never came are released here.
         self.release_all()
         self._events = []
         self._on_trace = self._trace is not None
         self._bwd_seen.clear()
+        self._ran_leaves.clear()
 
     def _end_forward(self, module, args, output) -> None:
         if self._saved_hooks:
             self._saved_hooks.pop().__exit__(None, None, None)
+        self._return_borrowed(in_backward=_in_backward_pass())
+        if _in_backward_pass() or self._in_backward:
+            return
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in _tensors(output)):
+            # No backward follows this forward (evaluation): the pass ends here.
             self.release_all()
+            self.sequence.end_pass("forward")
+
+    # Parameters read without their module being called (stage3_access): fetched for the
+    # innermost module running forward and released when it returns. Outside forward a
+    # released parameter stays empty, as in DeepSpeed: use GatheredParameters there.
+    def _on_read(self, p) -> None:
+        u = getattr(p, "_zero_owner", None)
+        if not self._frames or type(u) is not Unit:
+            return
+        if u.gathered and (u.version == self._version or u.persistent):
+            return
+        self._fetch(u)
+        u.users += 1
+        self._frames[-1].append(u)
+        if self._in_backward or _in_backward_pass():
+            u.bwd_hold = u.bwd_hold or not u.frozen
+
+    def _return_borrowed(self, in_backward: bool) -> None:
+        if not self._frames:
+            return
+        for u in self._frames.pop():
+            u.users -= 1
+            self._after_use(u, keep=False, in_backward=in_backward)
+
+    def _after_use(self, u: Unit, keep: bool, in_backward: bool) -> None:
+        """A module using ``u`` returned: release it unless something still needs it."""
+        if u.users > 0 or u.persistent:
+            return
+        if in_backward:
+            # A forward recomputed inside backward (activation checkpointing): backward is
+            # about to use these weights. Trained units go when their gradients are reduced;
+            # frozen ones when backward moves on to another module.
+            if u.frozen and u not in self._frozen_in_backward:
+                self._frozen_in_backward.append(u)
+            return
+        if (
+            keep
+            and u.last_pos < len(self._reuse_distance)
+            and self._reuse_distance[u.last_pos] <= self.max_reuse
+            and self.live_numel <= self.max_live
+        ):
+            return
+        self._release(u)
 
     # Tensors autograd saves during forward that live in a unit's gathered buffer (weights, or
     # views of them such as ``weight.t()``) are tagged with their unit; unpacking one in
@@ -262,11 +345,16 @@ class Stage3Coordinator:
         return saved.tensor
 
     def _pre_forward(self, units: list[Unit], module, args) -> None:
+        self._frames.append([])
         for u in units:
             self._fetch(u)
             u.users += 1
+            if u.leaf is not None:
+                self._ran_leaves.add(u.index)
 
     def _post_forward(self, units: list[Unit], module, args, output) -> None:
+        in_backward = self._in_backward or _in_backward_pass()
+        self._return_borrowed(in_backward)
         for u in units:
             u.users -= 1
         if torch.is_grad_enabled():
@@ -276,16 +364,7 @@ class Stage3Coordinator:
                     t.register_hook(hook)
         keep = self._on_trace and torch.is_grad_enabled()
         for u in units:
-            if u.users > 0:
-                continue
-            if (
-                keep
-                and u.last_pos < len(self._reuse_distance)
-                and self._reuse_distance[u.last_pos] <= self.max_reuse
-                and self.live_numel <= self.max_live
-            ):
-                continue
-            self._release(u)
+            self._after_use(u, keep, in_backward)
 
     def _pre_backward(self, units: list[Unit], module_id: int, grad) -> None:
         self._start_backward()
@@ -323,11 +402,6 @@ class Stage3Coordinator:
         if grad is None:
             return
         self._start_backward()
-        if u.n_arrived < 0:
-            raise RuntimeError(
-                "stage 3: a gradient arrived for parameters already reduced in this backward; "
-                "call engine.backward() once per forward (no retain_graph re-use)"
-            )
         if u.staging is None:
             u.staging = self._take(u.numel)
             if u.group.numel < u.numel:
@@ -341,7 +415,9 @@ class Stage3Coordinator:
             u.arrived[i] = True
             u.n_arrived += 1
         p.grad = None
-        if u.n_arrived == u.expected_grads:
+        # A leaf's parameters may get no gradient on some ranks (unused experts): it is
+        # reduced at the end of backward, in unit order on every rank, never on arrival.
+        if u.n_arrived == u.expected_grads and u.leaf is None:
             self._reduce(u)
             u.bwd_hold = False
             if u.users == 0:
@@ -360,8 +436,15 @@ class Stage3Coordinator:
             self._pool.setdefault(b.numel(), []).append(b)
 
     def _reduce(self, u: Unit) -> None:
+        if u.staging is None:  # a leaf that got no gradient on this rank: it adds zeros
+            u.staging = self._take(u.numel).zero_()
         staging, u.staging = u.staging, None
-        u.n_arrived = -1  # reduced; later arrivals in this pass would be a bug, not a gradient
+        # Gradients arriving later in this backward (a weight used again in a block that
+        # reentrant checkpointing recomputes separately) start a new partial sum, reduced
+        # with accumulation into the same shard.
+        u.arrived = [False] * len(u.params)
+        u.n_arrived = 0
+        self.sequence.record("reduce", u)
         scratch = self._take(u.numel) if self.comm.needs_reduce_scatter_scratch else None
         handle = self.comm.reduce_scatter(
             self._owned[u.index], staging, scratch=scratch, accumulate=True, async_op=True
@@ -375,11 +458,13 @@ class Stage3Coordinator:
         if not self._in_backward:
             return
         for u in self.units:
-            if u.n_arrived > 0 and u.staging is not None:
-                for i, arrived in enumerate(u.arrived):
-                    if not arrived:
-                        s = u.group.slots[i]
-                        u.staging[s.offset : s.end].zero_()
+            ran_leaf = u.leaf is not None and u.index in self._ran_leaves and not u.frozen
+            if (u.n_arrived > 0 and u.staging is not None) or ran_leaf:
+                if u.staging is not None:
+                    for i, arrived in enumerate(u.arrived):
+                        if not arrived:
+                            s = u.group.slots[i]
+                            u.staging[s.offset : s.end].zero_()
                 self._reduce(u)
         while self._reductions:
             self._wait_oldest_reduction()
@@ -388,10 +473,12 @@ class Stage3Coordinator:
             u.reset_grads()
             u.bwd_hold = False
         self._frozen_in_backward = []
+        self._ran_leaves.clear()
         self.release_all()
         if not self._on_trace or self._trace is None or len(self._events) != len(self._trace):
             self._adopt_trace()
         self._in_backward = False
+        self.sequence.end_pass("backward")
 
     # ------------------------------------------------------------------ engine interface
     def prepare(self, boundary: bool) -> None:  # noqa: ARG002 - reduced every micro-step
@@ -411,12 +498,14 @@ class Stage3Coordinator:
 
     def after_step(self) -> None:
         """The shards changed: drop stale gathered copies, refresh the persistent units."""
+        self._version += 1
         for u in self.units:
             if u.persistent:
                 lo, hi = u.group.shard_range(self.comm.rank)
                 own = u.full[lo:hi]
                 u.store.load_into(u.group, own)
                 self.comm.all_gather(u.full, own)
+                u.version = self._version
             elif u.users == 0:
                 self._release(u)
 
@@ -442,3 +531,32 @@ class Stage3Coordinator:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        stage3_access.uninstall(self.module)
+
+
+def _unit_owners(module: torch.nn.Module, units: list[Unit]):
+    """(module, the non-persistent units its forward fetches) for every module, in order.
+
+    A module fetches the units of the parameters it holds directly (a tied weight: every
+    module holding it); a leaf module fetches its whole subtree's units, and the modules
+    inside a leaf fetch nothing of their own (the leaf did).
+    """
+    unit_of = {id(p): u for u in units for p in u.params}
+    leaves = {u.leaf for u in units if u.leaf is not None}
+    inside = tuple(n + "." for n in leaves)
+    out = []
+    for name, m in module.named_modules():
+        if "" in leaves and m is not module:
+            continue
+        if name in leaves:
+            mine = [u for u in units if u.leaf == name and not u.persistent]
+        elif inside and name.startswith(inside):
+            continue
+        else:
+            mine = []
+            for p in m._parameters.values():
+                u = unit_of.get(id(p)) if p is not None else None
+                if u is not None and not u.persistent and u not in mine:
+                    mine.append(u)
+        out.append((m, mine))
+    return out

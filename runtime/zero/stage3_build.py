@@ -8,15 +8,19 @@ unit is released, so at most one unit is whole at a time beyond what the module 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from ..comm import Communicator
+from .leaf_modules import leaf_modules, z3_leaf_module
 from .param_offload import ShardStore
 from .partition import FlatLayout
 from .stage3 import Stage3Coordinator
 from .stage3_units import Unit, param_shape, plan_frozen_units, plan_units
+
+log = logging.getLogger("runtime.zero.stage3")
 
 __all__ = ["build_stage3"]
 
@@ -65,6 +69,16 @@ def _unpartition_leftovers(module: torch.nn.Module) -> None:
             owner.detach_from_param()
 
 
+def _log_leaves(leaves: dict, comm: Communicator) -> None:
+    found = [n for n, m in leaves.items() if not z3_leaf_module(m)]
+    if found and comm.rank == 0:
+        log.info(
+            "stage 3: fetching %s whole (their experts run depending on the data, differently "
+            "on each rank); runtime.zero.set_z3_leaf_modules declares such modules yourself",
+            ", ".join(repr(n) for n in found),
+        )
+
+
 def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
     """Partition ``engine.module`` and set the engine's layout, reducer and optimizer."""
     from .stage3_optimizer import Stage3Optimizer
@@ -82,11 +96,14 @@ def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
                 "cast the model to one dtype, or enable fp16/bf16 in the config"
             )
         dtype = dtypes.pop()
+    leaves = leaf_modules(module)
+    _log_leaves(leaves, comm)
     layout, plan = plan_units(
         module,
         [ps for _, ps in groups],
         comm.world_size,
         int(zero.stage3_param_persistence_threshold),
+        leaves,
     )
     store = ShardStore(
         layout,
@@ -97,15 +114,18 @@ def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
         pin_memory=zero.offload_param.pin_memory,
     )
     units = []
-    for group, (unit_params, persistent) in zip(layout.groups, plan, strict=True):
-        u = Unit(group, unit_params, persistent, store)
+    for group, unit_plan in zip(layout.groups, plan, strict=True):
+        u = Unit(group, unit_plan.params, unit_plan.persistent, store, unit_plan.leaf)
         _partition_unit(u, comm)
         units.append(u)
     # Frozen parameters (LoRA's base model, ...) are partitioned too, each unit with a store
     # of its own in the parameters' dtype; they take the indices after the trained units.
     trained = {id(p) for p in params}
     threshold = int(zero.stage3_param_persistence_threshold)
-    for group, unit_params in plan_frozen_units(module, trained, comm.world_size, threshold):
+    for group, unit_plan in plan_frozen_units(
+        module, trained, comm.world_size, threshold, leaves
+    ):
+        unit_params = unit_plan.params
         own_store = ShardStore(
             FlatLayout((group,), comm.world_size),
             comm.rank,
@@ -114,7 +134,7 @@ def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
             offload=zero.offload_param.enabled,
             pin_memory=zero.offload_param.pin_memory,
         )
-        u = Unit(group, unit_params, False, own_store)
+        u = Unit(group, unit_params, False, own_store, unit_plan.leaf)
         u.index = len(units)
         _partition_unit(u, comm)
         units.append(u)

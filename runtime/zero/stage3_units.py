@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -34,7 +34,15 @@ from ..comm import Communicator, Handle
 from .param_offload import ShardStore
 from .partition import FlatGroup, FlatLayout, ParamSpec, plan_layout
 
-__all__ = ["UnitState", "Unit", "plan_units", "plan_frozen_units", "param_numel", "param_shape"]
+__all__ = [
+    "UnitState",
+    "Unit",
+    "UnitPlan",
+    "plan_units",
+    "plan_frozen_units",
+    "param_numel",
+    "param_shape",
+]
 
 _ALIGN = 16
 
@@ -67,6 +75,7 @@ class Unit:
         params: Sequence[torch.nn.Parameter],
         persistent: bool,
         store: ShardStore,
+        leaf: str | None = None,
     ):
         dtype, device = store.data.dtype, store.compute_device
         self.index = group.index
@@ -75,6 +84,8 @@ class Unit:
         """Where this rank's shard lives: the shared store, or a frozen unit's own."""
         self.params = list(params)
         self.persistent = persistent
+        self.leaf = leaf
+        """Name of the leaf module this unit holds whole: reduced at the end of backward."""
         self.numel = group.padded_numel
         self.full = torch.zeros(group.padded_numel, dtype=dtype, device=device)
         self._nbytes = self.full.untyped_storage().nbytes()
@@ -94,6 +105,18 @@ class Unit:
         self.bwd_hold = False
         """Fetched for backward and still needed by it (never released to make room)."""
         self.coordinator = None
+        self.version = 0
+        """The optimizer step whose values the gathered buffer holds (stale when behind)."""
+
+    @property
+    def name(self) -> str:
+        """The module this unit belongs to, for messages."""
+        if self.persistent:
+            return "persistent parameters"
+        if self.leaf is not None:
+            return self.leaf or "<the model>"
+        first = self.group.slots[0].name
+        return first.rsplit(".", 1)[0] if "." in first else "<the model>"
 
     @property
     def frozen(self) -> bool:
@@ -108,6 +131,14 @@ class Unit:
         storage = self.full.untyped_storage()
         if storage.nbytes() != self._nbytes:
             storage.resize_(self._nbytes)
+        lo, hi = self.group.shard_range(comm.rank)
+        own = self.full[lo:hi]
+        self.store.load_into(self.group, own)
+        self.handle = comm.all_gather(self.full, own, async_op=True)
+        self.state = UnitState.INFLIGHT
+
+    def regather(self, comm: Communicator) -> None:
+        """All-gather a gathered unit again, in place (its values predate the last step)."""
         lo, hi = self.group.shard_range(comm.rank)
         own = self.full[lo:hi]
         self.store.load_into(self.group, own)
@@ -172,35 +203,64 @@ class Unit:
         self.staging = None
 
 
+@dataclasses.dataclass(frozen=True)
+class UnitPlan:
+    """One planned unit: its parameters, and how stage 3 treats it."""
+
+    params: list[torch.nn.Parameter]
+    persistent: bool
+    """At or below the persistence threshold: gathered once, kept whole."""
+    leaf: str | None = None
+    """The name of the leaf module whose whole subtree this unit holds (see `leaf_modules`)."""
+
+
+def _module_params(
+    module: torch.nn.Module, leaves: Mapping[str, torch.nn.Module]
+) -> Iterator[tuple[str | None, list[torch.nn.Parameter]]]:
+    """Per module in registration order, the parameters it brings into units: its own, or for
+    a leaf its whole subtree's (modules inside a leaf bring none)."""
+    if "" in leaves:  # the whole model is one leaf
+        yield "", list(module.parameters())
+        return
+    inside = tuple(n + "." for n in leaves)
+    for name, m in module.named_modules():
+        if name in leaves:
+            yield name, list(m.parameters())
+        elif not name.startswith(inside):
+            yield None, [p for p in m._parameters.values() if p is not None]
+
+
 def plan_units(
     module: torch.nn.Module,
     param_groups: Sequence[Sequence[torch.nn.Parameter]],
     world_size: int,
     persistence_threshold: int,
-) -> tuple[FlatLayout, list[tuple[list[torch.nn.Parameter], bool]]]:
+    leaves: Mapping[str, torch.nn.Module] | None = None,
+) -> tuple[FlatLayout, list[UnitPlan]]:
     """Group the optimizer's parameters into units, in module registration order.
 
-    Returns the layout (one group per unit) and, per unit, its parameters and whether it is
-    persistent. A parameter shared by several modules (tied weights) belongs to the first.
+    Returns the layout (one group per unit) and, per unit, its plan. A parameter shared by
+    several modules (tied weights) belongs to the first. A leaf module's parameters all go to
+    its units (one per param group), whatever their size.
     """
     pg_of = {id(p): i for i, params in enumerate(param_groups) for p in params}
     names = _first_names(module)
     assigned: set[int] = set()
-    units: list[tuple[int, bool, list[torch.nn.Parameter]]] = []
+    units: list[tuple[int, UnitPlan]] = []
     persistent: dict[int, list[torch.nn.Parameter]] = {}
-    for _, m in module.named_modules():
+    for leaf, params in _module_params(module, leaves or {}):
         by_pg: dict[int, list[torch.nn.Parameter]] = {}
-        for p in m._parameters.values():
-            if p is None or id(p) not in pg_of or id(p) in assigned:
+        for p in params:
+            if id(p) not in pg_of or id(p) in assigned:
                 continue
             assigned.add(id(p))
             pg = pg_of[id(p)]
-            if param_numel(p) <= persistence_threshold:
+            if leaf is None and param_numel(p) <= persistence_threshold:
                 persistent.setdefault(pg, []).append(p)
             else:
                 by_pg.setdefault(pg, []).append(p)
-        units.extend((pg, False, ps) for pg, ps in by_pg.items())
-    units.extend((pg, True, ps) for pg, ps in sorted(persistent.items()))
+        units.extend((pg, UnitPlan(ps, False, leaf)) for pg, ps in by_pg.items())
+    units.extend((pg, UnitPlan(ps, True)) for pg, ps in sorted(persistent.items()))
     missing = [p for params in param_groups for p in params if id(p) not in assigned]
     if missing:
         raise ValueError(
@@ -208,13 +268,13 @@ def plan_units(
             "optimizer from model.parameters()"
         )
     groups, start = [], 0
-    for i, (pg, _, params) in enumerate(units):
-        g = _one_group(params, names, world_size, pg)
+    for i, (pg, plan) in enumerate(units):
+        g = _one_group(plan.params, names, world_size, pg)
         g = dataclasses.replace(g, index=i, start=start)
         groups.append(g)
         start += g.padded_numel
     layout = FlatLayout(tuple(groups), world_size)
-    return layout, [(params, pers) for _, pers, params in units]
+    return layout, [plan for _, plan in units]
 
 
 def plan_frozen_units(
@@ -222,7 +282,8 @@ def plan_frozen_units(
     trained: set[int],
     world_size: int,
     persistence_threshold: int,
-) -> list[tuple[FlatGroup, list[torch.nn.Parameter]]]:
+    leaves: Mapping[str, torch.nn.Module] | None = None,
+) -> list[tuple[FlatGroup, UnitPlan]]:
     """Units of the frozen parameters (``requires_grad`` false), one per module and dtype.
 
     They are partitioned and fetched like trained units but have no gradients and no optimizer
@@ -234,15 +295,18 @@ def plan_frozen_units(
     names = _first_names(module)
     seen: set[int] = set()
     out = []
-    for m in module.modules():
+    for leaf, params in _module_params(module, leaves or {}):
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-        for p in m._parameters.values():
-            if p is None or p.requires_grad or id(p) in trained or id(p) in seen:
+        for p in params:
+            if p.requires_grad or id(p) in trained or id(p) in seen:
                 continue
             seen.add(id(p))
             if p.is_floating_point() and param_numel(p) > persistence_threshold:
                 by_dtype.setdefault(p.dtype, []).append(p)
-        out.extend((_one_group(ps, names, world_size), ps) for ps in by_dtype.values())
+        out.extend(
+            (_one_group(ps, names, world_size), UnitPlan(ps, False, leaf))
+            for ps in by_dtype.values()
+        )
     return out
 
 

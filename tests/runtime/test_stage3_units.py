@@ -26,9 +26,9 @@ def test_units_follow_modules_tied_weight_belongs_to_first_owner():
     names = [[s.name for s in g.slots] for g in layout.groups]
     # emb (80), proj weight (64); the 8-element norm and bias params are persistent, last
     assert names == [["emb.weight"], ["proj.weight"], ["norm.weight", "norm.bias", "proj.bias"]]
-    assert [persistent for _, persistent in plan] == [False, False, True]
+    assert [u.persistent for u in plan] == [False, False, True]
     # the head owns no unit: its weight is the embedding's, in the embedding's unit
-    assert len(plan[0][0]) == 1 and plan[0][0][0] is model.emb.weight is model.head.weight
+    assert len(plan[0].params) == 1 and plan[0].params[0] is model.emb.weight is model.head.weight
     # padded to 2 ranks x 16-element alignment, groups back to back
     assert [g.padded_numel for g in layout.groups] == [96, 64, 32]
     assert [g.start for g in layout.groups] == [0, 96, 160]
@@ -43,7 +43,7 @@ def test_units_split_by_optimizer_param_group():
         (0, "weight"),
         (1, "bias"),
     ]
-    assert [persistent for _, persistent in plan] == [False, False]
+    assert [u.persistent for u in plan] == [False, False]
 
 
 def test_sub_groups_tile_the_step():

@@ -37,35 +37,36 @@ def _rows(batch: dict, lo: int, n: int) -> dict:
 
 def train_on_ranks(name: str, stages: list[int]) -> dict[int, dict]:
     """Rank side: train model ``name`` at each stage; per stage its losses and parameters."""
+    from tests.zoo.models import ZOO
+
+    return {stage: train_model_on_ranks(ZOO[name].build(), name, stage) for stage in stages}
+
+
+def train_model_on_ranks(model: torch.nn.Module, name: str, stage: int) -> dict:
+    """Rank side: train ``model`` (built as zoo entry ``name``) at ``stage``."""
     import torch.distributed as dist
 
     import runtime
     from tests.zoo.models import ZOO, make_batches
 
     entry = ZOO[name]
-    batches = make_batches(entry.kind, STEPS, WORLD * GAS * MICRO)
-    out = {}
-    for stage in stages:
-        model = entry.build()
-        engine, *_ = runtime.initialize(
-            model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=config(stage),
-        )
-        rank = dist.get_rank()
-        losses = []
-        for batch in batches:
-            for m in range(GAS):
-                loss = entry.loss(engine, _rows(batch, (m * WORLD + rank) * MICRO, MICRO))
-                engine.backward(loss)
-                engine.step()
-                losses.append(loss.item())
-        params = list(engine.module.parameters())
-        with runtime.zero.GatheredParameters(params):
-            final = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
-        out[stage] = {"losses": losses, "params": final}
-        engine.destroy() if hasattr(engine, "destroy") else None
-    return out
+    engine, *_ = runtime.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=config(stage),
+    )
+    rank = dist.get_rank()
+    losses = []
+    for batch in make_batches(entry.kind, STEPS, WORLD * GAS * MICRO):
+        for m in range(GAS):
+            loss = entry.loss(engine, _rows(batch, (m * WORLD + rank) * MICRO, MICRO))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+    params = list(engine.module.parameters())
+    with runtime.zero.GatheredParameters(params):
+        final = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    return {"losses": losses, "params": final}
 
 
 def reference(name: str, lr: float = LR) -> tuple[list[float], dict, dict]:

@@ -1,0 +1,176 @@
+"""Stage 3 when ranks run different modules: reported by name, never an abort, a hang or a
+silently wrong step; mixture-of-experts layers trained whole (found, or declared).
+
+The zoo (tests/zoo) checks that third-party architectures train right; these tests check what
+happens when the ranks' executions differ, and the expert-layer detection on its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.mp_utils import run_ranks
+
+HERE = "tests/runtime/test_stage3_patterns.py"
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1,
+    "steps_per_print": 1000,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+}
+
+
+class Branchy(torch.nn.Module):
+    """``inp -> a or b -> head``; which branch runs is decided by the caller."""
+
+    def __init__(self, b_out: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(8, 8)
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, b_out)
+        self.head = torch.nn.Linear(8, 1)
+        self.use_b = False
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = self.b(h)[:, :8] if self.use_b else self.a(h)
+        return self.head(h)
+
+
+def rank_runs_other_branch(b_out: int, diverge_at: int, zero: dict | None = None) -> dict:
+    """Rank 1 takes branch b from step ``diverge_at`` on; what each rank saw."""
+    import torch.distributed as dist
+
+    import runtime
+    from runtime.zero.stage3_sequence import RankMismatchError
+
+    model = Branchy(b_out)
+    config = dict(CONFIG, zero_optimization={**CONFIG["zero_optimization"], **(zero or {})})
+    engine, *_ = runtime.initialize(model=model, model_parameters=model.parameters(), config=config)
+    x = torch.randn(2, 8)
+    for step in range(6):
+        model.use_b = dist.get_rank() == 1 and step >= diverge_at
+        try:
+            engine.backward(engine(x).pow(2).mean())
+        except RankMismatchError as e:
+            return {"error": str(e), "step": step, "global_steps": engine.global_steps}
+        engine.step()
+    return {"error": None, "step": 6, "global_steps": engine.global_steps}
+
+
+@pytest.mark.multirank
+def test_different_sizes_reported_before_the_collective():
+    """In the first (verified) passes a mismatch is caught before the mismatched all-gather,
+    which gloo would otherwise answer by aborting the process."""
+    results = run_ranks(
+        2, f"{HERE}:rank_runs_other_branch", {"b_out": 24, "diverge_at": 0}, timeout=60
+    )
+    for r in results:
+        assert r["step"] == 0 and r["global_steps"] == 0
+        assert "rank 0 gathered 'a'" in r["error"] and "rank 1 gathered 'b'" in r["error"]
+        assert "set_z3_leaf_modules" in r["error"]
+
+
+@pytest.mark.multirank
+def test_same_sizes_reported_before_the_step():
+    """After the verified passes, equal-size collectives of different modules pair up
+    silently; the end-of-pass check reports it before the optimizer applies the step.
+
+    Without prefetching or keeping, so that both ranks issue the same number of all-gathers:
+    with them, the rank still on its recorded trace prefetches or keeps what the other
+    fetches again, and an unverified pass then waits in a collective (the README's stage-3
+    section says so)."""
+    zero = {"stage3_prefetch_bucket_size": 0, "stage3_max_live_parameters": 1}
+    results = run_ranks(
+        2, f"{HERE}:rank_runs_other_branch", {"b_out": 8, "diverge_at": 4, "zero": zero}, timeout=60
+    )
+    for r in results:
+        assert r["step"] == 4 and r["global_steps"] == 4, r
+        assert "'a'" in r["error"] and "'b'" in r["error"]
+
+
+def switch_with_leaves(mode: str) -> dict:
+    """Train the zoo's Switch Transformers MoE at stage 3: experts auto-detected ("auto"),
+    declared ("declared"), or neither ("none": detection switched off)."""
+    import runtime
+    import runtime.zero.leaf_modules as leaf_modules
+    from runtime.zero.stage3_sequence import RankMismatchError
+    from tests.zoo import training
+    from tests.zoo.models import ZOO
+
+    model = ZOO["switch_moe"].build()
+    if mode != "auto":
+        leaf_modules.find_expert_leaves = lambda module: {}
+    if mode == "declared":
+        from transformers.models.switch_transformers import modeling_switch_transformers as sw
+
+        runtime.zero.set_z3_leaf_modules(model, [sw.SwitchTransformersSparseMLP])
+    try:
+        results = training.train_model_on_ranks(model, "switch_moe", stage=3)
+    except RankMismatchError as e:
+        return {"error": str(e)}
+    return {"error": None, "losses": results["losses"]}
+
+
+@pytest.mark.multirank
+def test_moe_trains_with_experts_found_or_declared_and_reports_otherwise():
+    pytest.importorskip("transformers")
+    from tests.zoo.training import WORLD, reference
+
+    ref_losses, _, _ = reference("switch_moe")
+    for mode in ("declared", "none"):
+        results = run_ranks(WORLD, f"{HERE}:switch_with_leaves", {"mode": mode}, timeout=300)
+        if mode == "none":
+            for r in results:
+                assert "experts.expert_" in r["error"], r
+            continue
+        per_rank = [r["losses"] for r in results]
+        gas = len(per_rank[0]) // len(ref_losses)
+        for s, want in enumerate(ref_losses):
+            got = sum(per_rank[r][s * gas + m] for r in range(WORLD) for m in range(gas))
+            assert abs(got / (WORLD * gas) - want) <= 1e-4 * abs(want)
+
+
+def test_expert_layers_found_in_both_layouts():
+    """A container with forward (Switch's experts ModuleDict) is the leaf itself; a plain
+    ModuleList of experts makes its calling parent the leaf; other stacks are left alone."""
+    from runtime.zero.leaf_modules import find_expert_leaves, leaf_modules, set_z3_leaf_modules
+
+    class Expert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(4, 4)
+
+    class MoE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = torch.nn.Linear(4, 2)
+            self.experts = torch.nn.ModuleList([Expert(), Expert()])
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+            self.moe = MoE()
+
+    net = Net()
+    assert list(find_expert_leaves(net)) == ["moe"]
+    set_z3_leaf_modules(net, [Expert])
+    # a declared leaf inside a found one is part of the outer one
+    assert list(leaf_modules(net)) == ["moe"]
+    with pytest.raises(ValueError, match="no module of the model is a Conv2d"):
+        set_z3_leaf_modules(net, [torch.nn.Conv2d])
+
+    transformers = pytest.importorskip("transformers")
+    from tests.zoo.models import ZOO
+
+    switch = ZOO["switch_moe"].build()
+    found = find_expert_leaves(switch)
+    assert found and all(n.endswith("mlp.experts") for n in found)
+    assert all(type(m).__name__ == "SwitchTransformersExperts" for m in found.values())
+    llama = ZOO["llama"].build()
+    assert find_expert_leaves(llama) == {}
+    del transformers

@@ -77,6 +77,8 @@ class BenchSpec:
     precision: str = "fp32"
     world_size: int = 2
     shape: ModelShape = field(default_factory=ModelShape)
+    model: str = "gpt"
+    """Which model (``bench_models.MODELS``): the repository's GPT or third-party code."""
     seed: int = 1234
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -115,6 +117,10 @@ class BenchSpec:
             )
         if self.world_size < 1:
             raise ValueError(f"--world-size must be at least 1, got {self.world_size}")
+        from bench_models import MODELS
+
+        if self.model not in MODELS:
+            raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}")
 
     @classmethod
     def from_json(cls, text: str) -> BenchSpec:
@@ -131,21 +137,10 @@ class BenchSpec:
 
 
 def build_model(spec: BenchSpec):
-    """The GPT of ``examples/gpt.py`` at ``spec.shape``, initialised from ``spec.seed``."""
-    import torch
+    """``spec.model`` (see ``bench_models``) at ``spec.shape``, initialised from ``spec.seed``."""
+    from bench_models import build
 
-    from examples.gpt import GPT, GPTConfig
-
-    shape = spec.shape
-    config = GPTConfig(
-        vocab_size=shape.vocab_size,
-        n_layer=shape.n_layer,
-        n_head=shape.n_head,
-        d_model=shape.d_model,
-        seq_len=shape.seq_len,
-    )
-    torch.manual_seed(spec.seed)
-    return GPT(config)
+    return build(spec.model, spec.shape, spec.seed)
 
 
 def load_tokens(spec: BenchSpec):
@@ -754,6 +749,8 @@ def command_line(spec: BenchSpec) -> str:
     ]
     if spec.shape == ModelShape.tiny():
         parts.append("--tiny")
+    if spec.model != "gpt":
+        parts.append(f"--model {spec.model}")
     if spec.bucket_size is not None:
         parts.append(f"--bucket-size {spec.bucket_size}")
     if spec.checkpoint:
@@ -874,6 +871,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="tiny model (smoke tests)")
     parser.add_argument(
+        "--model",
+        default="gpt",
+        help="gpt (examples/gpt.py), torch_encoder (nn.TransformerEncoderLayer) or hf_llama",
+    )
+    parser.add_argument(
         "--bucket-size",
         type=int,
         default=None,
@@ -932,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision,
             world_size=args.world_size,
             shape=ModelShape.tiny() if args.tiny else ModelShape(),
+            model=args.model,
             bucket_size=args.bucket_size,
             checkpoint=args.checkpoint,
             torch_adamw=args.torch_adamw,
@@ -978,7 +981,10 @@ def format_markdown(result: dict[str, Any]) -> str:
     """A results page: what ran, on what, the table, and the loss sequences in full."""
     spec = result["spec"]
     env = result.get("environment", {})
-    title = f"ZeRO stage {spec['stage']}, {spec['precision']}, {spec['world_size']} ranks"
+    title = (
+        f"{spec.get('model', 'gpt')}, ZeRO stage {spec['stage']}, {spec['precision']}, "
+        f"{spec['world_size']} ranks"
+    )
     lines = [f"# Training benchmark: {title}", ""]
     lines.append(
         f"Command: `{result.get('command') or command_line(BenchSpec.from_json(json.dumps(spec)))}`"

@@ -123,9 +123,10 @@ class _ConvGRU(torch.nn.Module):
 class _Checkpointed(torch.nn.Module):
     """A torch.nn stack whose blocks run under torch.utils.checkpoint (reentrant or not)."""
 
-    def __init__(self, reentrant: bool):
+    def __init__(self, reentrant: bool, early_stop: bool = True):
         super().__init__()
         self.reentrant = reentrant
+        self.early_stop = early_stop
         self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
         self.blocks = torch.nn.ModuleList(
             torch.nn.Sequential(
@@ -139,11 +140,12 @@ class _Checkpointed(torch.nn.Module):
         self.head = torch.nn.Linear(HIDDEN, VOCAB)
 
     def forward(self, ids):
-        from torch.utils.checkpoint import checkpoint
+        from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
         h = self.embed(ids)
-        for block in self.blocks:
-            h = h + checkpoint(block, h, use_reentrant=self.reentrant)
+        with set_checkpoint_early_stop(self.early_stop):
+            for block in self.blocks:
+                h = h + checkpoint(block, h, use_reentrant=self.reentrant)
         return self.head(h)
 
 
@@ -224,6 +226,9 @@ ZOO: dict[str, ZooModel] = {
     "torch_transformer": ZooModel(_seeded(_torch_transformer), _token_ce, needs="torch"),
     "torch_conv_gru": ZooModel(_seeded(_ConvGRU), _token_ce, needs="torch"),
     "torch_checkpoint": ZooModel(_seeded(lambda: _Checkpointed(False)), _token_ce, needs="torch"),
+    "torch_checkpoint_no_early_stop": ZooModel(
+        _seeded(lambda: _Checkpointed(False, early_stop=False)), _token_ce, needs="torch"
+    ),
     "torch_checkpoint_reentrant": ZooModel(
         _seeded(lambda: _Checkpointed(True)), _token_ce, needs="torch"
     ),

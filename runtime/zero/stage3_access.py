@@ -33,6 +33,11 @@ class FetchingParameters(dict):
             self.on_read(p)
         return p
 
+    def __reduce__(self):
+        # A copy (copy.deepcopy of the model, pickling) is a plain dict: it must not carry
+        # the coordinator along.
+        return (dict, (dict(self),))
+
 
 def install(module: torch.nn.Module, on_read: Callable[[torch.nn.Parameter], None]) -> None:
     for m in module.modules():

@@ -174,3 +174,28 @@ def test_expert_layers_found_in_both_layouts():
     llama = ZOO["llama"].build()
     assert find_expert_leaves(llama) == {}
     del transformers
+
+
+def test_parameter_reads_reach_the_coordinator_and_copies_stay_plain():
+    """Reading ``module.weight`` goes through the lookup stage 3 fetches in; iterating the
+    parameters or the state dict does not; a copy of the model carries no coordinator."""
+    import copy
+
+    from runtime.zero.stage3_access import FetchingParameters, install, uninstall
+
+    model = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    out_proj_weight = model.self_attn.out_proj.weight
+    reads = []
+    install(model, reads.append)
+    assert type(model.self_attn.out_proj._parameters) is FetchingParameters
+    list(model.parameters())
+    model.state_dict()
+    assert reads == []
+    model(torch.randn(1, 3, 8))
+    forward_reads = list(reads)
+    # MultiheadAttention reads its out_proj's weight without calling out_proj
+    assert any(p is out_proj_weight for p in forward_reads)
+    clone = copy.deepcopy(model)
+    assert type(clone.self_attn.out_proj._parameters) is dict
+    uninstall(model)
+    assert type(model.self_attn.out_proj._parameters) is dict

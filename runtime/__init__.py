@@ -22,6 +22,7 @@ def initialize(
     collate_fn: Any = None,
     config: Any = None,
     dist_init_required: bool | None = None,
+    mpu: Any = None,
 ):
     """Wrap ``model`` for distributed training: ``(engine, optimizer, dataloader, lr_scheduler)``.
 
@@ -30,6 +31,13 @@ def initialize(
     ``config`` and ``args.deepspeed_config`` is an error. ``optimizer`` / ``lr_scheduler`` given
     by the script (an object, or a callable building one) replace the config's. The process
     group is initialised from the environment when it is not already.
+
+    ``mpu``: Megatron's model-parallel interface (``get_model_parallel_group/rank/world_size``,
+    ``get_data_parallel_group/rank/world_size``; runtime.parallel_groups has one). ZeRO stages
+    0-2 then partition and reduce over the data-parallel group, batch sizes count data-parallel
+    ranks, and each model-parallel rank checkpoints its own part (runtime.model_parallel).
+    The config's ``activation_checkpointing`` block configures runtime.checkpointing, with the
+    mpu's group for ``partition_activations``.
     """
     import warnings
 
@@ -69,7 +77,16 @@ def initialize(
         loaded = source if hasattr(source, "resolve") else load_config(source)
     env = init_distributed(dist_init_required)
     _show_config_notes(notes, source, env.rank)
-    resolved = loaded.resolve(env.world_size, _hidden_size(model))
+    if mpu is not None:
+        from .parallel_groups import check_mpu
+
+        check_mpu(mpu, env.world_size)
+    dp_size = mpu.get_data_parallel_world_size() if mpu is not None else env.world_size
+    resolved = loaded.resolve(dp_size, _hidden_size(model))
+    if "activation_checkpointing" in loaded.raw or mpu is not None:
+        from . import checkpointing
+
+        checkpointing.configure(mpu, deepspeed_config=resolved)
     engine = Engine(
         module=model,
         config=resolved,
@@ -79,6 +96,7 @@ def initialize(
         lr_scheduler=lr_scheduler,
         training_data=training_data,
         collate_fn=collate_fn,
+        mpu=mpu,
     )
     # zlaunch --resume / --save-on (ZLAUNCH_RESUME, ZLAUNCH_SAVE_ON): runtime/checkpoint/preempt.py
     from .checkpoint.preempt import attach

@@ -290,9 +290,13 @@ class Communicator:
         return self._finish(work, None, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Handle:
+        """Send ``tensor`` from the group's rank ``src`` (a rank *within* this group, as
+        every rank of this class is) to the others."""
         if self.world_size == 1:
             return _DONE
         self.stats.add("broadcast", self._frac() * self._nbytes(tensor))
+        if self.group is not None:
+            src = dist.get_global_rank(self.group, src)
         work = dist.broadcast(tensor, src=src, group=self.group, async_op=async_op)
         return self._finish(work, None, async_op)
 

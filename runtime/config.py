@@ -26,6 +26,7 @@ from typing import Any, Literal, Union
 __all__ = [
     "AUTO",
     "SCHEDULER_PARAMS",
+    "ActivationCheckpointingConfig",
     "REQUIRED",
     "BF16Config",
     "Config",
@@ -493,6 +494,44 @@ class TensorboardConfig:
                 raise ConfigError(f"must be a string, got {_describe(getattr(self, name))}", name)
 
 
+@dataclass(frozen=True)
+class ActivationCheckpointingConfig:
+    """`activation_checkpointing`: how runtime.checkpointing keeps the inputs of checkpointed
+    blocks (the model calls ``runtime.checkpointing.checkpoint``; this block sets options)."""
+
+    partition_activations: bool = False
+    """Each model-parallel rank keeps 1/N of every checkpoint input; gathered to recompute."""
+    contiguous_memory_optimization: bool = False
+    """Checkpoint inputs go into one preallocated buffer (needs number_checkpoints)."""
+    number_checkpoints: int | None = None
+    """Checkpointed blocks per forward: the slots of the contiguous buffer."""
+    cpu_checkpointing: bool = False
+    """Checkpoint inputs wait in host memory until recomputation."""
+    synchronize_checkpoint_boundary: bool = False
+    """Synchronize the device at each checkpoint's forward and backward boundaries."""
+    profile: bool = False
+    """Time checkpointed forwards and recomputations; reported with the step metrics."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "partition_activations",
+            "contiguous_memory_optimization",
+            "cpu_checkpointing",
+            "synchronize_checkpoint_boundary",
+            "profile",
+        ):
+            _check(self, name, _bool)
+        if self.number_checkpoints is not None:
+            _check(self, "number_checkpoints", _int, 1)
+        if self.contiguous_memory_optimization and self.number_checkpoints is None:
+            raise ConfigError(
+                "= true needs number_checkpoints (the number of checkpointed blocks in one "
+                "forward: the buffer's slots); set it, or set "
+                "contiguous_memory_optimization to false",
+                "contiguous_memory_optimization",
+            )
+
+
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
@@ -524,6 +563,10 @@ class Config:
     """ZeRO partitioning and buckets."""
     tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
     """TensorBoard metrics."""
+    activation_checkpointing: ActivationCheckpointingConfig = field(
+        default_factory=ActivationCheckpointingConfig
+    )
+    """Options of runtime.checkpointing (activation checkpointing)."""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The mapping the config was read from, for the record."""
     source: str | None = None
@@ -542,6 +585,7 @@ class Config:
             ("bf16", BF16Config),
             ("zero_optimization", ZeroConfig),
             ("tensorboard", TensorboardConfig),
+            ("activation_checkpointing", ActivationCheckpointingConfig),
         ):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"must be a {cls.__name__}", name)

@@ -178,16 +178,6 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
         "the script"
     ),
     "sparse_attention": when_present("remove the block"),
-    "activation_checkpointing": when_any_true(
-        (
-            "partition_activations",
-            "cpu_checkpointing",
-            "contiguous_memory_optimization",
-            "synchronize_checkpoint_boundary",
-            "profile",
-        ),
-        "checkpoint activations with torch.utils.checkpoint in the model",
-    ),
     "checkpoint": when_any_true(
         ("load_universal", "use_node_local_storage"),
         "checkpoints here load at any world size and stage without conversion; remove the key",

@@ -16,6 +16,7 @@ from typing import Any
 from .config import (
     _BATCH_KEYS,
     AUTO,
+    ActivationCheckpointingConfig,
     BF16Config,
     Config,
     ConfigError,
@@ -217,7 +218,7 @@ class _Parser:
         for key, value in data.items():
             if key in ("fp16", "bf16", "bfloat16", "optimizer", "scheduler"):
                 continue
-            if key in ("zero_optimization", "tensorboard"):
+            if key in ("zero_optimization", "tensorboard", "activation_checkpointing"):
                 continue
             if key in top:
                 if value == AUTO and key not in _BATCH_KEYS:
@@ -248,6 +249,11 @@ class _Parser:
         kwargs["zero_optimization"] = self.zero(data.get("zero_optimization"))
         kwargs["tensorboard"] = self.block(
             "tensorboard", data.get("tensorboard"), TensorboardConfig
+        )
+        kwargs["activation_checkpointing"] = self.block(
+            "activation_checkpointing",
+            data.get("activation_checkpointing"),
+            ActivationCheckpointingConfig,
         )
         if self.dropped_autos:
             self.note(

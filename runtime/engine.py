@@ -81,6 +81,7 @@ class Engine(torch.nn.Module):
         lr_scheduler=None,
         training_data=None,
         collate_fn=None,
+        mpu=None,
     ):
         super().__init__()
         zero = config.zero_optimization
@@ -91,7 +92,16 @@ class Engine(torch.nn.Module):
         self.local_rank = env.local_rank
         self.global_rank = env.rank
         self.world_size = env.world_size
-        self.comm = Communicator(env.group)
+        # --- model parallelism (runtime/model_parallel.py): with an mpu, ZeRO partitions and
+        # reduces over the data-parallel group only; self.comm is that group ---
+        from .model_parallel import ModelParallel
+
+        self.model_parallel = ModelParallel.build(mpu, env, config)
+        self.mpu = mpu
+        self.comm = self.model_parallel.dp_comm if mpu is not None else Communicator(env.group)
+        self.dp_world_size = self.comm.world_size
+        self.dp_rank = self.comm.rank
+        # --- end model parallelism ---
         self.precision = Precision.from_config(config)
         self.global_steps = 0
         self.global_samples = 0
@@ -151,7 +161,7 @@ class Engine(torch.nn.Module):
             if partitioned:
                 bucket = min(bucket, zero.allgather_bucket_size)
             self.layout = plan_layout(
-                specs, self.world_size if partitioned else 1, bucket, align=_ALIGN
+                specs, self.dp_world_size if partitioned else 1, bucket, align=_ALIGN
             )
             params_by_group = [
                 [params_by_name[s.name] for s in g.slots] for g in self.layout.groups
@@ -195,6 +205,7 @@ class Engine(torch.nn.Module):
                 clip=float(config.gradient_clipping or 0.0),
                 make_optimizer=self._optimizer_factory(optimizer, groups),
                 group_options=[opts for opts, _ in groups],
+                norm_scope=self.model_parallel.norm_scope(self.layout, params_by_name, partitioned),
             )
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -277,8 +288,8 @@ class Engine(torch.nn.Module):
         return build_dataloader(
             dataset,
             micro_batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
-            rank=self.global_rank,
-            world_size=self.world_size,
+            rank=self.dp_rank,
+            world_size=self.dp_world_size,
             collate_fn=collate_fn,
             drop_last=getattr(self.config, "dataloader_drop_last", False),
             shuffle=shuffle,
@@ -317,8 +328,8 @@ class Engine(torch.nn.Module):
         self._backward_calls += counted
         self._reduced_since_step = boundary
         scaled = loss / gas if scale_wrt_gas else loss
-        # Gradients are summed over ranks, so fold the 1/world_size of the mean in here.
-        factor = self.precision.loss_scale / self.world_size
+        # Gradients are summed over data-parallel ranks, so fold the 1/N of the mean in here.
+        factor = self.precision.loss_scale / self.dp_world_size
         target = scaled.float() * factor if (factor != 1.0 or self.precision.mixed) else scaled
         self.reducer.prepare(boundary)
         target.backward(retain_graph=retain_graph)
@@ -355,6 +366,7 @@ class Engine(torch.nn.Module):
             self.global_samples += self.train_batch_size()
             # --- step metrics: report steps emit one event from rank 0 (runtime/metrics.py) ---
             self.step_metrics.on_boundary(outcome.grad_norm, outcome.skipped)
+            self._report_checkpointing_profile()
         self.micro_steps += 1
         if self.save_on_signal is not None:
             self.save_on_signal.at_boundary(self)  # checkpoint on signal (runtime/checkpoint)
@@ -396,7 +408,7 @@ class Engine(torch.nn.Module):
     def set_train_batch_size(self, train_batch_size: int) -> None:
         """Change the global batch size by changing gradient_accumulation_steps (the micro
         batch stays); it must be a multiple of micro batch * world size."""
-        per_step = self.train_micro_batch_size_per_gpu() * self.world_size
+        per_step = self.train_micro_batch_size_per_gpu() * self.dp_world_size
         if (
             isinstance(train_batch_size, bool)
             or not isinstance(train_batch_size, int)
@@ -423,6 +435,21 @@ class Engine(torch.nn.Module):
     def set_total_steps(self, total: int | None) -> None:
         """The number of optimizer steps of the run, for the progress bar and ETA."""
         self.step_metrics.set_total_steps(total)
+
+    def _report_checkpointing_profile(self) -> None:
+        """activation_checkpointing.profile: forward and recomputation seconds of the
+        checkpointed blocks, sent with the step metrics (same steps, rank 0)."""
+        every = int(self.config.steps_per_print or 0)
+        step = self.global_steps
+        if not self.config.activation_checkpointing.profile:
+            return
+        if step != 1 and not (every > 0 and step % every == 0):
+            return
+        from . import checkpointing
+
+        timings = checkpointing.take_profile()
+        if timings:
+            self.step_metrics.log_metrics(timings, step)
 
     # --- end step metrics API ---
 
@@ -484,6 +511,7 @@ class Engine(torch.nn.Module):
         """
         from .checkpoint import save_checkpoint
 
+        save_dir = self.model_parallel.checkpoint_dir(save_dir)
         return save_checkpoint(
             self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters
         )
@@ -501,6 +529,7 @@ class Engine(torch.nn.Module):
         ``(None, None)`` with a warning when ``load_dir`` has no ``latest``."""
         from .checkpoint import load_checkpoint
 
+        load_dir = self.model_parallel.checkpoint_dir(load_dir)
         return load_checkpoint(
             self,
             load_dir,

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from ..comm import Communicator
-from ..precision import Precision, global_grad_stats
+from ..precision import GradStats, Precision, global_grad_stats
 from .buckets import GradReducer
 from .flat import FlatBuffer
 from .partition import FlatLayout
 
-__all__ = ["StepOutcome", "ZeroOptimizer"]
+__all__ = ["NormScope", "StepOutcome", "ZeroOptimizer"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,36 @@ class StepOutcome:
     skipped: bool
     grad_norm: float | None
     """Global gradient norm before clipping (unscaled); None when the step overflowed."""
+
+
+@dataclass(frozen=True)
+class NormScope:
+    """The gradient norm of a model-parallel layout (runtime.model_parallel): per owned
+    gradient tensor, the (offset, numel) ranges this rank counts, and the group whose ranks'
+    counted squares add up to the whole model's."""
+
+    comm: Communicator
+    counted: tuple[tuple[tuple[int, int], ...], ...]
+
+    def stats(self, grads: list[torch.Tensor]) -> GradStats:
+        """Squared norm and overflow over the whole model, with one all-reduce."""
+        parts = [
+            g.narrow(0, off, n)
+            for g, ranges in zip(grads, self.counted, strict=True)
+            for off, n in ranges
+        ]
+        sq = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else "cpu")
+        if parts:
+            norms = torch.stack([torch.linalg.vector_norm(p, dtype=torch.float32) for p in parts])
+            sq = norms.double().square().sum()
+        # Overflow anywhere in what this rank owns, counted or not.
+        flag = torch.zeros((), dtype=torch.float64, device=sq.device)
+        for g in grads:
+            flag = flag + (~torch.isfinite(torch.linalg.vector_norm(g, dtype=torch.float32)))
+        packed = torch.stack([sq, flag.double()])
+        self.comm.all_reduce(packed)
+        sq_norm, flagged = packed.tolist()
+        return GradStats(sq_norm, flagged > 0 or not math.isfinite(sq_norm))
 
 
 @dataclass(frozen=True)
@@ -67,6 +97,7 @@ class ZeroOptimizer:
         clip: float,
         make_optimizer: Callable[[list[dict]], torch.optim.Optimizer],
         group_options: list[dict],
+        norm_scope: NormScope | None = None,
     ):
         self.layout = layout
         self.params = params
@@ -76,6 +107,7 @@ class ZeroOptimizer:
         self.partitioned = partitioned
         self.offload = offload
         self.clip = clip
+        self.norm_scope = norm_scope
         rank = comm.rank
         self._sources = params.shards(rank) if partitioned else params.groups()
         self.masters_are_views = not (precision.mixed or offload)
@@ -130,7 +162,10 @@ class ZeroOptimizer:
     def _check_and_clip(self, grads: list[torch.Tensor], partitioned: bool) -> _Clipping | None:
         """The global gradient norm and the unscale-and-clip coefficient (one all-reduce), or
         None when a gradient is not finite and the precision skips such steps."""
-        stats = global_grad_stats(grads, self.comm, partitioned)
+        if self.norm_scope is not None:
+            stats = self.norm_scope.stats(grads)
+        else:
+            stats = global_grad_stats(grads, self.comm, partitioned)
         if stats.nonfinite and self.precision.skips_on_overflow:
             self.last_grad_norm = None
             return None

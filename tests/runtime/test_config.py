@@ -490,10 +490,6 @@ def test_common_harmless_keys_are_silent():
             "compression_training is enabled but not supported",
         ),
         (
-            {"activation_checkpointing": {"partition_activations": True}},
-            "activation_checkpointing partition_activations = true is not supported",
-        ),
-        (
             {"checkpoint": {"load_universal": True}},
             "checkpoint load_universal = true is not supported",
         ),

@@ -116,3 +116,43 @@ def test_mpirun_python_trains_with_the_right_world_size(tmp_path):
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "world size 4" in out.stdout, out.stdout
     assert [s for s, _ in LINE.findall(out.stdout)] == ["5", "10"]
+
+
+def _mpi_env(slurm) -> dict[str, str]:
+    sub = str(slurm.net.subnet)
+    return {
+        **_env(),
+        "OMPI_MCA_oob_tcp_if_include": sub,  # what an MPI site sets once
+        "OMPI_MCA_btl_tcp_if_include": sub,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
+
+
+MPIRUN_2x2 = ["salloc", "-N2", "--ntasks-per-node=2", "--chdir", REPO, "mpirun", "-np", "4",
+              "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"]  # fmt: skip
+
+
+@pytest.mark.multirank
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"
+)
+def test_mpirun_across_nodes_trains_with_master_addr(idle_slurm):
+    out = idle_slurm.run(
+        [*MPIRUN_2x2, "-x", "MASTER_ADDR", *TRAIN],
+        env={**_mpi_env(idle_slurm), "MASTER_ADDR": "node1"},
+        timeout=300,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "world size 4" in out.stdout
+    assert [s for s, _ in LINE.findall(out.stdout)] == ["5", "10"]
+
+
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"
+)
+def test_mpirun_across_nodes_without_master_addr_fails_with_the_clear_error(idle_slurm):
+    out = idle_slurm.run([*MPIRUN_2x2, *TRAIN], env=_mpi_env(idle_slurm), timeout=300)
+    assert out.returncode != 0
+    assert "Open MPI (mpirun): the ranks run on several nodes" in out.stdout + out.stderr
+    assert "MASTER_ADDR is not set" in out.stdout + out.stderr

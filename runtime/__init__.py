@@ -83,10 +83,12 @@ def initialize(
         check_mpu(mpu, env.world_size)
     dp_size = mpu.get_data_parallel_world_size() if mpu is not None else env.world_size
     resolved = loaded.resolve(dp_size, _hidden_size(model))
-    if "activation_checkpointing" in loaded.raw or mpu is not None:
-        from . import checkpointing
+    from . import checkpointing
 
+    if "activation_checkpointing" in loaded.raw:
         checkpointing.configure(mpu, deepspeed_config=resolved)
+    elif mpu is not None and not checkpointing.is_configured():
+        checkpointing.configure(mpu)  # the group partition_activations would split over
     engine = Engine(
         module=model,
         config=resolved,

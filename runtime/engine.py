@@ -551,6 +551,12 @@ class Engine(torch.nn.Module):
         Under stage 3 this needs ``stage3_gather_16bit_weights_on_model_save: true``; without it
         nothing is written and False is returned, as in DeepSpeed.
         """
+        if self.mpu is not None:
+            raise NotImplementedError(
+                "save_16bit_model with an mpu: each model-parallel rank holds a different part "
+                "of the weights and there is no merge of tensor-parallel shards here; use "
+                "save_checkpoint (one part per model-parallel rank, mp_rank_NN/)"
+            )
         from .zero.stage3_save import save_16bit_model
 
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)

@@ -3,58 +3,55 @@
 `Stage3Coordinator` hooks the model:
 
 * forward pre-hook of every module owning (non-persistent) units: fetch them (all-gather, or
-  wait for the prefetch already in flight), then launch the prefetch of what the recorded
-  trace says comes next, within ``stage3_prefetch_bucket_size`` elements and
-  ``stage3_max_live_parameters`` gathered elements;
-* forward post-hook: release them, unless the trace says they are used again within
-  ``stage3_max_reuse_distance`` elements of fetches (and the live bound allows keeping them);
-  and hook the module's output tensors so that their gradient (which autograd computes just
-  before the module's backward) fetches the units again;
-* post-accumulate-grad hook of every parameter: copy the gradient into the unit's staging
-  buffer; when the unit has all its gradients, reduce-scatter it asynchronously into this
-  rank's gradient shard (at most two reductions in flight with ``overlap_comm``, one without)
-  and release the unit.
+  wait for the prefetch already in flight), then launch the prefetch the recorded trace
+  suggests (`stage3_prefetch.FetchPlanner`);
+* forward post-hook (always called, also when forward raises): release them unless the trace
+  says they are used again soon; and hook the module's output tensors so that their gradient
+  (which autograd computes just before the module's backward) fetches the units again;
+* parameter hooks: a gradient about to be accumulated fetches its unit if it was released; an
+  accumulated gradient goes to `stage3_grads.Stage3GradReducer`.
 
-Beyond that (see the modules named):
+Beyond that:
 
 * a parameter read by forward code without its module being called (``out_proj.weight`` in
   ``nn.MultiheadAttention``) is fetched on the read and released when the module that read it
   returns (`stage3_access`);
-* forward hooks are always-called, and a forward that runs inside backward (activation
-  checkpointing recomputing a block, reentrant or not, stopped early or not) never releases
-  what backward still needs;
+* a forward that runs inside backward (activation checkpointing recomputing a block, reentrant
+  or not, stopped early or not) never releases what backward still needs;
 * a unit gathered before an optimizer step is never used after it: fetching a unit whose
   buffer predates the last step gathers it again;
-* leaf modules (`leaf_modules`: mixture-of-experts layers) are one unit, reduced at the end
-  of backward in the same order on every rank;
+* leaf modules (`leaf_modules`: mixture-of-experts layers) are one unit each;
 * every rank's collectives are checked to pair up (`stage3_sequence`).
-
-The *trace* is the sequence of unit fetches of the last complete forward+backward pass. When
-a pass departs from it (data-dependent control flow), prefetching and keeping stop for the rest
-of that pass (fetches are on demand, one log line the first time) and that pass becomes the
-new trace. Every rank must run the same modules in the same order (as with FSDP and DeepSpeed):
-collectives are issued in execution order.
 
 The engine builds all this with `stage3_build.build_stage3`.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
-import math
+from collections.abc import Callable
 
 import torch
 
-from ..comm import Communicator, Handle
+from ..comm import Communicator
 from . import stage3_access
 from .partition import FlatLayout
+from .stage3_grads import Stage3GradReducer
+from .stage3_prefetch import FetchPlanner
 from .stage3_sequence import CollectiveSequence
 from .stage3_units import Unit, UnitState
 
-__all__ = ["Stage3Coordinator"]
+__all__ = ["Stage3Coordinator", "Phase"]
 
 log = logging.getLogger("runtime.zero.stage3")
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    FORWARD = "forward"
+    BACKWARD = "backward"
 
 
 def _tensors(obj):
@@ -68,7 +65,7 @@ def _tensors(obj):
             yield from _tensors(o)
 
 
-def _in_backward_pass() -> bool:
+def _autograd_running() -> bool:
     """True while autograd runs a backward on this thread (activation recomputation)."""
     return torch._C._current_graph_task_id() != -1
 
@@ -94,67 +91,60 @@ class Stage3Coordinator:
     ):
         self.module = module
         self.units = units
-        self.layout = layout
         self.comm = comm
-        self.prefetch_numel = int(zero.stage3_prefetch_bucket_size)
         self.max_live = int(zero.stage3_max_live_parameters)
-        self.max_reuse = int(zero.stage3_max_reuse_distance)
-        self.max_inflight_reductions = 2 if zero.overlap_comm else 0
-        self.optimizer = None
-        self.grad_shard = torch.zeros(layout.shard_numel, dtype=grad_dtype, device=device)
-        self._owned = []
-        off = 0
-        for g in layout.groups:
-            self._owned.append(self.grad_shard.narrow(0, off, g.shard_numel))
-            off += g.shard_numel
+        self.sequence = CollectiveSequence(comm, units)
+        self.grads = Stage3GradReducer(
+            layout, comm, self.sequence, grad_dtype, device, bool(zero.overlap_comm)
+        )
+        self.planner = FetchPlanner(
+            [u.numel for u in units],
+            int(zero.stage3_prefetch_bucket_size),
+            int(zero.stage3_max_reuse_distance),
+        )
+        self.phase = Phase.IDLE
+        self.shard_written: list[Callable[[Unit], None]] = []
+        """Called when GatheredParameters wrote new values into a unit's shard."""
         self.live_numel = sum(u.numel for u in units if not u.persistent and u.gathered)
         self.peak_live_numel = self.live_numel
-        self._trace: list[int] | None = None
-        self._reuse_distance: list[float] = []
-        self._events: list[int] = []
-        self._on_trace = False
+        self._version = 0
+        """Optimizer steps taken: a gathered unit of an older version is stale."""
         self._warned_divergence = False
-        self._in_backward = False
         self._bwd_seen: set[int] = set()
         self._frozen_in_backward: list[Unit] = []
-        self._reductions: list[tuple[Handle, list[torch.Tensor]]] = []
-        # Staging and receive buffers by size, reused within one backward (units of a repeated
-        # layer have the same size) and dropped after it, so nothing stays between steps.
-        self._pool: dict[int, list[torch.Tensor]] = {}
+        self._ran_leaves: set[int] = set()
+        self._frames: list[list[Unit]] = []
+        """Per module running forward (innermost last): the units it fetched by reading them."""
         self._by_storage: dict[int, Unit] = {}
         self._saved_hooks: list = []
         for u in units:
             u.coordinator = self
-        self._version = 0
-        """Optimizer steps taken: a gathered unit of an older version is stale."""
-        self._frames: list[list[Unit]] = []
-        """Per module running forward (innermost last): the units it fetched by reading them."""
-        self._ran_leaves: set[int] = set()
-        self.sequence = CollectiveSequence(comm, units)
-        self._hooks = []
-        for m, mine in _unit_owners(module, units):
+        self._hooks = self._install_hooks()
+        stage3_access.install(module, self._on_read)
+
+    def _install_hooks(self) -> list:
+        module, hooks = self.module, []
+        for m, mine in _unit_owners(module, self.units):
             if m is module:
-                self._hooks.append(m.register_forward_pre_hook(self._begin_pass, prepend=True))
+                hooks.append(m.register_forward_pre_hook(self._begin_pass, prepend=True))
             if mine:
-                self._hooks.append(
-                    m.register_forward_pre_hook(functools.partial(self._pre_forward, mine))
-                )
-                self._hooks.append(
+                hooks.append(m.register_forward_pre_hook(functools.partial(self._pre_forward, mine)))
+                hooks.append(
                     m.register_forward_hook(
                         functools.partial(self._post_forward, mine), always_call=True
                     )
                 )
-        self._hooks.append(module.register_forward_hook(self._end_forward, always_call=True))
-        for u in units:
+        hooks.append(module.register_forward_hook(self._end_forward, always_call=True))
+        for u in self.units:
             for i, p in enumerate(u.params):
                 if p.requires_grad:
-                    self._hooks.append(p.register_hook(functools.partial(self._grad_arriving, u)))
-                    self._hooks.append(
+                    hooks.append(p.register_hook(functools.partial(self._grad_arriving, u)))
+                    hooks.append(
                         p.register_post_accumulate_grad_hook(
                             functools.partial(self._grad_ready, u, i)
                         )
                     )
-        stage3_access.install(module, self._on_read)
+        return hooks
 
     # ------------------------------------------------------------------ gather / release
     def _gather(self, u: Unit) -> None:
@@ -190,7 +180,7 @@ class Stage3Coordinator:
             for u in self.units
             if not u.persistent and u.gathered and u.users == 0 and not u.bwd_hold
         ]
-        for u in sorted(idle, key=lambda v: v.last_pos):
+        for u in sorted(idle, key=lambda v: self.planner.last_pos.get(v.index, -1)):
             if self.live_numel + numel <= self.max_live:
                 break
             self._release(u)
@@ -200,85 +190,85 @@ class Stage3Coordinator:
             if u.users == 0:
                 self._release(u)
 
-    # ------------------------------------------------------------------ trace
-    def _record(self, u: Unit) -> None:
-        pos = len(self._events)
-        self._events.append(u.index)
-        u.last_pos = pos
-        if self._on_trace and (pos >= len(self._trace) or self._trace[pos] != u.index):
-            self._on_trace = False
+    def _fetch(self, u: Unit) -> None:
+        if not self.planner.record(u.index):
             self.sequence.mark_diverged()
             if not self._warned_divergence and self.comm.rank == 0:
                 log.info(
                     "stage 3: the modules ran in a different order than in the recorded trace "
                     "(fetch %d); fetching parameters on demand until the order is stable again",
-                    pos,
+                    len(self.planner.events) - 1,
                 )
             self._warned_divergence = True
-
-    def _adopt_trace(self) -> None:
-        events = self._events
-        if self._trace == events:
-            return
-        self._trace = list(events)
-        numels = [self.units[i].numel for i in events]
-        cum = [0]
-        for n in numels:
-            cum.append(cum[-1] + n)
-        nxt: dict[int, int] = {}
-        dist = [math.inf] * len(events)
-        for pos in range(len(events) - 1, -1, -1):
-            j = nxt.get(events[pos])
-            if j is not None:
-                dist[pos] = cum[j] - cum[pos + 1]
-            nxt[events[pos]] = pos
-        self._reuse_distance = dist
-
-    def _prefetch(self) -> None:
-        if not self._on_trace or self.prefetch_numel <= 0:
-            return
-        trace, pos, budget = self._trace, len(self._events), self.prefetch_numel
-        while pos < len(trace):
-            v = self.units[trace[pos]]
-            budget -= v.numel
-            if budget < 0:
-                break
-            if v.state is UnitState.RELEASED:
-                if self.live_numel + v.numel > self.max_live:
-                    break
-                self._gather(v)
-            pos += 1
-
-    def _fetch(self, u: Unit) -> None:
-        self._record(u)
         self._gather(u)
-        self._prefetch()
+        for i in self.planner.prefetch(
+            fits=lambda i: self.live_numel + self.units[i].numel <= self.max_live,
+            released=lambda i: self.units[i].state is UnitState.RELEASED,
+        ):
+            self._gather(self.units[i])
         u.wait()
 
-    # ------------------------------------------------------------------ module hooks
+    def _after_use(self, u: Unit, keep: bool) -> None:
+        """A module using ``u`` returned: release it unless something still needs it."""
+        if u.users > 0 or u.persistent:
+            return
+        if self.phase is Phase.BACKWARD or _autograd_running():
+            # A forward recomputed inside backward (activation checkpointing): backward is
+            # about to use these weights. Trained units go when their gradients are reduced;
+            # frozen ones when backward moves on to another module.
+            if u.frozen and u not in self._frozen_in_backward:
+                self._frozen_in_backward.append(u)
+            return
+        if keep and self.planner.keep_after_use(u.index) and self.live_numel <= self.max_live:
+            return
+        self._release(u)
+
+    # ------------------------------------------------------------------ forward hooks
     def _begin_pass(self, module, args) -> None:
         self._saved_hooks.append(torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack))
         self._saved_hooks[-1].__enter__()
         self._frames.append([])
-        if self._in_backward or _in_backward_pass():
+        if self.phase is Phase.BACKWARD or _autograd_running():
             return
         # Units kept by a forward whose backward never came are released here.
         self.release_all()
-        self._events = []
-        self._on_trace = self._trace is not None
+        self.phase = Phase.FORWARD
+        self.planner.begin_pass()
         self._bwd_seen.clear()
         self._ran_leaves.clear()
 
     def _end_forward(self, module, args, output) -> None:
         if self._saved_hooks:
             self._saved_hooks.pop().__exit__(None, None, None)
-        self._return_borrowed(in_backward=_in_backward_pass())
-        if _in_backward_pass() or self._in_backward:
+        self._return_borrowed()
+        if self.phase is Phase.BACKWARD or _autograd_running():
             return
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in _tensors(output)):
             # No backward follows this forward (evaluation): the pass ends here.
             self.release_all()
+            self.phase = Phase.IDLE
             self.sequence.end_pass("forward")
+
+    def _pre_forward(self, units: list[Unit], module, args) -> None:
+        self._frames.append([])
+        for u in units:
+            self._fetch(u)
+            u.users += 1
+            if u.leaf is not None:
+                self._ran_leaves.add(u.index)
+
+    def _post_forward(self, units: list[Unit], module, args, output) -> None:
+        self._return_borrowed()
+        for u in units:
+            u.users -= 1
+        if torch.is_grad_enabled():
+            hook = functools.partial(self._pre_backward, units, id(module))
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(hook)
+        keep = self.planner.on_trace and torch.is_grad_enabled()
+        for u in units:
+            self._after_use(u, keep)
 
     # Parameters read without their module being called (stage3_access): fetched for the
     # innermost module running forward and released when it returns. Outside forward a
@@ -292,35 +282,14 @@ class Stage3Coordinator:
         self._fetch(u)
         u.users += 1
         self._frames[-1].append(u)
-        if self._in_backward or _in_backward_pass():
-            u.bwd_hold = u.bwd_hold or not u.frozen
+        if (self.phase is Phase.BACKWARD or _autograd_running()) and not u.frozen:
+            u.bwd_hold = True
 
-    def _return_borrowed(self, in_backward: bool) -> None:
-        if not self._frames:
-            return
-        for u in self._frames.pop():
-            u.users -= 1
-            self._after_use(u, keep=False, in_backward=in_backward)
-
-    def _after_use(self, u: Unit, keep: bool, in_backward: bool) -> None:
-        """A module using ``u`` returned: release it unless something still needs it."""
-        if u.users > 0 or u.persistent:
-            return
-        if in_backward:
-            # A forward recomputed inside backward (activation checkpointing): backward is
-            # about to use these weights. Trained units go when their gradients are reduced;
-            # frozen ones when backward moves on to another module.
-            if u.frozen and u not in self._frozen_in_backward:
-                self._frozen_in_backward.append(u)
-            return
-        if (
-            keep
-            and u.last_pos < len(self._reuse_distance)
-            and self._reuse_distance[u.last_pos] <= self.max_reuse
-            and self.live_numel <= self.max_live
-        ):
-            return
-        self._release(u)
+    def _return_borrowed(self) -> None:
+        if self._frames:
+            for u in self._frames.pop():
+                u.users -= 1
+                self._after_use(u, keep=False)
 
     # Tensors autograd saves during forward that live in a unit's gathered buffer (weights, or
     # views of them such as ``weight.t()``) are tagged with their unit; unpacking one in
@@ -344,27 +313,11 @@ class Stage3Coordinator:
             self._fetch(u)
         return saved.tensor
 
-    def _pre_forward(self, units: list[Unit], module, args) -> None:
-        self._frames.append([])
-        for u in units:
-            self._fetch(u)
-            u.users += 1
-            if u.leaf is not None:
-                self._ran_leaves.add(u.index)
-
-    def _post_forward(self, units: list[Unit], module, args, output) -> None:
-        in_backward = self._in_backward or _in_backward_pass()
-        self._return_borrowed(in_backward)
-        for u in units:
-            u.users -= 1
-        if torch.is_grad_enabled():
-            hook = functools.partial(self._pre_backward, units, id(module))
-            for t in _tensors(output):
-                if t.requires_grad:
-                    t.register_hook(hook)
-        keep = self._on_trace and torch.is_grad_enabled()
-        for u in units:
-            self._after_use(u, keep, in_backward)
+    # ------------------------------------------------------------------ backward
+    def _start_backward(self) -> None:
+        if self.phase is not Phase.BACKWARD:
+            self.phase = Phase.BACKWARD
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _pre_backward(self, units: list[Unit], module_id: int, grad) -> None:
         self._start_backward()
@@ -384,12 +337,6 @@ class Stage3Coordinator:
             u.bwd_hold = True
             self._fetch(u)
 
-    # ------------------------------------------------------------------ gradients
-    def _start_backward(self) -> None:
-        if not self._in_backward:
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-
     def _grad_arriving(self, u: Unit, grad) -> None:
         """Before a gradient is accumulated: its parameter must have its full shape again."""
         if not u.gathered:
@@ -402,82 +349,25 @@ class Stage3Coordinator:
         if grad is None:
             return
         self._start_backward()
-        if u.staging is None:
-            u.staging = self._take(u.numel)
-            if u.group.numel < u.numel:
-                u.staging[u.group.numel :].zero_()
-        slot = u.group.slots[i]
-        view = u.staging[slot.offset : slot.end]
-        if u.arrived[i]:
-            view.add_(grad.reshape(-1))
-        else:
-            view.copy_(grad.reshape(-1))
-            u.arrived[i] = True
-            u.n_arrived += 1
+        reduced = self.grads.arrived(u, i, grad)
         p.grad = None
-        # A leaf's parameters may get no gradient on some ranks (unused experts): it is
-        # reduced at the end of backward, in unit order on every rank, never on arrival.
-        if u.n_arrived == u.expected_grads and u.leaf is None:
-            self._reduce(u)
+        if reduced:
             u.bwd_hold = False
             if u.users == 0:
                 self._release(u)
 
-    def _take(self, numel: int) -> torch.Tensor:
-        free = self._pool.get(numel)
-        if free:
-            return free.pop()
-        return torch.empty(numel, dtype=self.grad_shard.dtype, device=self.grad_shard.device)
-
-    def _wait_oldest_reduction(self) -> None:
-        handle, buffers = self._reductions.pop(0)
-        handle.wait()
-        for b in buffers:
-            self._pool.setdefault(b.numel(), []).append(b)
-
-    def _reduce(self, u: Unit) -> None:
-        if u.staging is None:  # a leaf that got no gradient on this rank: it adds zeros
-            u.staging = self._take(u.numel).zero_()
-        staging, u.staging = u.staging, None
-        # Gradients arriving later in this backward (a weight used again in a block that
-        # reentrant checkpointing recomputes separately) start a new partial sum, reduced
-        # with accumulation into the same shard.
-        u.arrived = [False] * len(u.params)
-        u.n_arrived = 0
-        self.sequence.record("reduce", u)
-        scratch = self._take(u.numel) if self.comm.needs_reduce_scatter_scratch else None
-        handle = self.comm.reduce_scatter(
-            self._owned[u.index], staging, scratch=scratch, accumulate=True, async_op=True
-        )
-        self._reductions.append((handle, [b for b in (staging, scratch) if b is not None]))
-        while len(self._reductions) > self.max_inflight_reductions:
-            self._wait_oldest_reduction()
-
     def _end_backward(self) -> None:
         """After autograd finishes: reduce partial units, wait, release, adopt the trace."""
-        if not self._in_backward:
+        if self.phase is not Phase.BACKWARD:
             return
+        self.grads.flush(self.units, self._ran_leaves)
         for u in self.units:
-            ran_leaf = u.leaf is not None and u.index in self._ran_leaves and not u.frozen
-            if (u.n_arrived > 0 and u.staging is not None) or ran_leaf:
-                if u.staging is not None:
-                    for i, arrived in enumerate(u.arrived):
-                        if not arrived:
-                            s = u.group.slots[i]
-                            u.staging[s.offset : s.end].zero_()
-                self._reduce(u)
-        while self._reductions:
-            self._wait_oldest_reduction()
-        self._pool.clear()
-        for u in self.units:
-            u.reset_grads()
             u.bwd_hold = False
         self._frozen_in_backward = []
         self._ran_leaves.clear()
         self.release_all()
-        if not self._on_trace or self._trace is None or len(self._events) != len(self._trace):
-            self._adopt_trace()
-        self._in_backward = False
+        self.planner.end_pass()
+        self.phase = Phase.IDLE
         self.sequence.end_pass("backward")
 
     # ------------------------------------------------------------------ engine interface
@@ -488,10 +378,10 @@ class Stage3Coordinator:
         self._end_backward()
 
     def owned_grads(self) -> list[torch.Tensor]:
-        return self._owned
+        return self.grads.owned
 
     def zero(self) -> None:
-        self.grad_shard.zero_()
+        self.grads.zero()
 
     def bucket_bytes(self) -> int:
         return 0
@@ -520,11 +410,10 @@ class Stage3Coordinator:
             self.comm.broadcast(u.full, src=modifier_rank)
             lo, hi = u.group.shard_range(self.comm.rank)
             u.store.write_from(u.group, u.full[lo:hi])
-            opt = self.optimizer
-            if opt is not None and not opt.masters_are_views and not u.frozen:
-                opt.master[u.index].copy_(u.store.shard(u.group))
+            for listener in self.shard_written:
+                listener(u)
         u.users -= 1
-        if u.users == 0 and not self._in_backward:
+        if u.users == 0 and self.phase is not Phase.BACKWARD:
             self._release(u)
 
     def remove_hooks(self) -> None:

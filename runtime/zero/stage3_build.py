@@ -154,7 +154,7 @@ def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
         group_options=[opts for opts, _ in groups],
         sub_group_size=int(zero.sub_group_size),
     )
-    coordinator.optimizer = engine.optimizer
+    coordinator.shard_written.append(engine.optimizer.reload_master)
     engine.layout = layout
     engine.flat_params = store
     engine.reducer = coordinator

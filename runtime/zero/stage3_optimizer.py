@@ -62,3 +62,9 @@ class Stage3Optimizer(ZeroOptimizer):
 
     def gather_params(self) -> None:
         self.reducer.after_step()
+
+    def reload_master(self, unit) -> None:
+        """``unit``'s shard was overwritten (GatheredParameters with a modifier rank): copy it
+        into the fp32 master where the master is a copy, not a view of the shard."""
+        if not self.masters_are_views and not unit.frozen:
+            self.master[unit.index].copy_(unit.store.shard(unit.group))

@@ -269,12 +269,41 @@ def test_command_line_up_status_down():
         )
         assert ssh.stdout == "node2\n", ssh.stderr
         assert info["prefix"] in cli("status").stdout
+        with open(info["hostfile"]) as f:
+            assert f.read() == "node1 slots=2\nnode2 slots=2\n"
+        # A bare `down` stops no live cluster (other people's may be on this machine too).
+        bare = cli("down")
+        assert bare.returncode == 2, bare.stderr
+        assert info["prefix"] in bare.stderr and "--all" in bare.stderr
+        assert owner_alive(info["owner_pid"])
+        assert cli("down", "nosuchprefix").returncode == 2
     finally:
         down = cli("down", info["prefix"])
     assert down.returncode == 0, down.stderr
     assert f"removed {info['prefix']}" in down.stdout
     assert _leftovers(info["prefix"]) == []
     assert not owner_alive(info["owner_pid"])
+
+
+def test_usage_text_names_the_hostfile_and_a_zlaunch_command(tmp_path, capsys):
+    from tests.cluster.__main__ import _print_usage
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+    info = {
+        "prefix": "zt1",
+        "owner_pid": 1,
+        "hosts": ["node1", "node2"],
+        "addresses": {"node1": "10.0.0.2", "node2": "10.0.0.3"},
+        "namespaces": {"node1": "zt1-node1", "node2": "zt1-node2"},
+        "ssh_config": "/tmp/ssh_config",
+        "hostfile": str(hostfile),
+    }
+    _print_usage(info)
+    out = capsys.readouterr().out
+    assert f"hostfile:   {hostfile}" in out
+    assert "node2 slots=2" in out
+    assert f"zlaunch --hostfile {hostfile} --ssh-config /tmp/ssh_config" in out
 
 
 def test_unavailable_reason_names_what_is_missing(monkeypatch):

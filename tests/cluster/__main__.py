@@ -2,8 +2,9 @@
 
     python -m tests.cluster up [-n 3] [--json]   start one in the background, print how to use it
     python -m tests.cluster status [--json]      list clusters on this machine
-    python -m tests.cluster down [PREFIX ...]    stop background clusters (or the ones named)
-                                                 and remove leftovers of dead owners
+    python -m tests.cluster down PREFIX [...]    stop the clusters named (and remove leftovers
+                                                 of dead owners)
+    python -m tests.cluster down --all           stop every background cluster on this machine
     python -m tests.cluster serve [-n 3]         run one in the foreground until Ctrl-C/SIGTERM
 
 ``up`` starts ``serve`` as a detached process that owns the cluster; ``down`` sends it SIGTERM,
@@ -42,7 +43,17 @@ def _print_usage(info: dict) -> None:
     for host in info["hosts"]:
         print(f"  {host:8s} {info['addresses'][host]:15s} netns {info['namespaces'][host]}")
     print(f"  ssh_config: {info['ssh_config']}")
+    if info.get("hostfile"):
+        print(f"  hostfile:   {info['hostfile']}")
+        with open(info["hostfile"]) as f:
+            for line in f.read().splitlines():
+                print(f"      {line}")
     print(f"  try:  ssh -F {info['ssh_config']} {info['hosts'][0]} hostname")
+    if info.get("hostfile"):
+        print(
+            f"        zlaunch --hostfile {info['hostfile']} --ssh-config {info['ssh_config']}"
+            " examples/train_gpt.py --config examples/configs/zero2.json"
+        )
     print(f"  stop: python -m tests.cluster down {info['prefix']}")
 
 
@@ -52,6 +63,7 @@ def serve(n: int, ready_file: str | None) -> int:
         signal.signal(signum, lambda signum, frame: stop.append(signum))
     with Cluster.start(n=n, detached=True) as cluster:
         info = cluster.describe()
+        info["hostfile"] = cluster.hostfile(slots=2)
         if ready_file:
             tmp = ready_file + ".tmp"
             with open(tmp, "w") as f:
@@ -115,10 +127,21 @@ def status(as_json: bool) -> int:
     return 0
 
 
-def down(prefixes: list[str]) -> int:
-    if not prefixes:
-        infos = [_info(p) for p in sorted(find_prefixes())]
-        prefixes = [i["prefix"] for i in infos if i.get("detached") and i["owner_alive"]]
+def down(prefixes: list[str], everything: bool = False) -> int:
+    """Stop the clusters named (or with ``everything``, every background one on the machine).
+
+    A bare ``down`` stops nothing alive: other people's clusters (and test runs) on the same
+    machine are not ours to stop. It still removes leftovers of dead owners, and says how to
+    name a live cluster.
+    """
+    live = [i for i in (_info(p) for p in sorted(find_prefixes())) if i["owner_alive"]]
+    if everything:
+        prefixes = [i["prefix"] for i in live if i.get("detached")]
+    unknown = [p for p in prefixes if p not in find_prefixes()]
+    if unknown:
+        print(f"no test cluster {', '.join(unknown)} on this machine", file=sys.stderr)
+        print("  see: python -m tests.cluster status", file=sys.stderr)
+        return 2
     wanted = prefixes
     for prefix in wanted:
         pid = owner_of(prefix)
@@ -131,6 +154,19 @@ def down(prefixes: list[str]) -> int:
         print(f"removed {prefix}")
     for prefix in reap_stale():
         print(f"removed leftovers of {prefix}")
+    if not prefixes and not everything:
+        background = [i for i in live if i.get("detached")]
+        if background:
+            print(
+                "not stopping clusters that were not named: "
+                + ", ".join(i["prefix"] for i in background),
+                file=sys.stderr,
+            )
+            print(
+                "  name one (python -m tests.cluster down PREFIX) or stop all with --all",
+                file=sys.stderr,
+            )
+            return 2
     return 0
 
 
@@ -147,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--ready-file", help=argparse.SUPPRESS)
     p_status = sub.add_parser("status", help="list clusters on this machine")
     p_status.add_argument("--json", action="store_true")
-    p_down = sub.add_parser("down", help="stop background clusters and reap leftovers")
+    p_down = sub.add_parser("down", help="stop the clusters named and reap leftovers")
     p_down.add_argument("prefixes", nargs="*", metavar="PREFIX")
+    p_down.add_argument(
+        "--all", action="store_true", help="stop every background cluster on this machine"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -157,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             return serve(args.n, args.ready_file)
         if args.command == "status":
             return status(args.json)
-        return down(args.prefixes)
+        return down(args.prefixes, args.all)
     except ClusterError as exc:
         print(f"test cluster: {exc}", file=sys.stderr)
         return 1

@@ -59,6 +59,7 @@ __all__ = [
     "STACKS_SIGNAL",
     "STACKS_SIGNAL_ENV",
     "STACKS_READY",
+    "PEAK_TFLOPS_ENV",
     "STDOUT",
     "STDERR",
     "ProtocolError",
@@ -92,6 +93,10 @@ STDOUT, STDERR = "o", "e"
 STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
+
+# `zlaunch run --peak-tflops X`: the per-device peak (dense TFLOP/s) the runtime divides the
+# measured FLOP rate by for MFU, instead of its table of known devices (runtime/profiling).
+PEAK_TFLOPS_ENV = "ZLAUNCH_PEAK_TFLOPS"
 
 # The longest frame a reader accepts; anything longer is dropped as a whole.
 MAX_FRAME_BYTES = 8 * 1024 * 1024

@@ -174,6 +174,7 @@ def build_options(
     resume: bool = False,
     max_restarts: int = 0,
     save_on: str | None = "SIGUSR1",
+    peak_tflops: float | None = None,
     environ: Mapping[str, str] | None = None,
     home: str | None = None,
 ) -> LaunchOptions:
@@ -240,6 +241,12 @@ def build_options(
                 f"--env {name}: zlaunch sets {name} for every worker",
                 hint="leave it out; see `zlaunch run --help` for how ranks are assigned",
             )
+    if peak_tflops is not None:
+        from zlaunch.protocol import PEAK_TFLOPS_ENV
+
+        if not 0 < peak_tflops < float("inf"):
+            raise UsageError(f"--peak-tflops must be a positive number, got {peak_tflops}")
+        worker_env[PEAK_TFLOPS_ENV] = repr(float(peak_tflops))
 
     if module:
         program = ("-m", script, *script_args)
@@ -369,6 +376,13 @@ def _save_on_signal(value: str | None) -> str | None:
     show_default=True,
     metavar="SIGNAL|none",
     help="This signal to zlaunch makes every rank save a checkpoint and exit 0.",
+)
+@click.option(
+    "--peak-tflops",
+    type=float,
+    default=None,
+    metavar="TFLOPS",
+    help="Peak TFLOP/s of one device, for MFU. Default: known GPUs' table; CPU: a probe.",
 )
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)

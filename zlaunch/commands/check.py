@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from zlaunch.commands.familiar import host_selection_options, resolve_nodes
 from zlaunch.errors import UsageError, ZlaunchError
 
 __all__ = ["command", "HostReport", "check_hosts"]
@@ -160,11 +161,7 @@ def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
 
 
 @click.command(name="check", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-H", "--hostfile", help="Hostfile to check. Default: localhost.")
-@click.option("-i", "--include", help="Only these hosts/slots, e.g. node1:0-3@node2.")
-@click.option("-e", "--exclude", help="Skip these hosts/slots.")
-@click.option("--num-nodes", "num_nodes", type=int, help="Check the first N hosts.")
-@click.option("--num-gpus", "--nproc-per-node", "num_gpus", type=int, help="Slots per host.")
+@host_selection_options("Check")
 @click.option(
     "--master-port", type=click.IntRange(1, 65535), help="Check this port is free on the master."
 )
@@ -185,6 +182,8 @@ def command(
     include,
     exclude,
     num_nodes,
+    nnodes,
+    node_rank,
     num_gpus,
     master_port,
     ssh_config,
@@ -202,6 +201,9 @@ def command(
     from zlaunch.options import SshOptions
     from zlaunch.selectors import select_hosts
 
+    num_nodes = resolve_nodes(
+        num_nodes=num_nodes, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile
+    )
     if hostfile is not None:
         hosts = load_hostfile(os.path.expanduser(hostfile))
     else:

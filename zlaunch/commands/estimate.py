@@ -153,8 +153,27 @@ def _human(count: int) -> str:
     help="Build the model with this no-argument factory and count its parameters (needs torch). "
     "MODULE may be a path to a .py file.",
 )
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--nodes",
+    "--num-nodes",
+    "--num_nodes",
+    "--nnodes",
+    "nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+)
+@click.option(
+    "--gpus-per-node",
+    "--num-gpus",
+    "--num_gpus",
+    "--nproc-per-node",
+    "--nproc_per_node",
+    "gpus_per_node",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+)
 @click.option(
     "--precision",
     type=click.Choice(["fp16", "bf16", "fp32"]),

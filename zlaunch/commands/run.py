@@ -18,6 +18,11 @@ from typing import TYPE_CHECKING
 import click
 
 from zlaunch.clip import brief, clip
+from zlaunch.commands.familiar import (
+    host_selection_options,
+    refuse_config_as_script,
+    resolve_nodes,
+)
 from zlaunch.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -150,6 +155,8 @@ def build_options(
     include: str | None = None,
     exclude: str | None = None,
     num_nodes: int | None = None,
+    nnodes: str | None = None,
+    node_rank: str | None = None,
     num_gpus: int | None = None,
     master_addr: str | None = None,
     master_port: int | None = None,
@@ -189,6 +196,9 @@ def build_options(
     if home is None:
         home = os.path.expanduser("~")
     _reject_option_as_script(script)
+    num_nodes = resolve_nodes(
+        num_nodes=num_nodes, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile
+    )
     if module and no_python:
         raise UsageError("--module and --no-python cannot be used together")
     if no_python and python is not None:
@@ -203,6 +213,7 @@ def build_options(
     if not os.path.isdir(cwd):
         raise UsageError(f"--chdir {cwd}: no such directory")
     if not module and not no_python:
+        refuse_config_as_script(script)
         script_path = script if os.path.isabs(script) else os.path.join(cwd, script)
         if not os.path.isfile(script_path):
             where = "" if os.path.isabs(script) else f" (looked in {cwd})"
@@ -312,19 +323,7 @@ def _save_on_signal(value: str | None) -> str | None:
         "help_option_names": ["-h", "--help"],
     },
 )
-@click.option("-H", "--hostfile", help="Hostfile: one 'HOST slots=N' per line. Default: localhost.")
-@click.option("-i", "--include", help="Only these hosts/slots, e.g. node1:0-3@node2.")
-@click.option("-e", "--exclude", help="Skip these hosts/slots, e.g. node2@node1:7.")
-@click.option("--num-nodes", "--num_nodes", "num_nodes", type=int, help="Use the first N hosts.")
-@click.option(
-    "--num-gpus",
-    "--num_gpus",
-    "--nproc-per-node",
-    "--nproc_per_node",
-    "num_gpus",
-    type=int,
-    help="Use the first G slots of each host (no hostfile: G local workers).",
-)
+@host_selection_options("Use")
 @click.option("--master-addr", "--master_addr", "master_addr", help="Rendezvous address.")
 @click.option(
     "--master-port",

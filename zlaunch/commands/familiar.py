@@ -1,0 +1,123 @@
+"""torchrun's and DeepSpeed's spellings of the host-selection options, shared by `run` and `check`.
+
+`--num-gpus/--num_gpus/--nproc-per-node/--nproc_per_node` all mean "the first G slots of each
+host". torchrun's `--nnodes N` is taken too, with zlaunch's meaning spelled out where it
+differs: zlaunch starts every node itself from one command, so `--nnodes N` picks the first N
+hosts of the hostfile (torchrun is run once per node instead), and an elastic `MIN:MAX` range or
+a `--node-rank` has no meaning here and is refused with what to do instead.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from zlaunch.clip import clip
+from zlaunch.errors import UsageError
+
+__all__ = ["host_selection_options", "resolve_nodes", "CONFIG_SUFFIXES", "refuse_config_as_script"]
+
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml", ".hjson")
+
+NNODES_HELP = (
+    "torchrun's spelling of --num-nodes. zlaunch starts every node from this one command, so it "
+    "means the first N hosts of --hostfile (not a count of separately launched nodes)."
+)
+
+
+def host_selection_options(verb: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """-H/-i/-e, --num-nodes (+ --num_nodes, --nnodes), --num-gpus (+ DeepSpeed/torchrun names).
+
+    `verb` words the help ("Use", "Check"). The decorated command receives `num_nodes`,
+    `nnodes` and `node_rank` as given; `resolve_nodes` turns them into one count.
+    """
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        options = [
+            click.option(
+                "-H",
+                "--hostfile",
+                help="Hostfile: one 'HOST slots=N' per line. Default: localhost.",
+            ),
+            click.option("-i", "--include", help="Only these hosts/slots, e.g. node1:0-3@node2."),
+            click.option("-e", "--exclude", help="Skip these hosts/slots, e.g. node2@node1:7."),
+            click.option(
+                "--num-nodes",
+                "--num_nodes",
+                "num_nodes",
+                type=int,
+                help=f"{verb} the first N hosts.",
+            ),
+            click.option("--nnodes", "nnodes", metavar="N", help=NNODES_HELP),
+            click.option(
+                "--node-rank",
+                "--node_rank",
+                "node_rank",
+                metavar="N",
+                hidden=True,  # refused with a hint: torchrun's per-node launch has no place here
+            ),
+            click.option(
+                "--num-gpus",
+                "--num_gpus",
+                "--nproc-per-node",
+                "--nproc_per_node",
+                "num_gpus",
+                type=int,
+                help=f"{verb} the first G slots of each host (no hostfile: G local workers).",
+            ),
+        ]
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def resolve_nodes(
+    *, num_nodes: int | None, nnodes: str | None, node_rank: str | None, hostfile: str | None
+) -> int | None:
+    """One node count from --num-nodes or torchrun's --nnodes; torchrun-only usage refused."""
+    if node_rank is not None:
+        raise UsageError(
+            f"--node-rank {clip(node_rank)}: zlaunch starts every node from one command",
+            hint="run zlaunch once, on one machine, with --hostfile listing every node "
+            "(torchrun is started once per node; zlaunch is not)",
+        )
+    if nnodes is None:
+        return num_nodes
+    if num_nodes is not None:
+        raise UsageError("--nnodes and --num-nodes mean the same here", hint="give one of them")
+    text = nnodes.strip()
+    if ":" in text:
+        raise UsageError(
+            f"--nnodes {clip(nnodes)}: zlaunch has no elastic MIN:MAX node range",
+            hint="give a count (the first N hosts of --hostfile); --max-restarts N restarts "
+            "the whole job after a failure",
+        )
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or int(text) < 1:
+        raise UsageError(f"--nnodes must be a number of hosts (1 or more), got {clip(nnodes)}")
+    count = int(text)
+    if hostfile is None and count > 1:
+        raise UsageError(
+            f"--nnodes {count} without --hostfile: zlaunch starts every node itself, "
+            "so it needs the hosts listed",
+            hint="write a hostfile ('node1 slots=8' per line) and pass --hostfile; unlike "
+            "torchrun, zlaunch is run once, not once per node",
+        )
+    return count
+
+
+def refuse_config_as_script(script: str) -> None:
+    """A config file passed where the script goes would run as Python: refuse it with a hint."""
+    if script.lower().endswith(CONFIG_SUFFIXES):
+        shell_word = (
+            shlex.quote(script) if script.isprintable() and len(script) < 200 else "ds.json"
+        )
+        raise UsageError(
+            f"{clip(script)} looks like a training config, not a Python script",
+            hint=f"give the script first and the config with --config: "
+            f"zlaunch train.py --config {shell_word} (--no-python runs a program as is)",
+        )

@@ -220,8 +220,10 @@ def __getattr__(name: str):
         from .engine import Engine
 
         return Engine
-    if name in ("zero", "dist"):  # runtime.zero.Init, as deepspeed.zero; runtime.dist, as
-        import importlib  # deepspeed.comm
+    # runtime.zero.Init, as deepspeed.zero; runtime.dist, as deepspeed.comm;
+    # runtime.checkpointing, as deepspeed.checkpointing
+    if name in ("zero", "dist", "checkpointing"):
+        import importlib
 
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -337,6 +337,10 @@ def test_initialize_configures_from_the_block_and_reports_profile(single_process
     assert all(e["checkpoint_recomputes"] == BLOCKS for e in profiles)
 
 
+def test_reachable_as_deepspeed_checkpointing_is():
+    assert runtime.checkpointing is ck  # import runtime as deepspeed; deepspeed.checkpointing
+
+
 def test_config_block_is_validated():
     cfg = load_config(
         engine_config(partition_activations=True, synchronize_checkpoint_boundary=True)

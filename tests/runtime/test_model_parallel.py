@@ -435,3 +435,10 @@ def test_mpu_without_megatrons_calls_is_refused():
 
     with pytest.raises(TypeError, match="get_data_parallel_group"):
         check_mpu(Half(), 4)
+
+    class Sized:
+        def __getattr__(self, name):
+            return lambda: 2 if name.endswith("world_size") else 0
+
+    with pytest.raises(ValueError, match="2 x data-parallel size 2 = 4 is not the world size 8"):
+        check_mpu(Sized(), 8)

@@ -10,8 +10,8 @@ Two things span the whole model:
 
 * the gradient norm for clipping and overflow: squared norms of tensor-parallel parameters
   (``tensor_model_parallel`` or ``model_parallel`` true, Megatron's attributes) add up over
-  the model-parallel ranks; replicated parameters are counted on model-parallel rank 0 only,
-  so each is counted once (`zero.optimizer.NormScope`);
+  the model-parallel ranks; replicated parameters are counted on tensor-parallel rank 0 only,
+  so each is counted once (`zero.optimizer.NormScope`), as DeepSpeed counts them;
 * checkpoints: each model-parallel rank writes and reads its own part, in
   ``<dir>/mp_rank_<NN>/`` (a complete checkpoint of that part over the data-parallel group).
 
@@ -70,7 +70,19 @@ class ModelParallel:
 
     @property
     def rank(self) -> int:
+        """This rank's place in its model-parallel group (which checkpoint part it keeps)."""
         return self.mp_comm.rank if self.mp_comm is not None else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """Its place among tensor-parallel ranks: replicas are counted where this is 0 (with
+        pipeline stages the model-parallel group spans stages holding different layers)."""
+        mpu = self.mpu
+        if mpu is None:
+            return 0
+        if hasattr(mpu, "get_tensor_model_parallel_rank"):
+            return mpu.get_tensor_model_parallel_rank()
+        return self.rank
 
     def norm_scope(
         self, layout: FlatLayout, params_by_name: dict[str, torch.Tensor], partitioned: bool
@@ -80,7 +92,7 @@ class ModelParallel:
         1-2), the model-parallel group when they hold the same whole gradients (stage 0)."""
         if self.mpu is None:
             return None
-        counted = []
+        counted, tp_rank = [], self.tensor_parallel_rank
         for g in layout.groups:
             if partitioned:
                 pieces = [
@@ -92,7 +104,7 @@ class ModelParallel:
                 tuple(
                     (offset, numel)
                     for offset, numel, name in pieces
-                    if self.rank == 0 or is_model_parallel_parameter(params_by_name[name])
+                    if tp_rank == 0 or is_model_parallel_parameter(params_by_name[name])
                 )
             )
         return NormScope(self.world_comm if partitioned else self.mp_comm, tuple(counted))

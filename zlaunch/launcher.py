@@ -32,6 +32,8 @@ from typing import IO, Any
 
 from zlaunch import protocol
 from zlaunch.console import Console, rank_ranges
+from zlaunch.console_noise import NoiseFilter
+from zlaunch.console_stacks import StackDumpFilter
 from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
 from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
@@ -92,6 +94,8 @@ class Job:
         self.options = options
         self.hosts = options.hosts
         self.console = console or Console(color=options.color, ranks=options.ranks_filter)
+        self.noise = NoiseFilter()  # known-harmless lines: off the console, in the rank logs
+        self.stack_dumps = StackDumpFilter()  # `zlaunch stacks` dumps: off the console too
         self.events: queue.Queue = queue.Queue()
         self.links: list[Link | None] = [None] * len(self.hosts)
         self.hellos: list[dict[str, Any] | None] = [None] * len(self.hosts)
@@ -160,7 +164,7 @@ class Job:
                 self._stream()
                 self._trace("every agent done")
             finally:
-                self.view.set_status("ended")
+                self.view.set_status("interrupted" if self.interrupt is not None else "ended")
                 self.view.close()  # live view: final panel stays; outcome printed below it
                 self._stop_heartbeat.set()
                 self._close_links()
@@ -340,7 +344,13 @@ class Job:
             # "p": the last line continues in the next frame; the log keeps the worker's bytes
             state.log.write(data if frame.get("p") else data + b"\n")
             state.tail.extend(lines[-TAIL_LINES:])
-            self.console.lines(state.host, state.rank, frame["s"], lines)
+            shown, first_hidden = self.noise.keep(lines)
+            for kind in first_hidden:
+                self.console.note(kind.note)
+            if frame["s"] == protocol.STDERR:
+                shown = self.stack_dumps.keep(state.rank, shown, time.monotonic())
+            if shown:
+                self.console.lines(state.host, state.rank, frame["s"], shown)
         elif kind == protocol.EVENT:
             self._on_events(frame["r"], frame["e"])
         elif kind == protocol.STARTED:
@@ -478,14 +488,15 @@ class Job:
         ready = [s for s in self.ranks.values() if s.stacks and not s.exited]
         others = sorted(s.rank for s in self.ranks.values() if not s.stacks and not s.exited)
         self.console.note(
-            f"stack dump requested from {len(ready)} rank(s)"
+            f"stack dump requested from {len(ready)} rank(s) by `zlaunch stacks` (not a crash; "
+            "the dumps go to the rank logs, that command prints them grouped)"
             + (
                 f"; ranks {rank_ranges(others)} cannot dump (no runtime.initialize yet)"
                 if others
                 else ""
-            ),
-            error=True,
+            )
         )
+        self.stack_dumps.expect((s.rank for s in ready), time.monotonic())
         sig = int(protocol.STACKS_SIGNAL)
         for index, link in enumerate(self.links):
             ranks = [s.rank for s in ready if s.node == index]

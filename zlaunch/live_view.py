@@ -113,6 +113,8 @@ class JobView:
         self.exits: dict[int, int] = {}
         self.lost: set[int] = set()
         """Ranks whose host's agent connection broke: how they ended is unknown."""
+        self.stopped: set[int] = set()
+        """Ranks that zlaunch stopped (after a failure elsewhere, Ctrl-C, `zlaunch stop`)."""
         self.latest: dict[str, Any] | None = None
         self.latest_at: float | None = None
         self.user: dict[str, Any] = {}
@@ -130,6 +132,8 @@ class JobView:
     def rank_exited(self, rank: int, host: str, code: int) -> None:
         self.alive.pop(rank, None)
         self.exits[rank] = code
+        if code != 0 and self.status not in ("starting", "running"):
+            self.stopped.add(rank)  # ended by zlaunch's stop, not a failure of its own
 
     def rank_lost(self, rank: int, host: str) -> None:
         self.alive.pop(rank, None)
@@ -241,6 +245,7 @@ class LiveView(JobView):
             redirect_stderr=False,
             transient=False,
         )
+        self._echo = _quiet_terminal_input()
         self.live.start()
         self.closed = False
 
@@ -310,6 +315,7 @@ class LiveView(JobView):
         self.live.update(self._panel(), refresh=True)
         self.live.stop()
         self.closed = True
+        _restore_terminal_input(self._echo)
         self.console.out, self.console.err = self.saved
 
     # ---- the panel ---------------------------------------------------------------------------
@@ -383,9 +389,11 @@ class LiveView(JobView):
                 style = "dim"
             hosts.append(f"{host} {alive}/{expected}", style=style)
             hosts.append("  ")
-        failed = sorted(r for r, c in self.exits.items() if c != 0)
+        failed = sorted(r for r, c in self.exits.items() if c != 0 and r not in self.stopped)
         if failed:
             hosts.append(f"failed ranks: {rank_ranges(failed)}  ", style="bold red")
+        if self.stopped:
+            hosts.append(f"stopped ranks: {rank_ranges(sorted(self.stopped))}  ", style="dim")
         if self.lost:
             hosts.append(f"lost ranks: {rank_ranges(self.lost)}", style="bold red")
         parts.append(hosts)
@@ -396,6 +404,40 @@ class LiveView(JobView):
             title_align="left",
             subtitle_align="right",
         )
+
+
+def _quiet_terminal_input() -> Any:
+    """Stop the terminal echoing typed keys (Ctrl-C's "^C") while the panel is drawn.
+
+    An echoed "^C" moves the cursor under the panel, so the next redraw erases one line too
+    few and leaves a stray top border behind. zlaunch reads nothing from the terminal, so
+    nothing typed needs echoing. Returns the settings to restore (None: nothing changed).
+    """
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd):
+            return None
+        saved = termios.tcgetattr(fd)
+        quiet = list(saved)
+        quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+        return fd, saved
+    except (ImportError, AttributeError, ValueError, OSError):
+        return None
+
+
+def _restore_terminal_input(saved: Any) -> None:
+    if saved is None:
+        return
+    import termios
+
+    fd, attrs = saved
+    try:
+        termios.tcsetattr(fd, termios.TCSANOW, attrs)
+    except (termios.error, OSError):
+        pass
 
 
 def live_wanted(console: Console) -> bool:

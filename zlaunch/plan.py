@@ -252,11 +252,13 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 def render_plan(plan: Plan) -> str:
-    """Human-readable plan for --dry-run: per host its ranks, slots, command and env.
+    """Human-readable plan for --dry-run: per host its ranks, slots and command; env shown once.
 
     Values that look secret are redacted (zlaunch/redact.py: by name, token format, URL
-    password; arguments like --api-token=X too); names are sorted. The env shown under a host is common to its workers; the rank lines show what
-    differs (RANK and LOCAL_RANK, and anything else that would).
+    password; arguments like --api-token=X too); names are sorted. The env every worker of the
+    job shares is printed once, at the end ("env of every rank"); a host's "env:" block holds
+    only what its workers share and others do not (CUDA_VISIBLE_DEVICES, NODE_RANK, ...); the
+    rank lines show what differs per rank (RANK and LOCAL_RANK, and anything else that would).
     """
     port = "auto" if plan.master_port == AUTO_PORT else str(plan.master_port)
     master = f"[{plan.master_addr}]" if ":" in plan.master_addr else plan.master_addr
@@ -264,6 +266,20 @@ def render_plan(plan: Plan) -> str:
         f"run {plan.run_id}  attempt {plan.attempt}  world size {plan.world_size}  "
         f"nodes {len(plan.nodes)}  master {master}:{port}",
     ]
+
+    def shared(envs: list[dict[str, str]]) -> dict[str, str]:
+        common = dict(envs[0])
+        for env in envs[1:]:
+            common = {k: v for k, v in common.items() if env.get(k) == v}
+        return common
+
+    def env_of(worker: WorkerSpec) -> dict[str, str]:
+        env = dict(worker.env)
+        if plan.master_port == AUTO_PORT:
+            env["MASTER_PORT"] = "auto"
+        return env
+
+    every = shared([env_of(w) for node in plan.nodes for w in node.workers])
     for node in plan.nodes:
         host = node.host
         ranks = [w.rank for w in node.workers]
@@ -277,13 +293,9 @@ def render_plan(plan: Plan) -> str:
             f"node {node.node_rank}: {where}  ranks {_ranks_text(ranks)}  "
             f"slots {','.join(map(str, host.slots))}  cwd {_show(node.cwd)}"
         )
-        common = dict(node.workers[0].env)
-        if plan.master_port == AUTO_PORT:
-            common["MASTER_PORT"] = "auto"
-        for worker in node.workers[1:]:
-            common = {k: v for k, v in common.items() if worker.env.get(k) == v}
+        common = shared([env_of(w) for w in node.workers])
         for worker in node.workers:
-            own = {k: v for k, v in worker.env.items() if k not in common and k != "MASTER_PORT"}
+            own = {k: v for k, v in env_of(worker).items() if k not in common}
             own_text = " ".join(f"{k}={_show(redact(k, v))}" for k, v in sorted(own.items()))
             lines.append(
                 f"  rank {worker.rank} (local {worker.local_rank}, slot {worker.slot}): "
@@ -291,7 +303,13 @@ def render_plan(plan: Plan) -> str:
             )
             if own_text:
                 lines.append(f"    {own_text}")
-        lines.append("  env:")
-        for name in sorted(common):
-            lines.append(f"    {name}={_show(redact(name, common[name]))}")
+        node_only = {k: v for k, v in common.items() if k not in every}
+        if node_only:
+            lines.append("  env:")
+            for name in sorted(node_only):
+                lines.append(f"    {name}={_show(redact(name, node_only[name]))}")
+    lines.append("")
+    lines.append("env of every rank:")
+    for name in sorted(every):
+        lines.append(f"    {name}={_show(redact(name, every[name]))}")
     return "\n".join(lines) + "\n"

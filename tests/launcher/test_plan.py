@@ -233,17 +233,35 @@ def test_render_plan_shows_hosts_ranks_commands_and_sorted_env():
     assert f"  rank 1 (local 1, slot 1): {PY} -u train.py --lr 0.1" in lines
     assert "    LOCAL_RANK=1 RANK=1" in lines
     assert "    MASTER_PORT=auto" in lines
-    # The env block of node1 is sorted and shows the values.
-    start = lines.index("node 0: node1  ranks 0-1  slots 0,1  cwd /work/job")
-    block_start = lines.index("  env:", start) + 1
-    block = []
-    for line in lines[block_start:]:
-        if not line.startswith("    "):
-            break
-        block.append(line.strip())
+    # The env every rank shares is printed once, sorted, with the values; a node's own block
+    # holds only what its workers share and other nodes' do not.
+    start = lines.index("env of every rank:") + 1
+    block = [line.strip() for line in lines[start:]]
     names = [entry.split("=", 1)[0] for entry in block]
     assert names == sorted(names)
-    assert "ALPHA=a" in block and "CUDA_VISIBLE_DEVICES=0,1" in block and "WORLD_SIZE=4" in block
+    assert "ALPHA=a" in block and "WORLD_SIZE=4" in block and "MASTER_ADDR=node1" in block
+    assert text.count("ALPHA=a") == 1 and text.count("WORLD_SIZE=4") == 1
+    node1 = lines.index("node 0: node1  ranks 0-1  slots 0,1  cwd /work/job")
+    env1 = lines.index("  env:", node1) + 1
+    assert "    CUDA_VISIBLE_DEVICES=0,1" in lines[env1 : lines.index("", env1)]
+    assert "    NODE_RANK=1" in lines
+
+
+def test_render_plan_shows_shared_env_once_for_many_ranks():
+    hosts = [Host(f"node{k}", tuple(range(4))) for k in range(7)]  # 28 ranks
+    plan = build_plan(
+        options(hosts, env={"A": "1", "B": "2"}),
+        hosts,
+        master_addr="node0",
+        master_port=AUTO_PORT,
+        run_id="r",
+        attempt=0,
+    )
+    lines = render_plan(plan).splitlines()
+    assert sum(line.strip() == "A=1" for line in lines) == 1
+    # 28 rank lines + their RANK/LOCAL_RANK lines, a header and a short env block per node,
+    # and the shared env once: far from one full env per node.
+    assert len(lines) < 2 * 28 + 7 * 10 + 30, len(lines)
 
 
 def test_render_plan_redacts_secrets_and_escapes_odd_values():
@@ -274,4 +292,7 @@ def test_render_plan_redacts_secrets_and_escapes_odd_values():
     assert '    SPACE="a b"' in text.splitlines()
     assert '"line\\nbreak"' in text
     # Every env line is one line: nothing a value holds can fake another entry.
-    assert all(line.startswith(("run ", "node ", "  ")) or not line for line in text.splitlines())
+    assert all(
+        line.startswith(("run ", "node ", "  ", "env of every rank:")) or not line
+        for line in text.splitlines()
+    )

@@ -147,3 +147,45 @@ def test_panel_tells_lost_ranks_from_failed_ones():
         view.close()
     assert "failed ranks: 1 " in text and "lost ranks: 2-3" in text, text
     assert "node1 1/2" in text and "node2 0/2" in text, text
+
+
+def test_ctrl_c_in_tmux_leaves_one_panel_saying_stopped_not_failed(tmp_path):
+    """Ctrl-C: the ranks zlaunch stopped are "stopped", not "failed"; the echoed ^C no longer
+    shifts the panel (no stray top border), and the terminal echoes again afterwards."""
+    session = f"zlc{os.getpid()}"
+    ticker = str(Path(__file__).with_name("ticker.py"))
+    command = " ".join(
+        shlex.quote(a)
+        for a in [
+            sys.executable, "-m", "zlaunch", "--num-gpus", "2", "--log-dir", str(tmp_path / "runs"),
+            ticker, "--count", "1000", "--interval", "0.2",
+        ]
+    )  # fmt: skip
+    env = "env -u NO_COLOR -u ZLAUNCH_LIVE -u COLUMNS -u LINES TERM=xterm-256color"
+    shell = (
+        f"cd {shlex.quote(str(tmp_path))} && {env} {command}; echo ZL-DONE-$?; "
+        "stty -a | grep -o ' -*echo ' | sed 's/^/ZL-STTY/'; sleep 120"
+    )
+    subprocess.run(
+        [*tmux(session), "new-session", "-d", "-s", session, "-x", "120", "-y", "40", shell],
+        check=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "seq=6 " not in "\n".join(capture(session)):
+            time.sleep(0.2)
+        subprocess.run([*tmux(session), "send-keys", "-t", session, "C-c"], check=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "ZL-STTY" not in "\n".join(capture(session)):
+            time.sleep(0.2)
+        final = capture(session, history=True)
+        text = "\n".join(final)
+        assert "ZL-DONE-130" in text and "ZL-STTY echo" in text, text
+        after = ("ZL-STTY", "error: stopped by SIGINT")  # printed below the final panel
+        panel = panel_of([line for line in final if not line.startswith(after)])
+        body = "\n".join(panel)
+        assert "stopped ranks: 0-1" in body and "failed ranks" not in body, body
+        assert panel[-1].rstrip().endswith("interrupted ─╯"), panel[-1]
+        print("\n" + text)
+    finally:
+        subprocess.run([*tmux(session), "kill-server"], capture_output=True)

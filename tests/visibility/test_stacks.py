@@ -113,6 +113,14 @@ def test_stacks_of_a_local_job_show_who_is_stuck_and_leave_it_running(tmp_path):
     finally:
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=60)
+    # The job's own console says a dump was asked for instead of showing crash-like lines;
+    # the rank logs keep the dumps.
+    console = (runs / "console.txt").read_text()
+    assert "by `zlaunch stacks` (not a crash;" in console
+    assert "Thread 0x" not in console and 'File "' not in console, console
+    assert "still here" in console  # the rank's other output still shows
+    logs = "".join(p.read_text() for p in (runs / "latest").glob("attempt-0/*/rank-*.log"))
+    assert "(most recent call first)" in logs and " in wait_for_data" in logs
 
 
 def test_stacks_refuses_when_no_rank_listens_and_signals_nobody(tmp_path):

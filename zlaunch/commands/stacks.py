@@ -10,7 +10,6 @@ somewhere else than its peers stands out at once.
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any
 
@@ -24,13 +23,13 @@ from zlaunch.commands.runs_common import (
     run_options,
 )
 from zlaunch.console import rank_ranges
+from zlaunch.console_stacks import STACK_FRAME as _FRAME
+from zlaunch.console_stacks import STACK_HEADER as _HEADER
 from zlaunch.errors import ZlaunchError
 
 __all__ = ["command", "parse_dump", "group_ranks"]
 
-# faulthandler's output: thread headers, frames, and the marker of a thread in C code only.
-_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):$")
-_FRAME = re.compile(r'^  File ".*", line \d+ in .*$|^  <no Python frame>$')
+
 QUIET_AFTER = 0.3
 """Seconds without new stack lines after which a rank's dump is taken as complete."""
 

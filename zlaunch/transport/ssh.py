@@ -15,6 +15,7 @@ case its key is appended to the first ``UserKnownHostsFile`` and checked on ever
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import threading
@@ -37,6 +38,9 @@ _DEFAULT_KNOWN_HOSTS = {
 _ACCEPT_NEW = frozenset({"accept-new", "no", "off"})
 # Connections open in parallel: one writer at a time appends to known_hosts.
 _KNOWN_HOSTS_LOCK = threading.Lock()
+# paramiko logs a failed handshake with two tracebacks from its own thread (through logging's
+# last-resort handler, as nothing else is configured); zlaunch reports each failure once itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class _UnknownHostKey(Exception):
@@ -219,7 +223,20 @@ class SshLink(Link):
                 f"{', '.join(map(str, ports))} ({'; '.join(reasons)})",
                 hint="check that sshd listens there (hostfile port=, --ssh-port, ssh config Port)",
             ) from err
-        except (OSError, paramiko.SSHException, EOFError, ValueError) as err:
+        except paramiko.SSHException as err:
+            connection.close()
+            # The handshake never completed: paramiko says so as a banner error, or (when its
+            # start timeout and banner timeout race) as "No existing session" at the first auth.
+            if "protocol banner" not in str(err) and "No existing session" not in str(err):
+                raise HostUnreachable(f"ssh to {where} failed: {err}") from err
+            port = host.port or ssh.port or connection.port
+            raise HostUnreachable(
+                f"ssh to {where} failed: no SSH server answered on port {port} "
+                f"within {ssh.timeout:g}s",
+                hint=f"check that port {port} is sshd's (ssh -p {port} {host.name}); a busy sshd "
+                "drops new connections (MaxStartups): retry, or raise --ssh-timeout",
+            ) from err
+        except (OSError, EOFError, ValueError) as err:
             connection.close()
             text = str(err) or type(err).__name__
             raise HostUnreachable(f"ssh to {where} failed: {text}") from err

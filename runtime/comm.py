@@ -18,11 +18,20 @@ Gloo quirks (torch 2.13): gloo's reduce-scatter is a full all-reduce that keeps 
 received chunks locally: true (N-1)/N traffic, and faster than the built-in (32 MiB fp32
 input, 1 thread per rank: 40 vs 48 ms at 2 ranks, 89 vs 156 ms at 4 ranks). Reductions
 always use SUM; callers divide.
+
+Timing (`CommStats.observer`, set by runtime.profiling for the comms logger and the wall-clock
+breakdown): each collective reports its kind, message size (nccl-tests' "size": the tensor for
+all_reduce and broadcast, the whole input of reduce_scatter and all_to_all, the whole output of
+all_gather), latency from issue to completion and the time this rank was blocked waiting for
+it. Without an observer nothing is timed. On CUDA an observed collective synchronizes the
+device when waited for (the host cannot see completion otherwise), as DeepSpeed's comms logger
+does.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,10 +40,23 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommStats", "Communicator", "Handle", "collectives_in_flight"]
+__all__ = ["CommObserver", "CommStats", "Communicator", "Handle", "collectives_in_flight"]
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class CommObserver:
+    """Told about every collective of the `CommStats` it is attached to (runtime.profiling)."""
+
+    sync_cuda = False
+    """Synchronize the device when a collective is waited for (host-side completion time)."""
+
+    def on_done(
+        self, kind: str, size: int, traffic: int, latency: float, blocked: float, world: int
+    ) -> None:
+        """`size` message bytes, `traffic` logical bytes sent (the ring formula), seconds from
+        issue to completion, seconds this rank was blocked waiting, over `world` ranks."""
 
 
 @dataclass
@@ -44,6 +66,8 @@ class CommStats:
     bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    observer: CommObserver | None = field(default=None, repr=False)
+    """Times every collective when set (runtime.profiling); None: nothing is timed."""
 
     def add(self, kind: str, nbytes: float) -> None:
         with self._lock:
@@ -67,29 +91,57 @@ class CommStats:
 class Handle:
     """An in-flight collective; `wait()` blocks and then runs the local post-processing."""
 
-    __slots__ = ("_work", "_then", "_done", "__weakref__")
+    __slots__ = ("_work", "_then", "_done", "_timing", "__weakref__")
 
-    def __init__(self, work=None, then: Callable[[], None] | None = None):
+    def __init__(self, work=None, then: Callable[[], None] | None = None, timing=None):
         self._work = work
         self._then = then
         self._done = False
+        self._timing = timing  # _Timing of an observed collective, else None
         if work is not None:
             _issued.add(self)
 
     def wait(self) -> None:
         if self._done:
             return
+        began = time.perf_counter() if self._timing is not None else 0.0
         if self._work is not None:
             self._work.wait()
         if self._then is not None:
             self._then()
         self._done = True
         _issued.discard(self)
+        if self._timing is not None:
+            self._timing.done(began)
 
     @property
     def done(self) -> bool:
         """wait() would not block (the collective finished; post-processing may be pending)."""
         return self._done or (self._work is not None and self._work.is_completed())
+
+
+class _Timing:
+    """One observed collective: what it was and when it was issued."""
+
+    __slots__ = ("observer", "kind", "size", "traffic", "world", "issued", "sync")
+
+    def __init__(self, observer, kind, size, traffic, world, issued, sync):
+        self.observer = observer
+        self.kind = kind
+        self.size = size
+        self.traffic = traffic
+        self.world = world
+        self.issued = issued
+        self.sync = sync
+
+    def done(self, wait_began: float) -> None:
+        if self.observer.sync_cuda and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        end = time.perf_counter()
+        began = self.issued if self.sync else wait_began
+        self.observer.on_done(
+            self.kind, self.size, self.traffic, end - self.issued, end - began, self.world
+        )
 
 
 _DONE = Handle()
@@ -177,9 +229,10 @@ class Communicator:
         """Sum `tensor` over all ranks, in place."""
         if self.world_size == 1:
             return _DONE
-        self.stats.add("all_reduce", 2 * self._frac() * self._nbytes(tensor))
+        size = self._nbytes(tensor)
+        timing = self._count("all_reduce", 2 * self._frac() * size, size, async_op)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
-        return self._finish(work, None, async_op)
+        return self._finish(work, None, async_op, timing)
 
     def reduce_scatter(
         self,
@@ -207,7 +260,8 @@ class Communicator:
             return _DONE
         if not self.use_reduce_scatter:
             return self._reduce_scatter_by_all_reduce(output, input, accumulate, async_op)
-        self.stats.add("reduce_scatter", self._frac() * self._nbytes(input))
+        size = self._nbytes(input)
+        timing = self._count("reduce_scatter", self._frac() * size, size, async_op)
         if self.is_gloo:
             recv = scratch[: input.numel()] if scratch is not None else torch.empty_like(input)
             work = dist.all_to_all_single(recv, input, group=self.group, async_op=async_op)
@@ -221,22 +275,23 @@ class Communicator:
                 else:
                     torch.sum(chunks, dim=0, out=flat_out)
 
-            return self._finish(work, then, async_op)
+            return self._finish(work, then, async_op, timing)
         if accumulate:
             tmp = torch.empty_like(output)
             work = _reduce_scatter(
                 tmp, input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op
             )
-            return self._finish(work, lambda: output.add_(tmp), async_op)
+            return self._finish(work, lambda: output.add_(tmp), async_op, timing)
         work = _reduce_scatter(
             output, input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op
         )
-        return self._finish(work, None, async_op)
+        return self._finish(work, None, async_op, timing)
 
     def _reduce_scatter_by_all_reduce(
         self, output: torch.Tensor, input: torch.Tensor, accumulate: bool, async_op: bool
     ) -> Handle:
-        self.stats.add("all_reduce", 2 * self._frac() * self._nbytes(input))
+        size = self._nbytes(input)
+        timing = self._count("all_reduce", 2 * self._frac() * size, size, async_op)
         work = dist.all_reduce(input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
         mine = input.view(self.world_size, -1)[self.rank].view_as(output)
 
@@ -246,7 +301,7 @@ class Communicator:
             elif output.data_ptr() != mine.data_ptr():
                 output.copy_(mine)
 
-        return self._finish(work, then, async_op)
+        return self._finish(work, then, async_op, timing)
 
     def all_gather(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False
@@ -258,9 +313,10 @@ class Communicator:
             return _DONE
         if not self.use_all_gather:
             return self._all_gather_by_broadcasts(output, input, async_op)
-        self.stats.add("all_gather", self._frac() * self._nbytes(output))
+        size = self._nbytes(output)
+        timing = self._count("all_gather", self._frac() * size, size, async_op)
         work = _all_gather(output, input, group=self.group, async_op=async_op)
-        return self._finish(work, None, async_op)
+        return self._finish(work, None, async_op, timing)
 
     def _all_gather_by_broadcasts(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool
@@ -270,14 +326,15 @@ class Communicator:
         if mine.data_ptr() != input.data_ptr():
             mine.copy_(input.view(-1))
         works = []
+        # Observed as one "broadcast" of the whole output (the N broadcasts run together).
+        size = self._nbytes(output)
+        timing = self._timing("broadcast", size * self._frac(), size, async_op)
         for r, chunk in enumerate(chunks):
             # Each broadcast sends one chunk to N-1 ranks: (N-1)/N of the output in all.
-            self.stats.add(
-                "broadcast", self._nbytes(chunk) * (self.world_size - 1) / self.world_size
-            )
+            self.stats.add("broadcast", self._nbytes(chunk) * self._frac())
             src = dist.get_global_rank(self.group, r) if self.group is not None else r
             works.append(dist.broadcast(chunk, src=src, group=self.group, async_op=async_op))
-        return self._finish(_Works(works) if async_op else None, None, async_op)
+        return self._finish(_Works(works) if async_op else None, None, async_op, timing)
 
     def all_to_all(
         self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False
@@ -285,28 +342,49 @@ class Communicator:
         if self.world_size == 1:
             output.copy_(input)
             return _DONE
-        self.stats.add("all_to_all", self._frac() * self._nbytes(input))
+        size = self._nbytes(input)
+        timing = self._count("all_to_all", self._frac() * size, size, async_op)
         work = dist.all_to_all_single(output, input, group=self.group, async_op=async_op)
-        return self._finish(work, None, async_op)
+        return self._finish(work, None, async_op, timing)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Handle:
         """Send ``tensor`` from the group's rank ``src`` (a rank *within* this group, as
         every rank of this class is) to the others."""
         if self.world_size == 1:
             return _DONE
-        self.stats.add("broadcast", self._frac() * self._nbytes(tensor))
+        size = self._nbytes(tensor)
+        timing = self._count("broadcast", self._frac() * size, size, async_op)
         if self.group is not None:
             src = dist.get_global_rank(self.group, src)
         work = dist.broadcast(tensor, src=src, group=self.group, async_op=async_op)
-        return self._finish(work, None, async_op)
+        return self._finish(work, None, async_op, timing)
 
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self.group)
 
+    def _count(self, kind: str, traffic: float, size: int, async_op: bool) -> _Timing | None:
+        """Count the bytes; with an observer, the timing record of the collective."""
+        self.stats.add(kind, traffic)
+        return self._timing(kind, traffic, size, async_op)
+
+    def _timing(self, kind: str, traffic: float, size: int, async_op: bool) -> _Timing | None:
+        observer = self.stats.observer
+        if observer is None:
+            return None
+        return _Timing(
+            observer,
+            kind,
+            size,
+            int(round(traffic)),
+            self.world_size,
+            time.perf_counter(),
+            not async_op,
+        )
+
     @staticmethod
-    def _finish(work, then, async_op: bool) -> Handle:
-        handle = Handle(work if async_op else None, then)
+    def _finish(work, then, async_op: bool, timing: _Timing | None = None) -> Handle:
+        handle = Handle(work if async_op else None, then, timing)
         if not async_op:
             handle.wait()
         return handle

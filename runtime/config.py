@@ -37,6 +37,10 @@ __all__ = [
     "OptimizerConfig",
     "SchedulerConfig",
     "TensorboardConfig",
+    "CommsLoggerConfig",
+    "FlopsProfilerConfig",
+    "CsvMonitorConfig",
+    "WandbConfig",
     "ZeroConfig",
     "load_config",
 ]
@@ -494,6 +498,148 @@ class TensorboardConfig:
                 raise ConfigError(f"must be a string, got {_describe(getattr(self, name))}", name)
 
 
+# DeepSpeed's collective names (deepspeed.comm) -> the kinds runtime.comm counts.
+COMM_OP_NAMES = {
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_fn": "reduce_scatter",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "allgather_fn": "all_gather",
+    "all_to_all": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+}
+
+
+@dataclass(frozen=True)
+class CommsLoggerConfig:
+    """`comms_logger`: count, bytes, latency and bandwidth per collective kind and size."""
+
+    enabled: bool = False
+    """Record every collective (runtime.profiling.comms)."""
+    verbose: bool = False
+    """Log each collective as it completes (rank 0)."""
+    prof_all: bool = True
+    """Record every kind of collective; false = only those in prof_ops."""
+    prof_ops: tuple[str, ...] = ()
+    """Collectives to record when prof_all is false (DeepSpeed's names, e.g. "all_reduce")."""
+    debug: bool = False
+    """Name the calling function in verbose lines."""
+
+    def __post_init__(self) -> None:
+        for name in ("enabled", "verbose", "prof_all", "debug"):
+            _check(self, name, _bool)
+        ops = self.prof_ops
+        if not isinstance(ops, (list, tuple)) or not all(isinstance(o, str) for o in ops):
+            raise ConfigError(f"must be a list of collective names, got {_describe(ops)}", "prof_ops")
+        for op in ops:
+            if op not in COMM_OP_NAMES:
+                hint = _suggest(op, COMM_OP_NAMES)
+                raise ConfigError(
+                    f"names {_describe(op)}, not a collective; "
+                    + (hint or "valid: " + ", ".join(sorted(COMM_OP_NAMES))),
+                    "prof_ops",
+                )
+        object.__setattr__(self, "prof_ops", tuple(ops))
+
+    @property
+    def kinds(self) -> frozenset[str] | None:
+        """The runtime.comm kinds to record; None = all."""
+        if self.prof_all:
+            return None
+        return frozenset(COMM_OP_NAMES[o] for o in self.prof_ops)
+
+
+@dataclass(frozen=True)
+class FlopsProfilerConfig:
+    """`flops_profiler`: per-module parameters, FLOPs and latency at one step."""
+
+    enabled: bool = False
+    """Profile the step `profile_step`."""
+    profile_step: int = 1
+    """The optimizer step (counted from 1) to profile."""
+    module_depth: int = -1
+    """Deepest module level in the table; -1 = all."""
+    top_modules: int = 1
+    """Modules listed per depth in the summary of the most expensive ones."""
+    detailed: bool = True
+    """Print the per-module tree, not only the summary."""
+    output_file: str | None = None
+    """Write the table (plain text) here instead of printing it."""
+    recompute_fwd_factor: float = 0.0
+    """DeepSpeed's allowance for activation recomputation; recomputation is measured here, so
+    only 0 is accepted."""
+
+    def __post_init__(self) -> None:
+        _check(self, "enabled", _bool)
+        _check(self, "profile_step", _int, 1)
+        _check(self, "module_depth", _int, -1)
+        _check(self, "top_modules", _int, 1)
+        _check(self, "detailed", _bool)
+        if self.output_file is not None and not isinstance(self.output_file, str):
+            raise ConfigError(
+                f"must be a file path or null, got {_describe(self.output_file)}", "output_file"
+            )
+        _check(self, "recompute_fwd_factor", _float, 0.0)
+        if self.recompute_fwd_factor != 0.0:
+            raise ConfigError(
+                "is not supported: FLOPs are counted as they run, recomputation included; "
+                "remove it",
+                "recompute_fwd_factor",
+            )
+
+
+@dataclass(frozen=True)
+class CsvMonitorConfig:
+    """`csv_monitor`: one CSV file per metric under output_path/job_name (DeepSpeed's layout)."""
+
+    enabled: bool = False
+    """Write the CSV files (rank 0)."""
+    output_path: str = ""
+    """Directory of the job directories; empty = the working directory."""
+    job_name: str = "DeepSpeedJobName"
+    """Subdirectory of this job."""
+
+    def __post_init__(self) -> None:
+        _check(self, "enabled", _bool)
+        for name in ("output_path", "job_name"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"must be a string, got {_describe(getattr(self, name))}", name)
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """`wandb`: step metrics to Weights & Biases (rank 0; WANDB_MODE=offline works offline)."""
+
+    enabled: bool = False
+    """Log to W&B (needs the wandb package)."""
+    group: str | None = None
+    """Run group."""
+    team: str | None = None
+    """Entity (team or user)."""
+    project: str = "deepspeed"
+    """Project."""
+
+    def __post_init__(self) -> None:
+        _check(self, "enabled", _bool)
+        for name in ("group", "team", "project"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"must be a string, got {_describe(value)}", name)
+        if self.enabled:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ConfigError(
+                    "= true but the wandb package is not installed; pip install wandb (set "
+                    'WANDB_MODE=offline to log without network), or set "enabled": false',
+                    "enabled",
+                )
+
+
 @dataclass(frozen=True)
 class ActivationCheckpointingConfig:
     """`activation_checkpointing`: how runtime.checkpointing keeps the inputs of checkpointed
@@ -567,6 +713,17 @@ class Config:
         default_factory=ActivationCheckpointingConfig
     )
     """Options of runtime.checkpointing (activation checkpointing)."""
+    wall_clock_breakdown: bool = False
+    """Time forward, backward, reduction wait, all-gather wait and optimizer step on every
+    rank; rank 0's and the slowest rank's figures go with the step metrics."""
+    comms_logger: CommsLoggerConfig = field(default_factory=CommsLoggerConfig)
+    """Per-collective log: count, bytes, latency, bandwidth."""
+    flops_profiler: FlopsProfilerConfig = field(default_factory=FlopsProfilerConfig)
+    """Per-module FLOPs and latency at one step."""
+    csv_monitor: CsvMonitorConfig = field(default_factory=CsvMonitorConfig)
+    """Step metrics as CSV files."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Step metrics to Weights & Biases."""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The mapping the config was read from, for the record."""
     source: str | None = None
@@ -580,12 +737,17 @@ class Config:
         _check(self, "gradient_clipping", _float, 0.0)
         _check(self, "steps_per_print", _int, 1)
         _check(self, "dataloader_drop_last", _bool)
+        _check(self, "wall_clock_breakdown", _bool)
         for name, cls in (
             ("fp16", FP16Config),
             ("bf16", BF16Config),
             ("zero_optimization", ZeroConfig),
             ("tensorboard", TensorboardConfig),
             ("activation_checkpointing", ActivationCheckpointingConfig),
+            ("comms_logger", CommsLoggerConfig),
+            ("flops_profiler", FlopsProfilerConfig),
+            ("csv_monitor", CsvMonitorConfig),
+            ("wandb", WandbConfig),
         ):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"must be a {cls.__name__}", name)

@@ -125,10 +125,6 @@ def _tensor_parallel(value: Any) -> str | None:
     return None
 
 
-_LOG_YOURSELF = (
-    "log from the script instead (engine.log_metrics; the tensorboard block is supported)"
-)
-
 TOP_LEVEL_KEYS: dict[str, Check] = {
     # Harmless: performance knobs and bookkeeping that change no result here.
     "zero_allow_untested_optimizer": accepted,
@@ -147,20 +143,14 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
     "weight_quantization": accepted,
     "data_types": accepted,  # checked in config_load (grad_accum_dtype)
     # Features that are refused when turned on.
-    "wall_clock_breakdown": unless(
-        False, instead="step times are in the step metrics (zlaunch's live view, metrics.jsonl)"
-    ),
     "memory_breakdown": unless(
         False, instead="memory is in the step metrics (zlaunch's live view, metrics.jsonl)"
     ),
     "dump_state": unless(False, instead="remove it"),
-    "flops_profiler": when_enabled("profile with torch.profiler in the script"),
-    "comms_logger": when_enabled(
-        "the step metrics count communication bytes per collective (metrics.jsonl)"
+    "comet": when_enabled(
+        "use the csv_monitor, wandb or tensorboard block, or log from the script "
+        "(engine.log_metrics)"
     ),
-    "csv_monitor": when_enabled(_LOG_YOURSELF),
-    "wandb": when_enabled(_LOG_YOURSELF),
-    "comet": when_enabled(_LOG_YOURSELF),
     "autotuning": when_enabled("set batch and bucket sizes yourself (zlaunch estimate helps)"),
     "nebula": when_enabled("checkpoints are written by engine.save_checkpoint"),
     "elasticity": when_enabled("set the batch sizes for the world size you launch"),

@@ -18,13 +18,17 @@ from .config import (
     AUTO,
     ActivationCheckpointingConfig,
     BF16Config,
+    CommsLoggerConfig,
     Config,
     ConfigError,
+    CsvMonitorConfig,
+    FlopsProfilerConfig,
     FP16Config,
     OffloadConfig,
     OptimizerConfig,
     SchedulerConfig,
     TensorboardConfig,
+    WandbConfig,
     ZeroConfig,
     _bool,
     _describe,
@@ -58,6 +62,15 @@ _ZERO_ALIASES = {
 }
 # Fields whose "auto" is resolved later (by Config.resolve); any other "auto" inside a block is
 # dropped so the default applies, as DeepSpeed does.
+# Blocks read into dataclasses by `_Parser.block` (no accepted extras, no aliases).
+_PLAIN_BLOCKS = {
+    "tensorboard": TensorboardConfig,
+    "activation_checkpointing": ActivationCheckpointingConfig,
+    "comms_logger": CommsLoggerConfig,
+    "flops_profiler": FlopsProfilerConfig,
+    "csv_monitor": CsvMonitorConfig,
+    "wandb": WandbConfig,
+}
 _KEEP_AUTO = {
     "reduce_bucket_size",
     "stage3_prefetch_bucket_size",
@@ -218,7 +231,7 @@ class _Parser:
         for key, value in data.items():
             if key in ("fp16", "bf16", "bfloat16", "optimizer", "scheduler"):
                 continue
-            if key in ("zero_optimization", "tensorboard", "activation_checkpointing"):
+            if key == "zero_optimization" or key in _PLAIN_BLOCKS:
                 continue
             if key in top:
                 if value == AUTO and key not in _BATCH_KEYS:
@@ -247,14 +260,8 @@ class _Parser:
             "scheduler", data.get("scheduler"), SchedulerConfig, {}
         )
         kwargs["zero_optimization"] = self.zero(data.get("zero_optimization"))
-        kwargs["tensorboard"] = self.block(
-            "tensorboard", data.get("tensorboard"), TensorboardConfig
-        )
-        kwargs["activation_checkpointing"] = self.block(
-            "activation_checkpointing",
-            data.get("activation_checkpointing"),
-            ActivationCheckpointingConfig,
-        )
+        for key, cls in _PLAIN_BLOCKS.items():
+            kwargs[key] = self.block(key, data.get(key), cls)
         if self.dropped_autos:
             self.note(
                 f'"auto" for {", ".join(self.dropped_autos)} has nothing to resolve it here '

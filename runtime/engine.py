@@ -216,6 +216,10 @@ class Engine(torch.nn.Module):
 
         self.step_metrics = StepMetrics(self)
         # --- end step metrics ---
+        # --- step insight: wall clock, comms logger, FLOPs/MFU (runtime/profiling/) ---
+        from .profiling import StepInsight
+
+        self.insight = StepInsight(self)
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -301,7 +305,10 @@ class Engine(torch.nn.Module):
         if self.precision.mixed:
             args = _cast_floats(args, self.precision.param_dtype)
             kwargs = _cast_floats(kwargs, self.precision.param_dtype)
-        return self.module(*args, **kwargs)
+        self.insight.forward_begin()
+        out = self.module(*args, **kwargs)
+        self.insight.forward_end()
+        return out
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
         """Backpropagate ``loss / gradient_accumulation_steps`` (times the loss scale).
@@ -332,8 +339,10 @@ class Engine(torch.nn.Module):
         factor = self.precision.loss_scale / self.dp_world_size
         target = scaled.float() * factor if (factor != 1.0 or self.precision.mixed) else scaled
         self.reducer.prepare(boundary)
+        self.insight.backward_begin()
         target.backward(retain_graph=retain_graph)
         self.reducer.finish()
+        self.insight.backward_end(boundary)
         return scaled
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -354,6 +363,7 @@ class Engine(torch.nn.Module):
         self._reduced_since_step = False
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
+            self.insight.step_begin()
             outcome = self.optimizer.step()
             self.precision.update(outcome.skipped, step=self.global_steps, rank=self.global_rank)
             self._step_applied = not outcome.skipped
@@ -364,6 +374,7 @@ class Engine(torch.nn.Module):
             self.optimizer.zero_grad()
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
+            self.insight.step_end()
             # --- step metrics: report steps emit one event from rank 0 (runtime/metrics.py) ---
             self.step_metrics.on_boundary(outcome.grad_norm, outcome.skipped)
             self._report_checkpointing_profile()
@@ -435,6 +446,11 @@ class Engine(torch.nn.Module):
     def set_total_steps(self, total: int | None) -> None:
         """The number of optimizer steps of the run, for the progress bar and ETA."""
         self.step_metrics.set_total_steps(total)
+
+    def comms_summary(self, show: bool = True) -> list[dict]:
+        """comms_logger: this rank's collectives by kind and message size (count, bytes,
+        latency, algbw/busbw); printed on rank 0 when `show` (DeepSpeed's log_summary)."""
+        return self.insight.comms_summary(show)
 
     def _report_checkpointing_profile(self) -> None:
         """activation_checkpointing.profile: forward and recomputation seconds of the

@@ -13,6 +13,10 @@ step, ``tokens_per_s`` when the batch is not a token tensor, ``total_steps`` whe
 ``step_time`` and the rates are averaged over the steps since the previous report, so they
 include data loading. Memory is the device's allocated/peak bytes on GPU, the process RSS and
 peak RSS on CPU. ``comm_bytes`` is this rank's logical traffic so far (`runtime.comm`).
+``flops_per_step``, ``tflops``, ``mfu``, ``peak_tflops``, ``peak_source`` and, with
+``wall_clock_breakdown``, the per-phase times and the straggler come from runtime.profiling
+(see its insight module). The ``csv_monitor`` and ``wandb`` blocks write the same scalars
+(runtime.monitors).
 
 Under zlaunch (``ZLAUNCH_EVENTS_FD`` set by the agent) the event is one JSON line on that pipe,
 never on the script's stdout; the controller writes it to ``metrics.jsonl`` and the live view.
@@ -59,6 +63,12 @@ METRIC_FIELDS = (
     "memory_peak_bytes",
     "comm_bytes",
     "world_size",
+    # runtime.profiling (issue 18): FLOPs counted once, their rate, MFU against a peak
+    "flops_per_step",
+    "tflops",
+    "mfu",
+    "peak_tflops",
+    "peak_source",
 )
 
 
@@ -132,7 +142,29 @@ def format_line(event: dict[str, Any]) -> str:
         parts.append(f"{event['tokens_per_s']:.0f} tokens/s")
     parts.append(f"{event['memory_kind']} {event['memory_bytes'] / 2**20:.0f} MiB")
     parts.append(f"comm {event['comm_bytes'] / 2**20:.1f} MiB")
+    if event.get("tflops") is not None:
+        mfu = event.get("mfu")
+        parts.append(
+            f"{event['tflops']:.3g} TFLOP/s" + (f" MFU {mfu * 100:.3g}%" if mfu is not None else "")
+        )
+    if event.get("time_forward") is not None:
+        parts.append(
+            "fwd {:.1f} bwd {:.1f} (reduce wait {:.1f}) step {:.1f} gather wait {:.1f} ms".format(
+                *(event[k] * 1000 for k in _BREAKDOWN)
+            )
+        )
+        if event.get("straggler"):
+            parts.append(f"slowest {event['straggler']}")
     return " | ".join(parts)
+
+
+_BREAKDOWN = (
+    "time_forward",
+    "time_backward",
+    "time_reduce_wait",
+    "time_step",
+    "time_allgather_wait",
+)
 
 
 _META = ("kind", "source", "step")
@@ -198,6 +230,9 @@ class StepMetrics:
         self._window_steps = 0
         self._window_samples = 0
         self._tb = _tensorboard_writer(engine.config, self.rank)
+        from .monitors import build_monitors  # csv_monitor, wandb (rank 0)
+
+        self._monitors = build_monitors(engine.config, self.rank)
 
     # ---- total steps, for the progress bar ----------------------------------------------
 
@@ -250,11 +285,16 @@ class StepMetrics:
         now = time.perf_counter()
         elapsed = max(now - (self._window_start or now), 1e-9)
         loss, tokens = self._reduce()
+        insight = getattr(engine, "insight", None)  # runtime.profiling; every rank (collective)
+        extra = insight.report_fields(step, elapsed / max(self._window_steps, 1)) if insight else {}
         if self.rank == 0:
             event = self._event(step, loss, tokens, elapsed, grad_norm)
+            event.update(extra)
             self.sink.emit(event)
             if self._tb is not None:
                 self._tb.write(event)
+            for monitor in self._monitors:
+                monitor.write(event)
         self._window_start = now
         self._window_steps = 0
         self._window_samples = 0
@@ -283,6 +323,8 @@ class StepMetrics:
         self.sink.emit(event)
         if self._tb is not None:
             self._tb.write_user(event, self.engine.global_samples)
+        for monitor in self._monitors:
+            monitor.write_user(event, self.engine.global_samples)
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -331,6 +373,11 @@ class StepMetrics:
             "memory_peak_bytes": peak,
             "comm_bytes": engine.comm.stats.total_bytes,
             "world_size": engine.world_size,
+            "flops_per_step": None,
+            "tflops": None,
+            "mfu": None,
+            "peak_tflops": None,
+            "peak_source": None,
         }
 
 

@@ -176,8 +176,8 @@ def test_a_mapping_that_contains_itself_is_refused():
 
 REFUSED = [
     ({"gradient_clipings": 1.0}, "gradient_clipings is not a DeepSpeed config key; did you mean"),
-    ({"flops_profiler": {"enabled": True}}, "flops_profiler is enabled but not supported"),
-    ({"wandb": {"enabled": True}}, "wandb is enabled but not supported"),
+    ({"comet": {"enabled": True}}, "comet is enabled but not supported"),
+    ({"flops_profiler": {"enabled": True, "top_module": 3}}, "did you mean 'top_modules'?"),
     ({"optimizer": {"type": "Lamb"}}, "optimizer.type 'Lamb' is not supported by this runtime"),
     ({"optimizer": {"type": "OneBitAdam"}}, "'OneBitAdam' is not supported by this runtime"),
     ({"optimizer": {"type": "AdamW8bit"}}, "'AdamW8bit' is not supported by this runtime"),
@@ -292,7 +292,7 @@ CLI_CASES = [
         "betas.json",
         '{"train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"betas": 0.9}}}',
     ),
-    ("wandb.json", '{"train_batch_size": 1, "wandb": {"enabled": true}}'),
+    ("comet.json", '{"train_batch_size": 1, "comet": {"enabled": true}}'),
 ]
 
 

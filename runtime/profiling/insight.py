@@ -1,0 +1,249 @@
+"""What the engine tells the profilers, and what they add to the step metrics.
+
+`StepInsight` is built once by the engine from the config and owns its parts: the wall-clock
+timers (`wall_clock_breakdown`), the comms logger (`comms_logger`), the FLOP count of one step
+(always, for MFU; with `flops_profiler` the per-module table too). The engine calls the
+`forward_*`, `backward_*`, `step_*` hooks; StepMetrics asks `report_fields` on report steps,
+on every rank (the breakdown is gathered from all ranks there, one small all-gather).
+
+Fields added to the engine's metrics event:
+
+- always: ``flops_per_step`` (this rank, forward+backward of all micro-batches of one optimizer
+  step, counted once at ``flops_profiler.profile_step``, default 1), ``tflops`` (per device,
+  over the report window's step time, data loading included), ``mfu`` (tflops / peak),
+  ``peak_tflops`` and ``peak_source``; None until the count is done or when no peak is known.
+- with wall_clock_breakdown: ``time_forward``, ``time_backward``, ``time_reduce_wait``,
+  ``time_step``, ``time_allgather_wait`` (rank 0, seconds per optimizer step over the window),
+  the same with ``slowest_`` for the slowest rank (the most forward+backward+step time less
+  the waits: a straggler's peers spend its extra time waiting in collectives),
+  ``slowest_rank`` and ``straggler`` ("host (rank N)").
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from typing import Any
+
+import torch
+
+from .comms import CommsLogger, format_summary
+from .flops import ModuleProfile, StepFlops, format_table
+from .peak import Peak, resolve_peak
+from .timers import PHASES, Phase, WallClock
+
+__all__ = ["StepInsight", "BREAKDOWN_FIELDS"]
+
+log = logging.getLogger("runtime.profiling")
+
+BREAKDOWN_FIELDS = tuple(f"time_{p.value}" for p in PHASES)
+_HOST_BYTES = 64
+
+
+class _Fanout:
+    """Several observers of one CommStats."""
+
+    sync_cuda = False
+
+    def __init__(self, *observers):
+        self.observers = observers
+        self.sync_cuda = any(o.sync_cuda for o in observers)
+
+    def on_done(self, *args) -> None:
+        for o in self.observers:
+            o.on_done(*args)
+
+
+class StepInsight:
+    def __init__(self, engine: Any):
+        config = engine.config
+        self.engine = engine
+        self.rank = engine.global_rank
+        self.every = int(config.steps_per_print or 0)
+        cuda = engine.device.type == "cuda"
+        self.clock = WallClock(sync_cuda=cuda) if config.wall_clock_breakdown else None
+        block = config.comms_logger
+        self.comms = None
+        if block.enabled:
+            self.comms = CommsLogger(
+                kinds=block.kinds,
+                verbose=block.verbose,
+                debug=block.debug,
+                rank=self.rank,
+                sync_cuda=cuda,
+            )
+        observers = [o for o in (self.clock, self.comms) if o is not None]
+        if observers:
+            stats = engine.comm.stats
+            stats.observer = observers[0] if len(observers) == 1 else _Fanout(*observers)
+        self.profiler_config = config.flops_profiler
+        self.profile_step = self.profiler_config.profile_step if self.profiler_config.enabled else 1
+        self._sync_cuda = cuda
+        self._counter: StepFlops | ModuleProfile | None = None
+        self._profile_started = 0.0
+        self.flops_per_step: int | None = None
+        self._peak: Peak | None = None
+        self._hosts: list[str] | None = None
+
+    # ---- engine hooks -----------------------------------------------------------------------
+
+    def forward_begin(self) -> None:
+        if self.flops_per_step is None and self._counter is None:
+            if self.engine.global_steps + 1 == self.profile_step:
+                self._start_count()
+        if self.clock is not None:
+            self.clock.start(Phase.FORWARD)
+
+    def forward_end(self) -> None:
+        if self.clock is not None:
+            self.clock.stop()
+
+    def backward_begin(self) -> None:
+        if self.clock is not None:
+            self.clock.start(Phase.BACKWARD)
+
+    def backward_end(self, boundary: bool) -> None:
+        if self.clock is not None:
+            self.clock.stop()
+        if boundary and self._counter is not None:
+            self._counter.__exit__(None, None, None)
+
+    def step_begin(self) -> None:
+        if self.clock is not None:
+            self.clock.start(Phase.STEP)
+
+    def step_end(self) -> None:
+        """After an optimizer step (accumulation boundary), before the step metrics."""
+        if self.clock is not None:
+            self.clock.stop()
+            self.clock.end_step()
+        counter = self._counter
+        if counter is not None:
+            self._counter = None
+            self.flops_per_step = counter.flops
+            if isinstance(counter, ModuleProfile):
+                self._show_profile(counter, time.perf_counter() - self._profile_started)
+
+    # ---- FLOPs ---------------------------------------------------------------------------------
+
+    def _start_count(self) -> None:
+        if self.profiler_config.enabled:
+            self._counter = ModuleProfile(self.engine.module, sync_cuda=self._sync_cuda)
+        else:
+            self._counter = StepFlops()
+        self._profile_started = time.perf_counter()
+        self._counter.__enter__()
+
+    def _show_profile(self, profile: ModuleProfile, step_s: float) -> None:
+        if self.rank != 0:
+            return
+        block = self.profiler_config
+        options = dict(
+            step=self.profile_step,
+            step_s=step_s,
+            module_depth=block.module_depth,
+            top_modules=block.top_modules,
+            detailed=block.detailed,
+        )
+        rows = profile.rows()
+        if block.output_file:
+            with open(block.output_file, "w") as handle:
+                handle.write(format_table(rows, rich=False, **options) + "\n")
+            return
+        table = format_table(rows, **options)
+        if isinstance(table, str):
+            from ..metrics import _log_line
+
+            for line in table.splitlines():
+                _log_line(line)
+        else:
+            from rich.console import Console
+
+            Console(file=sys.stdout).print(table)
+
+    # ---- reports -------------------------------------------------------------------------------
+
+    def is_report_step(self, step: int) -> bool:
+        return step == 1 or (self.every > 0 and step % self.every == 0)
+
+    def report_fields(self, step: int, step_time: float) -> dict[str, Any]:
+        """Fields for the metrics event of `step` (call on every rank: the breakdown is a
+        collective); `step_time` is the window's seconds per optimizer step."""
+        fields: dict[str, Any] = {}
+        if self.clock is not None and self.is_report_step(step):
+            fields.update(self._breakdown())
+        if self.rank != 0:
+            return fields
+        fields.update(self._rates(step_time))
+        return fields
+
+    def _rates(self, step_time: float) -> dict[str, Any]:
+        flops = self.flops_per_step
+        out: dict[str, Any] = {
+            "flops_per_step": flops,
+            "tflops": None,
+            "mfu": None,
+            "peak_tflops": None,
+            "peak_source": None,
+        }
+        if flops is None or step_time <= 0:
+            return out
+        if self._peak is None:
+            self._peak = resolve_peak(self.engine.device, self.engine.precision.param_dtype)
+        tflops = flops / step_time / 1e12
+        out["tflops"] = tflops
+        out["peak_tflops"] = self._peak.tflops
+        out["peak_source"] = self._peak.source
+        if self._peak.tflops:
+            out["mfu"] = tflops / self._peak.tflops
+        return out
+
+    def _breakdown(self) -> dict[str, Any]:
+        comm = self.engine.comm
+        mine = torch.tensor(self.clock.take(), dtype=torch.float64, device=self.engine.device)
+        world = comm.world_size
+        if self._hosts is None:
+            self._hosts = self._gather_hosts()
+        everyone = torch.empty(world * len(PHASES), dtype=torch.float64, device=mine.device)
+        comm.all_gather(everyone, mine)
+        table = everyone.view(world, len(PHASES)).tolist()
+        if self.rank != 0:
+            return {}
+        # Busy time: forward + backward + step less the waits. A straggler's peers wait for
+        # it inside their collectives, so their totals grow too; their waits tell them apart.
+        busy = [row[0] + row[1] + row[3] - row[2] - row[4] for row in table]
+        slowest = max(range(world), key=lambda r: busy[r])
+        fields: dict[str, Any] = {}
+        for name, value in zip(BREAKDOWN_FIELDS, table[comm.rank], strict=True):
+            fields[name] = value
+        for name, value in zip(BREAKDOWN_FIELDS, table[slowest], strict=True):
+            fields[f"slowest_{name}"] = value
+        fields["slowest_rank"] = slowest
+        fields["straggler"] = f"{self._hosts[slowest]} (rank {slowest})"
+        return fields
+
+    def _gather_hosts(self) -> list[str]:
+        comm = self.engine.comm
+        name = socket.gethostname().encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
+        mine = torch.tensor(list(name), dtype=torch.uint8, device=self.engine.device)
+        everyone = torch.empty(comm.world_size * _HOST_BYTES, dtype=torch.uint8, device=mine.device)
+        comm.all_gather(everyone, mine)
+        rows = everyone.view(comm.world_size, _HOST_BYTES).tolist()
+        return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
+
+    # ---- comms summary -------------------------------------------------------------------------
+
+    def comms_summary(self, show: bool = True) -> list[dict]:
+        """This rank's collectives so far, one row per (kind, message size); printed on rank 0
+        when `show`. Empty without the comms_logger block."""
+        if self.comms is None:
+            return []
+        rows = self.comms.summary()
+        if show and self.rank == 0 and rows:
+            from ..metrics import _log_line
+
+            for line in format_summary(rows, self.rank).splitlines():
+                _log_line(line)
+        return rows

@@ -1,0 +1,354 @@
+"""Seeing inside a step (issue 18): each block's output against an independent measurement.
+
+FLOPs of a Linear stack computed by hand; comms bytes against the ring formula and bandwidths
+against nccl-tests' definitions; the wall-clock split and the straggler on 2 gloo ranks; CSV
+rows against the metrics events; MFU against the peak it names; the config blocks' errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import runtime
+from runtime.config import ConfigError, load_config
+from runtime.profiling.comms import bus_factor
+from runtime.profiling.peak import resolve_peak
+from tests.runtime.mp_utils import REPO, run_ranks
+
+HERE = "tests/runtime/test_step_insight.py"
+IN, HID, OUT, MICRO, GAS = 32, 64, 16, 4, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_process_group():
+    was = dist.is_initialized()
+    yield
+    if not was and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def stack() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, HID), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(HID, OUT))
+    )
+
+
+def hand_flops(micro: int = MICRO, gas: int = GAS) -> dict[str, int]:
+    """Per optimizer step: a Linear(i, o) on b rows costs 2bio forward, 2bio for the weight
+    gradient, and 2bio for the input gradient unless its input needs none (the first layer)."""
+    first = 2 * micro * IN * HID * 2  # forward + weight gradient
+    second = 2 * micro * HID * OUT * 3  # forward + weight + input gradient
+    return {"0": first * gas, "2": second * gas, "2.0": second * gas, "": (first + second) * gas}
+
+
+def config(**extra) -> dict:
+    cfg = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "steps_per_print": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+class Recorder:
+    """Stands in for the events pipe: what would become metrics.jsonl."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def emit(self, event: dict) -> None:
+        self.events.append(dict(event))
+
+
+def train(engine, steps: int, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps * engine.gradient_accumulation_steps()):
+        loss = engine(torch.randn(MICRO, IN, generator=g)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+def test_blocks_are_read_with_deepspeed_keys_and_defaults():
+    c = load_config(
+        config(
+            wall_clock_breakdown=True,
+            comms_logger={"enabled": True, "prof_all": False, "prof_ops": ["all_reduce"]},
+            flops_profiler={"enabled": True, "profile_step": 3, "module_depth": 2},
+            csv_monitor={"enabled": True, "output_path": "out", "job_name": "j"},
+        )
+    )
+    assert c.wall_clock_breakdown is True
+    assert c.comms_logger.kinds == frozenset({"all_reduce"})
+    assert (c.flops_profiler.profile_step, c.flops_profiler.module_depth) == (3, 2)
+    assert c.flops_profiler.top_modules == 1 and c.flops_profiler.detailed is True
+    assert (c.csv_monitor.output_path, c.csv_monitor.job_name) == ("out", "j")
+    assert load_config(config()).csv_monitor.job_name == "DeepSpeedJobName"
+    assert load_config(config()).wandb.project == "deepspeed"
+
+
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        ({"comms_logger": {"enabld": True}}, "comms_logger.enabld is not a valid key; did you mean 'enabled'?"),
+        ({"comms_logger": {"prof_ops": ["allreduce"]}}, "did you mean 'all_reduce'?"),
+        ({"flops_profiler": {"top_module": 2}}, "did you mean 'top_modules'?"),
+        ({"flops_profiler": {"profile_step": 0}}, "flops_profiler.profile_step must be >= 1"),
+        ({"csv_monitor": {"output_pth": "x"}}, "did you mean 'output_path'?"),
+        ({"wandb": {"projet": "x"}}, "did you mean 'project'?"),
+        ({"wall_clock_breakdown": "yes"}, "wall_clock_breakdown must be true or false"),
+        ({"comet": {"enabled": True}}, "comet is enabled but not supported"),
+    ],
+)  # fmt: skip
+def test_bad_blocks_name_the_key(block, message):
+    with pytest.raises(ConfigError, match=message.replace("?", r"\?").replace(".", r"\.")):
+        load_config(config(**block))
+
+
+def test_wandb_without_the_package_is_refused_before_launch(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match="wandb.enabled = true but the wandb package is not"):
+        load_config(config(wandb={"enabled": True}))
+
+
+def test_unknown_key_in_a_block_exits_2_before_launch(tmp_path):
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 1, "flops_profiler": {"detaild": 1}}')
+    (tmp_path / "train.py").write_text("print('never runs')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "--dry-run", "train.py", "--config", "ds.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "flops_profiler.detaild is not a valid key; did you mean 'detailed'?" in done.stderr
+
+
+# --- FLOPs, the profiler table, MFU ---------------------------------------------------------
+
+
+def test_flops_per_step_match_the_hand_count_and_mfu_uses_the_given_peak(monkeypatch):
+    monkeypatch.setenv("ZLAUNCH_PEAK_TFLOPS", "0.5")
+    engine, *_ = runtime.initialize(model=stack(), config=config())
+    engine.step_metrics.sink = recorder = Recorder()
+    train(engine, 2)
+    assert engine.insight.flops_per_step == hand_flops()[""]
+    first, second = recorder.events
+    assert first["flops_per_step"] == hand_flops()[""]  # counted at step 1 (the default)
+    assert second["peak_tflops"] == 0.5 and second["peak_source"] == "--peak-tflops"
+    assert second["tflops"] == pytest.approx(hand_flops()[""] / second["step_time"] / 1e12)
+    assert second["mfu"] == pytest.approx(second["tflops"] / 0.5)
+
+
+def test_flops_profiler_table_per_module(tmp_path):
+    out = tmp_path / "flops.txt"
+    cfg = config(flops_profiler={"enabled": True, "profile_step": 2, "output_file": str(out)})
+    engine, *_ = runtime.initialize(model=stack(), config=cfg)
+    train(engine, 1)
+    assert not out.exists()  # step 2 is profiled
+    train(engine, 1)
+    text = out.read_text()
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 7 and parts[1].startswith("(") and parts[1].endswith(")"):
+            rows.setdefault(parts[0], []).append(line)
+    hand = hand_flops()
+    assert f"FLOPs {hand[''] / 1e3:.2f} k" in text
+    assert "(model) (Sequential)" in text and "0 (Linear)" in text and "1 (ReLU)" in text
+    # Per-module rows straight from the profile object, against the hand count.
+    from runtime.profiling.flops import ModuleProfile
+
+    profile = ModuleProfile(stack())
+    with profile:
+        model = profile.root
+        for _ in range(GAS):
+            model(torch.randn(MICRO, IN)).pow(2).mean().backward()
+    by_name = {r.name: r for r in profile.rows()}
+    assert by_name["0"].flops == hand["0"] and by_name["2.0"].flops == hand["2.0"]
+    assert by_name["2"].flops == hand["2"] and by_name["(model)"].flops == hand[""]
+    assert by_name["0"].params == IN * HID + HID and by_name["1"].flops == 0
+    assert all(r.forward_s > 0 for r in by_name.values())
+
+
+def test_module_depth_and_top_modules_shape_the_table():
+    from runtime.profiling.flops import ModuleRow, format_table
+
+    rows = [
+        ModuleRow("(model)", 0, "M", 10, 100, 0.01),
+        ModuleRow("a", 1, "L", 4, 60, 0.004),
+        ModuleRow("b", 1, "L", 6, 40, 0.003),
+        ModuleRow("b.x", 2, "L", 6, 40, 0.003),
+    ]
+    text = format_table(rows, step=1, step_s=0.02, module_depth=1, top_modules=1, rich=False)
+    assert "depth 1: a 60" in text and "depth 2" not in text and " x (L)" not in text
+    assert "60.0%" in text and "20.0%" in text  # a's share of FLOPs, of the step (4 / 20 ms)
+    brief = format_table(rows, step=1, step_s=0.02, detailed=False, top_modules=2, rich=False)
+    assert "depth 1: a 60, b 40" in brief and "% of step" not in brief
+
+
+def test_peak_from_the_table_by_device_name_and_the_cpu_probe(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
+    peak = resolve_peak(torch.device("cuda", 0), torch.bfloat16, environ={})
+    assert peak.tflops == 989.5 and "H100 datasheet (SXM)" in peak.source
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 PCIe")
+    assert resolve_peak(torch.device("cuda", 0), torch.float32, environ={}).tflops == 51.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Some GPU")
+    unknown = resolve_peak(torch.device("cuda", 0), torch.bfloat16, environ={})
+    assert unknown.tflops is None and "--peak-tflops" in unknown.source
+    cpu = resolve_peak(torch.device("cpu"), torch.float32, environ={})
+    assert cpu.tflops > 0 and "CPU matmul probe" in cpu.source and "measured" in cpu.source
+    given = resolve_peak(torch.device("cpu"), torch.float32, environ={"ZLAUNCH_PEAK_TFLOPS": "2"})
+    assert (given.tflops, given.source) == (2.0, "--peak-tflops")
+
+
+# --- monitors -------------------------------------------------------------------------------
+
+
+def test_csv_rows_match_the_metrics_events(tmp_path):
+    cfg = config(
+        wall_clock_breakdown=True,
+        csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "job"},
+    )
+    engine, *_ = runtime.initialize(model=stack(), config=cfg)
+    engine.step_metrics.sink = recorder = Recorder()
+    train(engine, 4)
+    engine.log_metrics({"accuracy": 0.75})
+    events = [e for e in recorder.events if e["source"] == "engine"]
+    assert [e["step"] for e in events] == [1, 2, 4]
+    folder = tmp_path / "job"
+
+    def rows(name):
+        with open(folder / f"{name}.csv", newline="") as handle:
+            return list(csv.reader(handle))
+
+    loss = rows("Train_Samples_train_loss")
+    assert loss[0] == ["step", "train_loss"]
+    assert [(int(s), float(v)) for s, v in loss[1:]] == [(e["samples"], e["loss"]) for e in events]
+    forward = rows("Train_Samples_elapsed_time_ms_forward")
+    assert [float(v) for _, v in forward[1:]] == pytest.approx(
+        [e["time_forward"] * 1e3 for e in events]
+    )
+    assert [float(v) for _, v in rows("Train_Samples_lr")[1:]] == [e["lr"] for e in events]
+    assert rows("Train_Samples_accuracy") == [["step", "accuracy"], [str(events[-1]["samples"]), "0.75"]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_wandb_offline_run_records_the_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = config(wandb={"enabled": True, "project": "p", "group": "g", "team": None})
+    engine, *_ = runtime.initialize(model=stack(), config=cfg)
+    engine.step_metrics.sink = recorder = Recorder()
+    train(engine, 2)
+    (monitor,) = engine.step_metrics._monitors
+    run = monitor.run
+    assert run is not None and run.project == "p" and run.group == "g"
+    monitor.close()
+    (record,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    # The offline record holds each logged value as its JSON text (protobuf strings). wandb's
+    # service writes it on its own thread: give it a moment after finish().
+    for _ in range(100):
+        data = record.read_bytes()
+        if b"Train/Samples/train_loss" in data:
+            break
+        time.sleep(0.1)
+    assert b"Train/Samples/train_loss" in data and b"Train/Samples/tflops" in data
+    for event in recorder.events:
+        assert json.dumps(event["loss"]).encode() in data
+
+
+# --- comms logger and wall clock on 2 gloo ranks --------------------------------------------
+
+
+def _ranked(stage: int, slow_rank: int | None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, 256), torch.nn.Linear(256, OUT))
+    cfg = config(
+        zero_optimization={"stage": stage},
+        wall_clock_breakdown=True,
+        comms_logger={"enabled": True},
+    )
+    engine, *_ = runtime.initialize(model=model, config=cfg)
+    engine.step_metrics.sink = recorder = Recorder()
+    if slow_rank is not None and engine.global_rank == slow_rank:
+        inner = engine.module.forward
+
+        def slow_forward(*args):
+            time.sleep(0.25)  # far more than a step of this model takes
+            return inner(*args)
+
+        engine.module.forward = slow_forward
+    before = dict(engine.comm.stats.bytes)
+    train(engine, 2)
+    return {
+        "summary": engine.comms_summary(show=False),
+        "bytes": {k: v - before.get(k, 0) for k, v in engine.comm.stats.bytes.items()},
+        "events": recorder.events,
+        "numel": sum(p.numel() for p in model.parameters()),
+        "world": engine.comm.world_size,
+    }
+
+
+@pytest.mark.multirank
+def test_comms_logger_bytes_follow_the_ring_formula_and_bandwidth_nccl_tests():
+    results = run_ranks(2, f"{HERE}:_ranked", {"stage": 2, "slow_rank": None}, timeout=300)
+    for result in results:
+        rows = result["summary"]
+        n = result["world"]
+        assert {r["kind"] for r in rows} >= {"reduce_scatter", "all_gather", "all_reduce"}
+        for r in rows:
+            factor = 2 * (n - 1) / n if r["kind"] == "all_reduce" else (n - 1) / n
+            # bytes sent: the ring formula on the message size, per call
+            assert r["bytes"] == pytest.approx(r["count"] * r["size"] * factor, abs=r["count"])
+            assert r["algbw_gbps"] == pytest.approx(r["size"] / r["mean_latency_s"] / 1e9)
+            assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * bus_factor(r["kind"], n))
+            assert 0 < r["min_latency_s"] <= r["mean_latency_s"] <= r["max_latency_s"]
+        # every logged byte is a byte runtime.comm counted, and the other way round
+        logged = {}
+        for r in rows:
+            logged[r["kind"]] = logged.get(r["kind"], 0) + r["bytes"]
+        for kind, counted in result["bytes"].items():
+            assert logged.get(kind, 0) == pytest.approx(counted, abs=64), kind
+
+
+@pytest.mark.multirank
+def test_wall_clock_split_and_the_straggler_by_name():
+    results = run_ranks(2, f"{HERE}:_ranked", {"stage": 3, "slow_rank": 1}, timeout=300)
+    events = results[0]["events"]
+    assert [e["step"] for e in events] == [1, 2]
+    for e in events:
+        for prefix in ("", "slowest_"):
+            fwd, bwd = e[f"{prefix}time_forward"], e[f"{prefix}time_backward"]
+            assert 0 <= e[f"{prefix}time_reduce_wait"] <= bwd
+            assert 0 <= e[f"{prefix}time_allgather_wait"] <= fwd + bwd
+            assert e[f"{prefix}time_step"] > 0
+        assert e["slowest_rank"] == 1
+        assert e["straggler"].endswith("(rank 1)") and e["straggler"].split()[0]
+        # the straggler's sleep is in its forward; rank 0 waits for it in collectives instead
+        assert e["slowest_time_forward"] > e["time_forward"]
+        assert e["time_reduce_wait"] + e["time_allgather_wait"] > 0
+    assert results[1]["events"] == []  # only rank 0 reports

@@ -352,3 +352,79 @@ def test_wall_clock_split_and_the_straggler_by_name():
         assert e["slowest_time_forward"] > e["time_forward"]
         assert e["time_reduce_wait"] + e["time_allgather_wait"] > 0
     assert results[1]["events"] == []  # only rank 0 reports
+
+
+# --- through zlaunch: metrics.jsonl, the CSV files, --peak-tflops, zlaunch plot -------------
+
+SCRIPT = """
+import torch, runtime
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+engine, *_ = runtime.initialize(model=model)
+g = torch.Generator().manual_seed(engine.global_rank)
+for _ in range(8):
+    loss = engine(torch.randn(4, 32, generator=g)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+"""
+
+
+@pytest.mark.multirank
+def test_through_zlaunch_csv_rows_match_metrics_jsonl_and_plot_draws_the_split(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    ds = config(
+        gradient_accumulation_steps=1,
+        wall_clock_breakdown=True,
+        comms_logger={"enabled": True},
+        flops_profiler={"enabled": True, "profile_step": 2, "output_file": "flops.txt"},
+        csv_monitor={"enabled": True, "output_path": "csv", "job_name": "job"},
+    )
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+
+    def zl(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "zlaunch", *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+
+    done = zl("--num-gpus", "2", "--log-dir", "runs", "--peak-tflops", "0.01", "train.py",
+              "--config", "ds.json")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = tmp_path / "runs/latest/metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    rows = [r for r in rows if r.get("source") == "engine"]
+    assert [r["step"] for r in rows] == [1, 2, 4, 6, 8]
+    with open(tmp_path / "csv/job/Train_Samples_train_loss.csv", newline="") as handle:
+        loss = list(csv.reader(handle))
+    assert [(int(s), float(v)) for s, v in loss[1:]] == [(r["samples"], r["loss"]) for r in rows]
+    with open(tmp_path / "csv/job/Train_Samples_mfu.csv", newline="") as handle:
+        mfu = [float(v) for _, v in list(csv.reader(handle))[1:]]
+    assert mfu == pytest.approx([r["mfu"] for r in rows if r["mfu"] is not None])
+    for r in rows[1:]:
+        assert r["peak_source"] == "--peak-tflops" and r["peak_tflops"] == 0.01
+        assert r["mfu"] == pytest.approx(r["tflops"] / 0.01)
+        assert r["straggler"].endswith(("(rank 0)", "(rank 1)"))
+    assert "flops profiler: step 2" in (tmp_path / "flops.txt").read_text()
+    assert "comms summary (rank 0" in done.stdout + done.stderr
+    plotted = zl("plot", "--log-dir", "runs", "-o", "plot.png")
+    assert plotted.returncode == 0, plotted.stderr
+    assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_plot_split_series_adds_up_to_the_measured_total():
+    from zlaunch.commands.plot import split_series
+
+    row = {
+        "step": 5, "time_forward": 0.010, "time_backward": 0.020, "time_reduce_wait": 0.004,
+        "time_allgather_wait": 0.003, "time_step": 0.005,
+    }  # fmt: skip
+    steps, parts = split_series([row, {"step": 6, "loss": 1.0}])
+    assert steps == [5]
+    total = sum(values[0] for values in parts.values())
+    assert total == pytest.approx((0.010 + 0.020 + 0.005) * 1000)
+    assert parts["time_reduce_wait"] == [pytest.approx(4.0)]
+    assert parts["time_backward"] == [pytest.approx(13.0)]  # 20 - 4 (reduce) - 3 (gather)

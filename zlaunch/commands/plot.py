@@ -1,5 +1,9 @@
 """``zlaunch plot``: loss, learning rate, throughput and loss scale of a run, against step.
 
+When the run has them, two more panels: the wall-clock split of a step (rank 0's forward,
+backward, reduction wait, optimizer step and all-gather wait, from ``wall_clock_breakdown``;
+the slowest rank's total dashed) and MFU / TFLOP/s per device (runtime.profiling).
+
 Reads metrics.jsonl (works while the job runs). matplotlib comes from the ``plot`` extra and
 is imported only here, with the Agg backend (no display needed).
 """
@@ -14,7 +18,44 @@ import click
 from zlaunch.commands.runs_common import engine_rows, open_run, run_options
 from zlaunch.errors import UsageError
 
-__all__ = ["command", "series"]
+__all__ = ["command", "series", "SPLIT"]
+
+# (field, label, color): the wall-clock split stacked bottom-up. Waits are inside forward /
+# backward, so those are drawn less their waits; the stack adds up to the measured total.
+SPLIT = (
+    ("time_forward", "forward", "tab:blue"),
+    ("time_backward", "backward", "tab:orange"),
+    ("time_reduce_wait", "reduction wait", "tab:red"),
+    ("time_allgather_wait", "all-gather wait", "tab:purple"),
+    ("time_step", "optimizer step", "tab:green"),
+)
+
+
+def split_series(rows: list[dict[str, Any]]) -> tuple[list[int], dict[str, list[float]]]:
+    """Steps and the stacked parts (ms) of the wall-clock split, waits taken out of the phase
+    that contains them (reduction wait from backward; all-gather wait from forward+backward,
+    where it was spent: it is not split between them, so it is taken from backward first)."""
+    steps: list[int] = []
+    parts: dict[str, list[float]] = {key: [] for key, _, _ in SPLIT}
+    for row in rows:
+        values = {key: row.get(key) for key, _, _ in SPLIT}
+        if not all(isinstance(v, (int, float)) for v in values.values()):
+            continue
+        backward = values["time_backward"] - values["time_reduce_wait"]
+        gather = values["time_allgather_wait"]
+        from_backward = min(gather, max(backward, 0.0))
+        backward -= from_backward
+        forward = values["time_forward"] - (gather - from_backward)
+        steps.append(row["step"])
+        for key, value in (
+            ("time_forward", forward),
+            ("time_backward", backward),
+            ("time_reduce_wait", values["time_reduce_wait"]),
+            ("time_allgather_wait", gather),
+            ("time_step", values["time_step"]),
+        ):
+            parts[key].append(max(value, 0.0) * 1000)
+    return steps, parts
 
 
 def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -37,7 +78,8 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
     help="PNG (or any matplotlib format by extension) to write. Default: <run-id>.png.",
 )
 def command(run: str | None, log_dir: str | None, output: str | None) -> None:
-    """Plot loss, lr, throughput and loss scale of RUN (default: the latest) against step."""
+    """Plot loss, lr, throughput and loss scale of RUN (default: the latest) against step,
+    and the wall-clock split and MFU when the run reports them."""
     try:
         import matplotlib
 
@@ -62,7 +104,11 @@ def command(run: str | None, log_dir: str | None, output: str | None) -> None:
     rows.sort(key=lambda r: r["step"])
     output = output or f"{rundir.run_id}.png"
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    split_steps, split = split_series(rows)
+    mfu_steps, mfu = series(rows, "mfu")
+    tflops_steps, tflops = series(rows, "tflops")
+    insight = bool(split_steps or tflops)
+    fig, axes = plt.subplots(3 if insight else 2, 2, figsize=(11, 10 if insight else 7))
     fig.suptitle(f"zlaunch run {rundir.run_id}")
     panels = [
         (axes[0][0], "loss", "loss", "tab:blue"),
@@ -91,9 +137,61 @@ def command(run: str | None, log_dir: str | None, output: str | None) -> None:
     scales = series(rows, "loss_scale")[1]
     if scales and min(scales) > 0 and max(scales) / min(scales) > 8:
         axes[1][1].set_yscale("log", base=2)
+    if insight:
+        _plot_split(axes[2][0], split_steps, split, rows, MaxNLocator)
+        _plot_mfu(axes[2][1], mfu_steps, mfu, tflops_steps, tflops, rows, MaxNLocator)
     fig.tight_layout()
     directory = os.path.dirname(os.path.abspath(output))
     os.makedirs(directory, exist_ok=True)
     fig.savefig(output, dpi=100)
     plt.close(fig)
     click.echo(f"zlaunch: wrote {output} ({len(rows)} steps of run {rundir.run_id})")
+
+
+def _plot_split(ax, steps, parts, rows, locator) -> None:
+    ax.set_title("wall-clock split of a step (rank 0)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms per step")
+    ax.grid(True, alpha=0.3)
+    ax.xaxis.set_major_locator(locator(integer=True))
+    if not steps:
+        ax.text(0.5, 0.5, "no wall_clock_breakdown", ha="center", va="center",
+                transform=ax.transAxes)
+        return
+    ax.stackplot(
+        steps,
+        *[parts[key] for key, _, _ in SPLIT],
+        labels=[label for _, label, _ in SPLIT],
+        colors=[color for _, _, color in SPLIT],
+        alpha=0.8,
+    )
+    slow_steps, slow = [], []
+    for row in rows:
+        keys = ("slowest_time_forward", "slowest_time_backward", "slowest_time_step")
+        if all(isinstance(row.get(k), (int, float)) for k in keys):
+            slow_steps.append(row["step"])
+            slow.append(sum(row[k] for k in keys) * 1000)
+    if slow:
+        last = next((r.get("straggler") for r in reversed(rows) if r.get("straggler")), None)
+        label = f"slowest rank total ({last})" if last else "slowest rank total"
+        ax.plot(slow_steps, slow, linestyle="--", color="black", label=label)
+    ax.legend(loc="upper right", fontsize="small")
+
+
+def _plot_mfu(ax, mfu_steps, mfu, tflops_steps, tflops, rows, locator) -> None:
+    source = next((r.get("peak_source") for r in reversed(rows) if r.get("peak_source")), None)
+    ax.set_title("MFU" + (f" (peak: {source})" if source else ""), fontsize="small")
+    ax.set_xlabel("step")
+    ax.grid(True, alpha=0.3)
+    ax.xaxis.set_major_locator(locator(integer=True))
+    if mfu:
+        ax.plot(mfu_steps, [m * 100 for m in mfu], marker="o", markersize=3, color="tab:cyan",
+                label="MFU %")
+        ax.set_ylabel("MFU %")
+    if tflops:
+        twin = ax.twinx() if mfu else ax
+        twin.plot(tflops_steps, tflops, linestyle="--", color="tab:brown",
+                  label="TFLOP/s per device")
+        twin.set_ylabel("TFLOP/s per device")
+    if not (mfu or tflops):
+        ax.text(0.5, 0.5, "no FLOP count", ha="center", va="center", transform=ax.transAxes)

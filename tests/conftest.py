@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.cluster import Cluster, unavailable_reason
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runs_in_a_temporary_directory(tmp_path_factory):
+    """Runs the tests start (without --log-dir) and the per-user index of runs go to a
+    temporary directory, not the user's ./zlaunch_runs and ~/.local/state."""
+    root = tmp_path_factory.mktemp("zlaunch-state")
+    saved = {name: os.environ.get(name) for name in ("ZLAUNCH_LOG_DIR", "XDG_STATE_HOME")}
+    os.environ["ZLAUNCH_LOG_DIR"] = str(root / "zlaunch_runs")
+    os.environ["XDG_STATE_HOME"] = str(root / "state")
+    yield root
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

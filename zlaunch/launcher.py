@@ -39,6 +39,7 @@ from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
 from zlaunch.plan import Plan, build_plan
 from zlaunch.redact import redact_argv
+from zlaunch.run_index import register
 from zlaunch.rundir import RunDir, RunStatus, new_run_id, plan_record
 from zlaunch.spec import encode_spec, node_spec
 from zlaunch.transport import Link, agent_argv, open_links
@@ -113,6 +114,7 @@ class Job:
         self.run_dir: RunDir | None = None
         self.plan: Plan | None = None
         self.attempt = 0
+        self._index_error = ""
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
         # --- checkpoints: --save-on forwarding (see _forward_save_signal) ---
         self.save_signal = signal.Signals[options.save_on] if options.save_on else None
@@ -145,6 +147,7 @@ class Job:
                     "plan": None,
                 },
             )
+            self._index_error = self._index_run()
         run_id = self.run_dir.run_id
         previous = self._install_signal_handlers()
         self.view = open_view(self.console)  # live view: rich panel on a terminal
@@ -180,6 +183,14 @@ class Job:
             raise
         finally:
             self._restore_signal_handlers(previous)
+
+    def _index_run(self) -> str:
+        """Index the new run, so `zlaunch ls/logs/...` find it from anywhere; '' or why not."""
+        try:
+            register(self.run_dir.run_id, self.run_dir.path)
+            return ""
+        except OSError as err:
+            return f" (not indexed: {err.strerror or err}; use --log-dir to find it)"
 
     # ---- phases ---------------------------------------------------------------------------
 
@@ -299,6 +310,8 @@ class Job:
             )
             for node in plan.nodes
         ]  # every spec is checked before any is sent: a job starts on all nodes or none
+        if self.attempt == 0:  # the run's id and where its logs are, as the ranks start
+            self.console.note(f"run {run_id}  logs {self.run_dir.path}{self._index_error}")
         for index, spec in enumerate(specs):
             if not self.links[index].write(spec):
                 self._agent_lost(index, "connection closed before the spec was sent")

@@ -372,7 +372,7 @@ def test_parse_ranks():
 # ---- hand-off to the launcher -----------------------------------------------------------------
 
 
-def test_launch_gets_typed_options_and_its_exit_code(job, capsys, launcher):
+def test_launch_gets_typed_options_and_its_exit_code(job, capsys, launcher, monkeypatch):
     launcher.code = 3
     code, _, _ = zlaunch(
         capsys,
@@ -414,9 +414,13 @@ def test_launch_gets_typed_options_and_its_exit_code(job, capsys, launcher):
     assert opts.log_dir == str(job.dir / "runs")
     assert opts.ssh.timeout == 4.0
     launcher.code = 0
+    monkeypatch.delenv("ZLAUNCH_LOG_DIR", raising=False)
     assert zlaunch(capsys, "train.py")[0] == 0
     assert launcher.calls[-1].color is None
     assert launcher.calls[-1].log_dir == os.path.join(str(job.dir), "zlaunch_runs")
+    monkeypatch.setenv("ZLAUNCH_LOG_DIR", "~/elsewhere")
+    assert zlaunch(capsys, "train.py")[0] == 0
+    assert launcher.calls[-1].log_dir == str(job.home / "elsewhere")
 
 
 def test_real_entry_point_dry_run_and_error(job):

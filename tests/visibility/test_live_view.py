@@ -52,6 +52,12 @@ def panel_of(lines: list[str]) -> list[str]:
 
 
 def check_rank_lines(lines: list[str]) -> list[tuple[int, int]]:
+    lines = [line for line in lines if line.strip()]
+    if lines and lines[0].startswith("zlaunch: run "):
+        # The run's id and log directory come first (wrapped when the path is long).
+        first = next(i for i, line in enumerate(lines) if RANK_LINE.match(line))
+        assert first <= 3, lines
+        lines = lines[first:]
     seen = []
     for line in lines:
         if not line.strip():

@@ -199,7 +199,7 @@ def command(
     attempt: int | None,
 ) -> None:
     """Print the output of ranks of RUN (default: the latest run), tagged [host:rank]."""
-    rundir = open_run(log_dir, run)
+    rundir = open_run(log_dir, run, "logs")
     selection = _Selection(parse_ranks(ranks), host)
     compiled = None
     if pattern is not None:

@@ -1,4 +1,4 @@
-"""``zlaunch ls``: the runs under the log directory, oldest first."""
+"""``zlaunch ls``: every run of this user (or those under --log-dir), oldest first."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import os
 
 import click
 
-from zlaunch.commands.runs_common import effective_status, last_engine_row
+from zlaunch.commands.runs_common import effective_status, known_runs, last_engine_row
 from zlaunch.console import print_table
 from zlaunch.options import DEFAULT_LOG_DIR
-from zlaunch.rundir import RunDir, list_runs
 
 __all__ = ["command"]
 
@@ -29,20 +28,22 @@ def _ranks(record: dict) -> str:
 
 @click.command("ls")
 @click.option(
-    "--log-dir", default=None, help=f"Root of run directories. Default: ./{DEFAULT_LOG_DIR}."
+    "--log-dir",
+    default=None,
+    help="Only the runs under this directory. Default: every run of this user, from any "
+    f"directory (and ./{DEFAULT_LOG_DIR}).",
 )
 @click.option("--no-color", is_flag=True, help="Plain table.")
 def command(log_dir: str | None, no_color: bool) -> None:
-    """List runs: id, start, hosts, ranks, status, last step."""
-    root = os.path.abspath(os.path.expanduser(log_dir or DEFAULT_LOG_DIR))
-    runs = list_runs(root)
+    """List runs, oldest first: id, start, hosts, ranks, status, last step, where."""
+    runs, where = known_runs(log_dir)
     if not runs:
-        click.echo(f"no runs in {root}")
+        click.echo(f"no runs in {where}")
         return
+    home = os.path.expanduser("~")
     rows = []
-    for record in runs:
-        run_id = record.get("run_id", "?")
-        last = last_engine_row(RunDir(os.path.join(root, run_id), run_id))
+    for run, record in runs:
+        last = last_engine_row(run)
         step = "-"
         if last is not None:
             step = str(last["step"]) + (
@@ -51,19 +52,23 @@ def command(log_dir: str | None, no_color: bool) -> None:
         status = effective_status(record)
         if record.get("exit_code") not in (None, 0):
             status += f" ({record['exit_code']})"
+        parent = os.path.dirname(run.path)
+        if parent == home or parent.startswith(home + os.sep):
+            parent = "~" + parent[len(home) :]
         rows.append(
             [
-                run_id,
+                run.run_id,
                 _when(record.get("start_time")),
                 ",".join(record.get("hosts") or []) or "-",
                 _ranks(record),
                 status,
                 step,
+                parent,
             ]
         )
     print_table(
-        f"runs in {root}",
-        ["RUN", "START", "HOSTS", "RANKS", "STATUS", "LAST STEP"],
+        f"runs in {where}",
+        ["RUN", "START", "HOSTS", "RANKS", "STATUS", "LAST STEP", "LOG DIR"],
         rows,
         color=False if no_color else None,
     )

@@ -188,8 +188,9 @@ def build_options(
     """Turn parsed command-line values into a validated `LaunchOptions` (no host contacted)."""
     from zlaunch.envfile import collect_env
     from zlaunch.hostfile import default_hosts, load_hostfile
-    from zlaunch.options import DEFAULT_LOG_DIR, LaunchOptions, SshOptions
+    from zlaunch.options import LaunchOptions, SshOptions
     from zlaunch.plan import RESERVED_ENV
+    from zlaunch.run_index import default_log_dir
     from zlaunch.selectors import select_hosts
 
     environ = os.environ if environ is None else environ
@@ -281,7 +282,9 @@ def build_options(
             timeout=ssh_timeout,
             accept_new_hosts=accept_new_hosts,
         ),
-        log_dir=os.path.abspath(os.path.expanduser(log_dir or DEFAULT_LOG_DIR)),
+        log_dir=os.path.abspath(os.path.expanduser(log_dir))
+        if log_dir
+        else default_log_dir(environ),
         ranks_filter=parse_ranks(ranks, world_size) if ranks else None,
         color=False if no_color else None,
         grace_period=grace_period,
@@ -346,7 +349,11 @@ def _save_on_signal(value: str | None) -> str | None:
 @click.option("--env", multiple=True, metavar="KEY[=VALUE]", help="Set a worker variable.")
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a module, run as python -m.")
 @click.option("--no-python", "--no_python", "no_python", is_flag=True, help="Run SCRIPT as is.")
-@click.option("--log-dir", help="Root of run directories. Default: ./zlaunch_runs.")
+@click.option(
+    "--log-dir",
+    help="Root of run directories. Default: $ZLAUNCH_LOG_DIR, else ./zlaunch_runs. Every run "
+    "is also indexed per user, so `zlaunch ls/logs/status/stop` find it from any directory.",
+)
 @click.option("--ranks", help="Show only these ranks on the console, e.g. 0,3-5.")
 @click.option("--no-color", is_flag=True, help="Plain console output.")
 @click.option("--grace-period", type=float, default=5.0, show_default=True, help="SIGTERM->KILL.")

@@ -14,13 +14,16 @@ from typing import Any
 
 import click
 
+from zlaunch.clip import clip
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.options import DEFAULT_LOG_DIR
-from zlaunch.rundir import RunDir, RunStatus, find_run, lock_holder, process_identity
+from zlaunch.run_index import default_log_dir, index_dir, indexed_run_paths
+from zlaunch.rundir import RunDir, RunStatus, list_runs, lock_holder, process_identity
 
 __all__ = [
     "run_options",
     "open_run",
+    "known_runs",
     "ENDED",
     "controller_alive",
     "controller_to_signal",
@@ -35,24 +38,103 @@ ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.INTERRUPTED}
 
 
 def run_options(func: Callable) -> Callable:
-    """``[RUN]`` (id or unique prefix; default the latest) and ``--log-dir``, like ``run``."""
+    """``[RUN]`` (id or unique prefix; default: the running one, else the latest) and
+    ``--log-dir`` (default: every run of this user, from any directory)."""
     func = click.option(
         "--log-dir",
         default=None,
-        help=f"Root of run directories. Default: ./{DEFAULT_LOG_DIR}.",
+        help="Only the runs under this directory. Default: every run of this user "
+        f"(the index in {_index_hint()}) and ./{DEFAULT_LOG_DIR}.",
     )(func)
     return click.argument("run", required=False)(func)
 
 
-def open_run(log_dir: str | None, run: str | None) -> RunDir:
-    root = os.path.abspath(os.path.expanduser(log_dir or DEFAULT_LOG_DIR))
-    try:
-        return find_run(root, run)
-    except FileNotFoundError as err:
+def _index_hint() -> str:
+    return "$XDG_STATE_HOME/zlaunch/runs"
+
+
+def known_runs(log_dir: str | None) -> tuple[list[tuple[RunDir, dict[str, Any]]], str]:
+    """(run, run.json) of every run to choose from, oldest first, and where they were looked for.
+
+    With --log-dir: the runs under it. Without: the user's index of runs (any directory),
+    the runs under $ZLAUNCH_LOG_DIR or ./zlaunch_runs (runs from before the index), each once.
+    """
+    if log_dir is not None:
+        roots = [os.path.abspath(os.path.expanduser(log_dir))]
+        paths = [os.path.join(roots[0], r["run_id"]) for r in list_runs(roots[0])]
+        where = roots[0]
+    else:
+        root = default_log_dir()
+        paths = [os.path.join(root, r["run_id"]) for r in list_runs(root)]
+        paths += indexed_run_paths()
+        where = f"{root} or the index of runs ({index_dir()})"
+    seen: set[str] = set()
+    runs = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            continue
+        seen.add(real)
+        run = RunDir(path, os.path.basename(path))
+        try:
+            record = run.record()
+        except (OSError, ValueError):
+            continue
+        runs.append((run, record))
+    runs.sort(key=lambda item: (_start(item[1]), item[0].run_id))
+    return runs, where
+
+
+def _start(record: dict[str, Any]) -> float:
+    stamp = record.get("start_time")
+    return float(stamp) if isinstance(stamp, (int, float)) else 0.0
+
+
+def open_run(log_dir: str | None, run: str | None, command: str = "status") -> RunDir:
+    """The run RUN names (its id or a unique prefix); without RUN the one that is running, or
+    the latest when none is. More than one running: refused (exit 2), naming them."""
+    runs, where = known_runs(log_dir)
+    if not runs:
         raise UsageError(
-            str(err),
+            f"no runs in {where}",
             hint="give the run id (see `zlaunch ls`) and the --log-dir the job was started with",
-        ) from None
+        )
+    if run is not None:
+        matches = [item for item in runs if item[0].run_id == run] or [
+            item for item in runs if item[0].run_id.startswith(run)
+        ]
+        if len(matches) == 1:
+            return matches[0][0]
+        if not matches:
+            raise UsageError(
+                f"no run matching {clip(run)} in {where}",
+                hint="give the run id (see `zlaunch ls`) and the --log-dir the job was started with",
+            )
+        raise UsageError(
+            f"{len(matches)} runs match {clip(run)}: "
+            + ", ".join(item[0].run_id for item in matches[-5:]),
+            hint="give more of the run id",
+        )
+    running = [item for item in runs if not run_ended(item[1])]
+    if len(running) > 1:
+        listing = "\n".join(
+            f"    {r.run_id}  started {_clock(rec)}  in {rec.get('cwd') or '-'}"
+            for r, rec in running
+        )
+        raise UsageError(
+            f"{len(running)} runs are running; zlaunch {command} will not guess which:\n{listing}",
+            hint=f"name one: zlaunch {command} {running[-1][0].run_id}",
+        )
+    return (running or runs)[-1][0]
+
+
+def _clock(record: dict[str, Any]) -> str:
+    import datetime
+
+    stamp = record.get("start_time")
+    if not isinstance(stamp, (int, float)):
+        return "-"
+    return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def controller_alive(record: dict[str, Any]) -> bool:

@@ -84,7 +84,7 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
     """Print every rank's Python stacks, grouped: where RUN (default: the latest) is stuck."""
     from zlaunch import protocol
 
-    rundir = open_run(log_dir, run)
+    rundir = open_run(log_dir, run, "stacks")
     record = rundir.record()
     status = effective_status(record)
     if status in ENDED or record.get("end_time") is not None:

@@ -38,7 +38,7 @@ __all__ = ["command"]
 )
 def command(run: str | None, log_dir: str | None, no_wait: bool, timeout: float) -> None:
     """Stop RUN (default: the latest): every rank stops as on Ctrl-C."""
-    rundir = open_run(log_dir, run)
+    rundir = open_run(log_dir, run, "stop")
     record = rundir.record()
     status = effective_status(record)
     if status in ENDED or record.get("end_time") is not None:

@@ -428,3 +428,42 @@ def test_plot_split_series_adds_up_to_the_measured_total():
     assert total == pytest.approx((0.010 + 0.020 + 0.005) * 1000)
     assert parts["time_reduce_wait"] == [pytest.approx(4.0)]
     assert parts["time_backward"] == [pytest.approx(13.0)]  # 20 - 4 (reduce) - 3 (gather)
+
+
+# --- live view ------------------------------------------------------------------------------
+
+BREAKDOWN_EVENT = {
+    "step": 10, "time_forward": 0.010, "time_backward": 0.024, "time_reduce_wait": 0.004,
+    "time_allgather_wait": 0.0, "time_step": 0.006, "slowest_time_forward": 0.030,
+    "slowest_time_backward": 0.024, "slowest_time_reduce_wait": 0.0,
+    "slowest_time_allgather_wait": 0.0, "slowest_time_step": 0.006,
+    "straggler": "node7 (rank 5)", "slowest_rank": 5, "tflops": 123.4, "mfu": 0.3952,
+    "peak_source": "NVIDIA A100: datasheet",
+}  # fmt: skip
+
+
+def test_live_breakdown_bar_is_proportional_and_names_the_straggler():
+    from rich.console import Console
+
+    from zlaunch.live_breakdown import BAR_WIDTH, breakdown_text, renderables
+
+    items = renderables(BREAKDOWN_EVENT)
+    # 10 + 20 + 4 + 0 + 6 = 40 ms over 40 cells: one cell per ms, coloured per part
+    runs = [
+        (str(span.style), span.end - span.start)
+        for span in items[0].spans
+        if set(items[0].plain[span.start : span.end]) == {"█"}
+    ]
+    assert runs == [("blue", 10), ("dark_orange", 20), ("red", 4), ("green", 6)]
+    assert sum(n for _, n in runs) == BAR_WIDTH
+    console = Console(width=200, record=True)
+    for item in items:
+        console.print(item)
+    text = console.export_text()
+    bar_line = text.splitlines()[0]
+    assert "fwd 10.0ms bwd 20.0ms reduce wait 4.0ms gather wait 0.0ms step 6.0ms" in bar_line
+    assert "slowest rank: node7 (rank 5)  60.0 ms per step vs rank 0 40.0" in text
+    assert "MFU 39.5%  123 TFLOP/s per device  (peak: NVIDIA A100: datasheet)" in text
+    plain = breakdown_text(BREAKDOWN_EVENT)
+    assert "fwd 10.0ms" in plain and "slowest node7 (rank 5)" in plain and "MFU 39.5%" in plain
+    assert breakdown_text({"step": 1}) is None and renderables({"step": 1}) == []

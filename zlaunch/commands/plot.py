@@ -32,29 +32,19 @@ SPLIT = (
 
 
 def split_series(rows: list[dict[str, Any]]) -> tuple[list[int], dict[str, list[float]]]:
-    """Steps and the stacked parts (ms) of the wall-clock split, waits taken out of the phase
-    that contains them (reduction wait from backward; all-gather wait from forward+backward,
-    where it was spent: it is not split between them, so it is taken from backward first)."""
+    """Steps and the stacked parts (ms) of the wall-clock split (zlaunch.live_breakdown.split:
+    waits taken out of the phase that holds them, adding up to the measured total)."""
+    from zlaunch.live_breakdown import split
+
     steps: list[int] = []
     parts: dict[str, list[float]] = {key: [] for key, _, _ in SPLIT}
     for row in rows:
-        values = {key: row.get(key) for key, _, _ in SPLIT}
-        if not all(isinstance(v, (int, float)) for v in values.values()):
+        values = split(row)
+        if values is None:
             continue
-        backward = values["time_backward"] - values["time_reduce_wait"]
-        gather = values["time_allgather_wait"]
-        from_backward = min(gather, max(backward, 0.0))
-        backward -= from_backward
-        forward = values["time_forward"] - (gather - from_backward)
         steps.append(row["step"])
-        for key, value in (
-            ("time_forward", forward),
-            ("time_backward", backward),
-            ("time_reduce_wait", values["time_reduce_wait"]),
-            ("time_allgather_wait", gather),
-            ("time_step", values["time_step"]),
-        ):
-            parts[key].append(max(value, 0.0) * 1000)
+        for key, _, _ in SPLIT:
+            parts[key].append(values[key.removeprefix("time_")] * 1000)
     return steps, parts
 
 

@@ -1,17 +1,19 @@
-"""Step metrics: what rank 0 tells the controller (or the log) every ``steps_per_print`` steps.
+"""Step metrics: what rank 0 tells the controller every step (and the log on report steps).
 
-On the first optimizer step and on every ``steps_per_print``-th one, each rank takes part in
-ONE small all-reduce (two numbers: its mean micro-batch loss of the step and the tokens it saw
-since the last report), and rank 0 emits one event::
+On every optimizer step each rank takes part in ONE small all-reduce (three numbers: its mean
+micro-batch loss of the step, whether it had one, and the tokens it saw), and rank 0 emits one
+event to the controller (under zlaunch; without it only report steps are logged: the first,
+every ``steps_per_print``-th, a skipped one and the last)::
 
     {"kind": "metrics", "source": "engine", "step", "samples", "total_steps", "loss", "lr",
      "loss_scale", "grad_norm", "skipped_steps", "step_time", "samples_per_s", "tokens_per_s",
      "memory_kind", "memory_bytes", "memory_peak_bytes", "comm_bytes", "world_size"}
 
 Every key is always present (``None`` where it does not apply: ``grad_norm`` on an overflow
-step, ``tokens_per_s`` when the batch is not a token tensor, ``total_steps`` when unknown).
-``step_time`` and the rates are averaged over the steps since the previous report, so they
-include data loading. Memory is the device's allocated/peak bytes on GPU, the process RSS and
+step, ``tokens_per_s`` when the batch is not a token tensor, ``total_steps`` when unknown), plus
+``"report"`` (a report step). ``loss`` is the step's loss: the mean over its micro batches and
+over the data-parallel ranks. ``step_time`` and the rates are over the step (so they include
+data loading). New keys may be added; readers ignore the ones they do not know. Memory is the device's allocated/peak bytes on GPU, the process RSS and
 peak RSS on CPU. ``comm_bytes`` is this rank's logical traffic so far (`runtime.comm`).
 ``flops_per_step``, ``tflops``, ``mfu``, ``peak_tflops``, ``peak_source`` and, with
 ``wall_clock_breakdown``, the per-phase times and the straggler come from runtime.profiling
@@ -271,17 +273,25 @@ class StepMetrics:
         self._loss_count += 1
 
     def on_boundary(self, grad_norm: float | None, skipped: bool = False) -> None:
-        """After an optimizer step (``engine.global_steps`` already counts it). A skipped step
-        (non-finite gradients: every rank agrees) is reported at once, whatever
-        steps_per_print says, so the live view shows it when it happens."""
+        """After an optimizer step (``engine.global_steps`` already counts it).
+
+        Every step: one small all-reduce (the step's loss over data-parallel ranks, tokens) and,
+        under zlaunch, one event to the controller, so the panel, ``metrics.jsonl``, ``ls`` and
+        ``status`` are never behind. ``"report": true`` marks the steps that are also printed
+        and written to tensorboard/csv/wandb: the first, every ``steps_per_print``-th, a skipped
+        one (non-finite gradients) and the last (``total_steps``). Without zlaunch only those
+        are logged."""
         engine = self.engine
         self._window_steps += 1
         self._window_samples += engine.train_batch_size()
         step = engine.global_steps
-        report = step == 1 or skipped or (self.every > 0 and step % self.every == 0)
-        if not report:
-            self._reset_loss()
-            return
+        total = self.total_steps
+        report = (
+            step == 1
+            or skipped
+            or (self.every > 0 and step % self.every == 0)
+            or (total is not None and step == total)
+        )
         now = time.perf_counter()
         elapsed = max(now - (self._window_start or now), 1e-9)
         loss, tokens = self._reduce()
@@ -290,11 +300,14 @@ class StepMetrics:
         if self.rank == 0:
             event = self._event(step, loss, tokens, elapsed, grad_norm)
             event.update(extra)
-            self.sink.emit(event)
-            if self._tb is not None:
-                self._tb.write(event)
-            for monitor in self._monitors:
-                monitor.write(event)
+            event["report"] = report
+            if report or self.sink.fd is not None:
+                self.sink.emit(event)
+            if report:
+                if self._tb is not None:
+                    self._tb.write(event)
+                for monitor in self._monitors:
+                    monitor.write(event)
         self._window_start = now
         self._window_steps = 0
         self._window_samples = 0

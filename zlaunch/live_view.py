@@ -99,6 +99,10 @@ def format_metrics(event: dict[str, Any]) -> str:
         parts.append(f"tokens/s {_rate(event.get('tokens_per_s'))}")
     parts.append(f"mem {_bytes(event.get('memory_bytes'))}")
     parts.append(f"comm {_bytes(event.get('comm_bytes'))}")
+    from zlaunch.live_breakdown import breakdown_text  # issue 18: step split, straggler, MFU
+
+    if (insight := breakdown_text(event)) is not None:
+        parts.append(insight)
     return "  ".join(parts)
 
 
@@ -178,7 +182,10 @@ class PlainView(JobView):
 
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         super().metrics(rank, host, event)
-        self.console.note(format_metrics(event))
+        # Every step arrives; the printed record keeps the runtime's report steps (the first,
+        # every steps_per_print-th, skipped, the last): a readable log, not one line per step.
+        if event.get("report", True) is not False:
+            self.console.note(format_metrics(event))
 
 
 class _BytesOut(io.RawIOBase):
@@ -233,6 +240,9 @@ class LiveView(JobView):
         self.pending: list[str] = []
         self.last_print = 0.0
         self.last_panel = 0.0
+        from zlaunch.live_breakdown import BreakdownPanel
+
+        self.breakdown = BreakdownPanel()
         self.saved = (console.out, console.err)
         console.out = _BytesOut(self)
         if is_terminal(console.err):  # notes to a redirected stderr stay there, off the terminal
@@ -285,7 +295,10 @@ class LiveView(JobView):
 
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         super().metrics(rank, host, event)
-        self._redraw()
+        # Steps may come hundreds a second: redraw on report steps, else at the panel's pace.
+        due = time.monotonic() - self.last_panel >= PANEL_INTERVAL
+        if event.get("report", True) is not False or due:
+            self._redraw()
 
     def set_status(self, status: str) -> None:
         super().set_status(status)
@@ -372,6 +385,7 @@ class LiveView(JobView):
                 f"samples {_num(event.get('samples'))}",
             )
         parts: list[Any] = [bar, grid]
+        parts.extend(self.breakdown.rows(event))  # issue 18: step split, straggler, MFU
         if self.user:
             parts.append(Text("  ".join(f"{k} {_num(v)}" for k, v in self.user.items())))
         hosts = Text("ranks alive: ")

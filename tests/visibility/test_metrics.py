@@ -1,7 +1,7 @@
 """Step metrics end to end: a 2-rank runtime job under zlaunch on localhost, piped.
 
 The training script (train_tiny.py) writes the losses it computed itself; metrics.jsonl must
-carry one row per reported step with every field, the rank-averaged loss equal to the
+carry one row per optimizer step with every field (report steps marked), the rank-averaged loss equal to the
 script's, and exact sample/token accounting. The run directory commands (ls, status, logs,
 plot) then read that run back.
 """
@@ -61,9 +61,11 @@ def job(tmp_path_factory):
             "losses": losses}  # fmt: skip
 
 
-def test_one_row_per_reported_step_with_every_field(job):
+def test_one_row_per_step_with_every_field_report_steps_marked(job):
     engine_rows = [r for r in job["rows"] if r["source"] == "engine"]
-    assert [r["step"] for r in engine_rows] == [1, 5, 10]
+    # Every step reaches the controller: nothing is steps_per_print behind; the last step too.
+    assert [r["step"] for r in engine_rows] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in engine_rows if r["report"]] == [1, 5, 10, 12]
     previous_comm = 0
     for row in engine_rows:
         assert set(METRIC_FIELDS) <= set(row), set(METRIC_FIELDS) - set(row)
@@ -79,11 +81,10 @@ def test_one_row_per_reported_step_with_every_field(job):
         assert row["memory_peak_bytes"] >= row["memory_bytes"] > 50 * 2**20
         assert row["comm_bytes"] > previous_comm
         previous_comm = row["comm_bytes"]
-        # Rates are over the steps since the previous report (1 step, then 4, then 5).
-        window = {1: 1, 5: 4, 10: 5}[step]
-        elapsed = row["step_time"] * window
-        assert row["samples_per_s"] * elapsed == pytest.approx(window * SAMPLES_PER_STEP)
-        assert row["tokens_per_s"] * elapsed == pytest.approx(window * TOKENS_PER_STEP)
+        # Rates are over the step itself.
+        elapsed = row["step_time"]
+        assert row["samples_per_s"] * elapsed == pytest.approx(SAMPLES_PER_STEP)
+        assert row["tokens_per_s"] * elapsed == pytest.approx(TOKENS_PER_STEP)
     assert engine_rows[0]["lr"] == 0.0 and engine_rows[1]["lr"] > 0.0  # warmup from 0
 
 
@@ -110,7 +111,7 @@ def test_piped_output_is_plain_and_metrics_stay_off_the_scripts_stdout(job):
         for line in lines
     )
     plain = [line for line in err.splitlines() if line.startswith("zlaunch: step ")]
-    assert [line.split()[2] for line in plain] == ["1/12", "3", "5/12", "10/12"]
+    assert [line.split()[2] for line in plain] == ["1/12", "3", "5/12", "10/12", "12/12"]
     assert "samples/s" in plain[0] and "tokens/s" in plain[0]
 
 
@@ -119,15 +120,15 @@ def test_ls_status_and_logs_read_the_finished_run(job):
     listing = zlaunch("ls", "--log-dir", str(job["runs"]), cwd=job["tmp"])
     assert listing.returncode == 0
     row = next(line for line in listing.stdout.decode().splitlines() if line.startswith(run_id))
-    assert row.split()[3:] == ["localhost", "2", "succeeded", "10/12", str(job["runs"])]
+    assert row.split()[3:] == ["localhost", "2", "succeeded", "12/12", str(job["runs"])]
 
     status = zlaunch("status", run_id[:12], "--log-dir", str(job["runs"]), cwd=job["tmp"])
     text = status.stdout.decode()
     assert status.returncode == 0, status.stderr
     assert "status   succeeded, exit code 0" in text
-    assert "metrics  step 10/12  loss " in text
+    assert "metrics  step 12/12  loss " in text
     for rank in (0, 1):
-        assert any(line.split()[:2] == ["localhost", str(rank)] and line.endswith("exited 0  10")
+        assert any(line.split()[:2] == ["localhost", str(rank)] and line.endswith("exited 0  12")
                    for line in text.splitlines()), text  # fmt: skip
 
     logs = zlaunch("logs", "--log-dir", str(job["runs"]), "--rank", "1", "--tail", "2",
@@ -167,7 +168,7 @@ def test_plot_writes_a_png_with_the_four_curves(job):
     assert result.returncode == 0, result.stderr.decode()
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
-    assert f"({3} steps of run {job['run_dir'].name})" in result.stdout.decode()
+    assert f"({STEPS} steps of run {job['run_dir'].name})" in result.stdout.decode()
 
 
 def test_without_zlaunch_metrics_are_one_logged_line_and_tensorboard_says_if_missing(tmp_path):

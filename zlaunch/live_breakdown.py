@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PARTS", "split", "breakdown_text", "renderables"]
+__all__ = ["PARTS", "BreakdownPanel", "split", "breakdown_text", "renderables"]
 
 # (key in split(), label, rich colour)
 PARTS = (
@@ -116,3 +116,18 @@ def renderables(event: dict[str, Any]) -> list[Any]:
     if mfu:
         out.append(Text(mfu))
     return out
+
+
+class BreakdownPanel:
+    """The live panel's rows, kept between report steps: metrics arrive every step but the
+    breakdown only with report steps, so the last one stays on screen until the next."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, Any] = {}
+
+    def rows(self, event: dict[str, Any] | None) -> list[Any]:
+        keep = ("straggler", "tflops", "mfu", "peak_source")
+        for key, value in (event or {}).items():
+            if value is not None and (key.startswith(("time_", "slowest_")) or key in keep):
+                self.last[key] = value
+        return renderables(self.last) if self.last else []

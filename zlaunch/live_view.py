@@ -124,6 +124,9 @@ class JobView:
         self.user: dict[str, Any] = {}
         self.started_at = time.monotonic()
         self.status = "starting"
+        from zlaunch.live_breakdown import BreakdownPanel  # issue 18: split, straggler, MFU
+
+        self.breakdown = BreakdownPanel()
 
     def start(self, run_id: str, expected: dict[str, int]) -> None:
         self.run_id = run_id
@@ -240,9 +243,6 @@ class LiveView(JobView):
         self.pending: list[str] = []
         self.last_print = 0.0
         self.last_panel = 0.0
-        from zlaunch.live_breakdown import BreakdownPanel
-
-        self.breakdown = BreakdownPanel()
         self.saved = (console.out, console.err)
         console.out = _BytesOut(self)
         if is_terminal(console.err):  # notes to a redirected stderr stay there, off the terminal

@@ -470,3 +470,29 @@ def test_live_breakdown_bar_is_proportional_and_names_the_straggler():
     plain = breakdown_text(BREAKDOWN_EVENT)
     assert "fwd 10.0ms" in plain and "slowest node7 (rank 5)" in plain and "MFU 39.5%" in plain
     assert breakdown_text({"step": 1}) is None and renderables({"step": 1}) == []
+
+
+def test_live_panel_keeps_the_split_between_report_steps_and_plain_lines_carry_it():
+    import io
+
+    from rich.console import Console as RichConsole
+
+    from zlaunch.console import Console
+    from zlaunch.live_view import LiveView, format_metrics
+
+    view = LiveView(Console(color=False, out=io.BytesIO(), err=io.StringIO()), io.StringIO())
+    try:
+        view.start("run-x", {"node7": 1})
+        view.metrics(0, "node7", {"kind": "metrics", "source": "engine", **BREAKDOWN_EVENT})
+        # a step between reports: no breakdown, a newer rate
+        view.metrics(0, "node7", {"kind": "metrics", "source": "engine", "step": 11,
+                                  "tflops": 100.0, "mfu": 0.32, "report": False})  # fmt: skip
+        out = io.StringIO()
+        RichConsole(file=out, width=160, color_system=None).print(view._panel())
+        text = out.getvalue()
+    finally:
+        view.close()
+    assert "█" in text and "fwd 10.0ms" in text, text
+    assert "slowest rank: node7 (rank 5)" in text and "MFU 32%  100 TFLOP/s" in text, text
+    line = format_metrics({"kind": "metrics", "source": "engine", **BREAKDOWN_EVENT})
+    assert "slowest node7 (rank 5)" in line and "MFU 39.5%" in line

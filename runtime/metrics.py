@@ -296,7 +296,8 @@ class StepMetrics:
         elapsed = max(now - (self._window_start or now), 1e-9)
         loss, tokens = self._reduce()
         insight = getattr(engine, "insight", None)  # runtime.profiling; every rank (collective)
-        extra = insight.report_fields(step, elapsed / max(self._window_steps, 1)) if insight else {}
+        per_step = elapsed / max(self._window_steps, 1)
+        extra = insight.report_fields(step, per_step, report) if insight else {}
         if self.rank == 0:
             event = self._event(step, loss, tokens, elapsed, grad_norm)
             event.update(extra)

@@ -168,11 +168,17 @@ class StepInsight:
     def is_report_step(self, step: int) -> bool:
         return step == 1 or (self.every > 0 and step % self.every == 0)
 
-    def report_fields(self, step: int, step_time: float) -> dict[str, Any]:
-        """Fields for the metrics event of `step` (call on every rank: the breakdown is a
-        collective); `step_time` is the window's seconds per optimizer step."""
+    def report_fields(
+        self, step: int, step_time: float, report: bool | None = None
+    ) -> dict[str, Any]:
+        """Fields for the metrics event of `step` (call on every rank: on report steps the
+        breakdown is a collective); `step_time` is the window's seconds per optimizer step,
+        `report` whether StepMetrics reports this step (default: the first and every
+        steps_per_print-th)."""
         fields: dict[str, Any] = {}
-        if self.clock is not None and self.is_report_step(step):
+        if report is None:
+            report = self.is_report_step(step)
+        if self.clock is not None and report:
             fields.update(self._breakdown())
         if self.rank != 0:
             return fields

@@ -145,6 +145,9 @@ class Job:
                     "program": redact_argv(opts.program),
                     "cwd": opts.cwd,
                     "plan": None,
+                    # `zlaunch stop --save` sends save_on, and says where the checkpoint went
+                    "checkpoint_dir": opts.checkpoint_dir,
+                    "save_on": opts.save_on,
                 },
             )
             self._index_error = self._index_run()
@@ -561,18 +564,53 @@ class Job:
             return
         if signum == signal.SIGINT:
             self.sigint_count += 1
+            if self._save_on_ctrl_c():
+                return
         if self.interrupt is None:
             self.interrupt = signum
             name = _signal_name(signum)
             self.console.note(
                 f"{name}: stopping all ranks (grace {self.options.grace_period:g}s; "
-                "Ctrl-C again to kill now)",
+                f"Ctrl-C again to kill now){self._no_save_words()}",
                 error=True,
             )
             self._stop_all(self.options.grace_period)
         elif signum == signal.SIGINT and self.sigint_count >= 2:
             self.console.note("killing all ranks now", error=True)
             self._stop_all(0.0)
+
+    def _save_on_ctrl_c(self) -> bool:
+        """The first Ctrl-C of a job with --checkpoint-dir saves, then stops (README: Stopping)."""
+        if (
+            self.sigint_count != 1
+            or self.interrupt is not None
+            or self.stop_started is not None
+            or self.save_requested
+            or not self.options.checkpoint_dir
+            or self.save_signal is None
+            or self.plan is None
+        ):
+            return False
+        self.save_requested = True
+        self.console.note(
+            "Ctrl-C: every rank saves a checkpoint at its next step, then exits "
+            "(Ctrl-C again to stop now without saving)",
+            error=True,
+        )
+        data = protocol.encode({"t": protocol.SIGNAL, "sig": int(self.save_signal)})
+        for i, link in enumerate(self.links):
+            if link is not None and not self.agent_done[i]:
+                link.write(data)
+        return True
+
+    def _no_save_words(self) -> str:
+        if self.save_requested:
+            return "; no checkpoint is written now"
+        if not self.options.checkpoint_dir:
+            return "; no checkpoint is written (--checkpoint-dir makes Ctrl-C save first)"
+        if self.save_signal is None:
+            return "; no checkpoint is written (--save-on none)"
+        return ""
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -717,7 +755,10 @@ def _launch_attempts(options: LaunchOptions, console: Console) -> int:
             )
             continue
         if job.save_requested and options.checkpoint_dir:
-            job.console.note(f"saved checkpoint {_latest_checkpoint(options.checkpoint_dir)}")
+            job.console.note(
+                f"saved checkpoint {_latest_checkpoint(options.checkpoint_dir)}; "
+                "continue with the same command plus --resume"
+            )
         return code
 
 

@@ -179,6 +179,7 @@ def build_options(
     pass_local_rank: bool = False,
     checkpoint_dir: str | None = None,
     resume: bool = False,
+    resume_if_present: bool = False,
     max_restarts: int = 0,
     save_on: str | None = "SIGUSR1",
     peak_tflops: float | None = None,
@@ -293,10 +294,38 @@ def build_options(
         checkpoint_dir=os.path.abspath(os.path.expanduser(checkpoint_dir))
         if checkpoint_dir
         else None,
-        resume=resume,
+        resume=_resume(resume, resume_if_present, checkpoint_dir, hosts),
         max_restarts=max_restarts,
         save_on=_save_on_signal(save_on),
     )
+
+
+def _resume(resume: bool, if_present: bool, checkpoint_dir: str | None, hosts) -> bool:
+    """--resume insists on a checkpoint; --resume-if-present takes one when there is one.
+
+    The check needs to see the directory: it is made when the directory exists here or every
+    host is this machine; a directory only the nodes see is left to the ranks.
+    """
+    if resume and if_present:
+        raise UsageError("--resume and --resume-if-present cannot be used together")
+    if not (resume or if_present):
+        return False
+    if not checkpoint_dir:
+        flag = "--resume" if resume else "--resume-if-present"
+        raise UsageError(f"{flag} needs --checkpoint-dir DIR (where to resume from)")
+    if if_present:
+        return True
+    directory = os.path.abspath(os.path.expanduser(checkpoint_dir))
+    local = all(host.is_local for host in hosts)
+    if (os.path.isdir(directory) or local) and not os.path.isfile(
+        os.path.join(directory, "latest")
+    ):
+        raise UsageError(
+            f"--resume: no checkpoint to resume from in {directory} (no 'latest' file)",
+            hint="start without --resume, or use --resume-if-present to resume only when "
+            "a checkpoint is there",
+        )
+    return True
 
 
 def _save_on_signal(value: str | None) -> str | None:
@@ -368,7 +397,16 @@ def _save_on_signal(value: str | None) -> str | None:
     "--checkpoint-dir",
     help="Checkpoint directory for the workers (ZLAUNCH_CHECKPOINT_DIR); also resumes restarts.",
 )
-@click.option("--resume", is_flag=True, help="Load the latest checkpoint in --checkpoint-dir.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Load the latest checkpoint in --checkpoint-dir; none there is an error (exit 2).",
+)
+@click.option(
+    "--resume-if-present",
+    is_flag=True,
+    help="Load the latest checkpoint in --checkpoint-dir if there is one, else start fresh.",
+)
 @click.option(
     "--max-restarts",
     type=click.IntRange(0),

@@ -23,14 +23,17 @@ from __future__ import annotations
 import atexit
 import inspect
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
+from .. import comm as _comm_module
 from ..comm import CommObserver
 
 __all__ = ["CommsLogger", "CommRecord", "bus_factor", "format_summary"]
 
 log = logging.getLogger("runtime.comms")
+_OWN_FILES = (os.path.dirname(os.path.abspath(__file__)), _comm_module.__file__)
 
 
 def bus_factor(kind: str, world: int) -> float:
@@ -129,10 +132,10 @@ class CommsLogger(CommObserver):
         if self.verbose:
             caller = ""
             if self.debug:
-                # The first frame outside runtime.comm and this module: who issued it.
-                for frame in inspect.stack()[2:8]:
-                    if not frame.filename.endswith(("comm.py", "comms.py")):
-                        caller = f" | caller {frame.function}"
+                # The first frame outside runtime.comm and runtime.profiling: who waited.
+                for frame in inspect.stack(context=0)[1:12]:
+                    if not frame.filename.startswith(_OWN_FILES):
+                        caller = f" | caller {frame.function} ({frame.filename}:{frame.lineno})"
                         break
             algbw = size / latency if latency > 0 else 0.0
             log.info(

@@ -496,3 +496,27 @@ def test_live_panel_keeps_the_split_between_report_steps_and_plain_lines_carry_i
     assert "slowest rank: node7 (rank 5)" in text and "MFU 32%  100 TFLOP/s" in text, text
     line = format_metrics({"kind": "metrics", "source": "engine", **BREAKDOWN_EVENT})
     assert "slowest node7 (rank 5)" in line and "MFU 39.5%" in line
+
+
+def test_comms_logger_verbose_lines_prof_ops_and_summary_table(caplog):
+    import logging
+
+    from runtime.profiling.comms import CommsLogger, format_summary
+
+    logger = CommsLogger(
+        kinds=frozenset({"all_reduce"}), verbose=True, debug=True, summary_at_exit=False
+    )
+    with caplog.at_level(logging.INFO, logger="runtime.comms"):
+        logger.on_done("all_reduce", 1 << 20, 1 << 20, 0.002, 0.001, 2)
+        logger.on_done("all_reduce", 1 << 20, 1 << 20, 0.004, 0.0, 2)
+        logger.on_done("all_gather", 4096, 2048, 0.001, 0.0, 2)  # not in prof_ops
+    (row,) = logger.summary()
+    assert (row["kind"], row["size"], row["count"], row["bytes"]) == ("all_reduce", 1 << 20, 2, 2 << 20)
+    assert row["mean_latency_s"] == pytest.approx(0.003)
+    assert row["algbw_gbps"] == pytest.approx((1 << 20) / 0.003 / 1e9)
+    assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 1.0)  # 2(n-1)/n at n = 2
+    assert len(caplog.messages) == 2 and "comm op: all_reduce | time (ms): 2.000" in caplog.messages[0]
+    assert "caller test_comms_logger_verbose_lines" in caplog.messages[0]
+    table = format_summary(logger.summary())
+    assert "all_reduce" in table and "1.00 MiB" in table and "busbw GB/s" in table
+    assert bus_factor("broadcast", 4) == 1.0 and bus_factor("all_gather", 4) == 0.75

@@ -41,6 +41,9 @@ MAX_PENDING_OUTPUT = 32 * 1024 * 1024
 READ_SIZE = 256 * 1024
 # After every worker has exited, how long to wait for stray holders of the output pipes.
 DRAIN_AFTER_EXIT = 1.0
+# A line redrawn with carriage returns (tqdm) is forwarded at most this often while it has no
+# newline: the controller shows its latest state live; every byte still reaches the rank log.
+PROGRESS_INTERVAL = 0.2
 # One structured event longer than this is dropped (reported as an "invalid" event): events
 # are small JSON objects, and a frame must stay below protocol.MAX_FRAME_BYTES.
 MAX_EVENT_BYTES = 1024 * 1024
@@ -118,6 +121,8 @@ class Worker:
             for fd, stream in self.streams.items()
         }
         self.dropping_event = 0
+        self.progress_sent: dict[int, float] = {}
+        """Per output pipe: when its carriage-return tail was last forwarded."""
         """Bytes of an over-long event dropped so far (its end has not arrived yet)."""
         self.pidfd: int | None = None
         self.returncode: int | None = None
@@ -321,11 +326,27 @@ class Agent:
                 lines = splitter.finish()
             if lines:
                 self._forward(worker, worker.streams[fd], lines, splitter.partial)
+            if chunk and splitter.has_return():
+                self._forward_progress(fd, worker, time.monotonic())
             if not chunk:
                 self._close_pipe(fd)
                 return
             if not drain:
                 return
+
+    def _forward_progress(self, fd: int, worker: Worker, now: float) -> bool:
+        """Forward a pipe's carriage-return tail (as a piece) if it is due; True if one waits."""
+        stream = worker.streams.get(fd)
+        if stream is None or stream == "events":
+            return False
+        splitter = worker.splitters[fd]
+        if not splitter.has_return():
+            return False
+        if now - worker.progress_sent.get(fd, 0.0) < PROGRESS_INTERVAL:
+            return True
+        worker.progress_sent[fd] = now
+        self._forward(worker, stream, [splitter.take_tail()], True)
+        return False
 
     def _forward(self, worker: Worker, stream: str, lines: list[bytes], partial: bool) -> None:
         """Send one read's lines; ``partial``: the last one has no newline (yet)."""
@@ -515,6 +536,12 @@ class Agent:
                     timeout = min(timeout, self.kill_at - now)
             if self.workers and not self.pidfd_owner:
                 timeout = min(timeout, 0.05)  # no pidfd support: poll for exits
+            waiting = False  # progress tails held back by PROGRESS_INTERVAL
+            for worker in self.workers.values():
+                for fd in list(worker.splitters):
+                    waiting = self._forward_progress(fd, worker, now) or waiting
+            if waiting:
+                timeout = min(timeout, PROGRESS_INTERVAL)
             for key, _ in self.sel.select(max(0.0, timeout)):
                 tag = key.data
                 if tag == "stdin":

@@ -33,6 +33,7 @@ from typing import IO, Any
 from zlaunch import protocol
 from zlaunch.console import Console, rank_ranges
 from zlaunch.console_noise import NoiseFilter
+from zlaunch.console_progress import ProgressTracker
 from zlaunch.console_stacks import StackDumpFilter
 from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
 from zlaunch.live_view import JobView, PlainView, open_view
@@ -97,6 +98,11 @@ class Job:
         self.console = console or Console(color=options.color, ranks=options.ranks_filter)
         self.noise = NoiseFilter()  # known-harmless lines: off the console, in the rank logs
         self.stack_dumps = StackDumpFilter()  # `zlaunch stacks` dumps: off the console too
+        self.progress = ProgressTracker()  # \r-redrawn lines (tqdm): their latest state
+        self.rank_progress: dict[int, str] = {}
+        self.rank_output_at: dict[int, float] = {}
+        """rank -> wall time of its last output line or progress state (ranks.json)."""
+        self.ranks_written = 0.0
         self.events: queue.Queue = queue.Queue()
         self.links: list[Link | None] = [None] * len(self.hosts)
         self.hellos: list[dict[str, Any] | None] = [None] * len(self.hosts)
@@ -360,7 +366,11 @@ class Job:
             # "p": the last line continues in the next frame; the log keeps the worker's bytes
             state.log.write(data if frame.get("p") else data + b"\n")
             state.tail.extend(lines[-TAIL_LINES:])
-            shown, first_hidden = self.noise.keep(lines)
+            shown, bar, ended = self.progress.feed(
+                state.rank, frame["s"], lines, bool(frame.get("p"))
+            )
+            self._on_output(state, frame["s"], bar, ended)
+            shown, first_hidden = self.noise.keep(shown)
             for kind in first_hidden:
                 self.console.note(kind.note)
             if frame["s"] == protocol.STDERR:
@@ -400,6 +410,19 @@ class Job:
                     state.stacks = True
                     self._record_ranks()
 
+    def _on_output(self, state: RankState, stream: str, bar: str | None, ended: bool) -> None:
+        """A rank wrote something: its progress line and last-output time (panel, status)."""
+        now = time.time()
+        self.rank_output_at[state.rank] = now
+        self.view.output_seen(state.rank)
+        if bar is not None:
+            self.rank_progress[state.rank] = bar
+            self.view.progress(state.rank, state.host, stream, bar)
+        elif ended:
+            self.view.progress(state.rank, state.host, stream, None)
+        if now - self.ranks_written >= 1.0:  # ranks.json: at most once a second for output
+            self._record_ranks()
+
     # --- per-rank state in ranks.json (read by `zlaunch status`) ---
     def _record_ranks(self) -> None:
         if self.run_dir is None:
@@ -427,8 +450,11 @@ class Job:
                     "last_step": self.exit_steps.get(state.rank, self.last_step)
                     if state.exited
                     else self.last_step,
+                    "progress": self.rank_progress.get(state.rank),
+                    "last_output": self.rank_output_at.get(state.rank),
                 }
             )
+        self.ranks_written = time.time()
         try:
             self.run_dir.write_ranks(self.attempt, rows)
         except OSError as err:

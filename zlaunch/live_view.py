@@ -35,6 +35,10 @@ LIVE_ENV = "ZLAUNCH_LIVE"
 # for the next tick, so a flood of output does not turn into a flood of panel redraws.
 PRINT_INTERVAL = 0.05
 PANEL_INTERVAL = 0.5
+PLAIN_PROGRESS_INTERVAL = 5.0
+QUIET_AFTER = 30.0
+"""An alive rank with no output for this long is named in the panel (a hang shows early)."""
+MAX_BARS_SHOWN = 8
 MAX_HOSTS_SHOWN = 8
 BAR_WIDTH = 30  # leaves room for "step N/M  P%  ETA  elapsed" on an 80-column terminal
 
@@ -124,6 +128,10 @@ class JobView:
         self.user: dict[str, Any] = {}
         self.started_at = time.monotonic()
         self.status = "starting"
+        self.bars: dict[int, tuple[str, str]] = {}
+        """rank -> (host, latest state) of a line it redraws with carriage returns (tqdm)."""
+        self.last_output: dict[int, float] = {}
+        """rank -> monotonic time of its last output (a hang shows as silence)."""
         from zlaunch.live_breakdown import BreakdownPanel  # issue 18: split, straggler, MFU
 
         self.breakdown = BreakdownPanel()
@@ -138,6 +146,7 @@ class JobView:
 
     def rank_exited(self, rank: int, host: str, code: int) -> None:
         self.alive.pop(rank, None)
+        self.bars.pop(rank, None)
         self.exits[rank] = code
         if code != 0 and self.status not in ("starting", "running"):
             self.stopped.add(rank)  # ended by zlaunch's stop, not a failure of its own
@@ -145,6 +154,26 @@ class JobView:
     def rank_lost(self, rank: int, host: str) -> None:
         self.alive.pop(rank, None)
         self.lost.add(rank)
+
+    def output_seen(self, rank: int) -> None:
+        """The rank wrote a line or redrew its progress line just now."""
+        self.last_output[rank] = time.monotonic()
+
+    def quiet_ranks(self, now: float) -> list[tuple[int, float]]:
+        """Alive ranks silent (no output) for QUIET_AFTER seconds or more, with the silence."""
+        quiet = []
+        for rank in self.alive:
+            since = self.last_output.get(rank, self.started_at)
+            if now - since >= QUIET_AFTER:
+                quiet.append((rank, now - since))
+        return sorted(quiet)
+
+    def progress(self, rank: int, host: str, stream: str, text: str | None) -> None:
+        """The latest state of a rank's progress line; None when the line ended."""
+        if text is None:
+            self.bars.pop(rank, None)
+        else:
+            self.bars[rank] = (host, text)
 
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         if event.get("source") == "user":
@@ -183,12 +212,25 @@ class JobView:
 class PlainView(JobView):
     """No panel: one ``zlaunch: step ...`` line per metrics event, through the console notes."""
 
+    def __init__(self, console: Console):
+        super().__init__(console)
+        self.bar_printed: dict[int, float] = {}
+
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         super().metrics(rank, host, event)
         # Every step arrives; the printed record keeps the runtime's report steps (the first,
         # every steps_per_print-th, skipped, the last): a readable log, not one line per step.
         if event.get("report", True) is not False:
             self.console.note(format_metrics(event))
+
+    def progress(self, rank: int, host: str, stream: str, text: str | None) -> None:
+        super().progress(rank, host, stream, text)
+        # A readable record: a rank's bar at most every PLAIN_PROGRESS_INTERVAL seconds (its
+        # final state prints as a line when it ends); the rank log keeps every byte.
+        now = time.monotonic()
+        if text is not None and now - self.bar_printed.get(rank, 0.0) >= PLAIN_PROGRESS_INTERVAL:
+            self.bar_printed[rank] = now
+            self.console.lines(host, rank, stream, [text])
 
 
 class _BytesOut(io.RawIOBase):
@@ -304,6 +346,11 @@ class LiveView(JobView):
         super().set_status(status)
         self._redraw()
 
+    def progress(self, rank: int, host: str, stream: str, text: str | None) -> None:
+        super().progress(rank, host, stream, text)
+        if text is None or time.monotonic() - self.last_panel >= PRINT_INTERVAL * 4:
+            self._redraw()
+
     def tick(self) -> None:
         if self.closed:
             return
@@ -354,7 +401,7 @@ class LiveView(JobView):
             )
             bar.add_row(ProgressBar(total=total, completed=done, width=BAR_WIDTH), Text(label))
         else:
-            waiting = "waiting for the first step" if step is None else f"step {step}"
+            waiting = "no step metrics yet" if step is None else f"step {step}"
             bar.add_row(
                 ProgressBar(total=None, width=BAR_WIDTH), Text(f"{waiting}  elapsed {elapsed}")
             )
@@ -411,13 +458,45 @@ class LiveView(JobView):
         if self.lost:
             hosts.append(f"lost ranks: {rank_ranges(self.lost)}", style="bold red")
         parts.append(hosts)
-        return Panel(
+        if (
+            self.latest_at is not None
+            and self.status == "running"
+            and time.monotonic() - self.latest_at >= 10
+        ):
+            parts.append(
+                Text(f"last step {_duration(time.monotonic() - self.latest_at)} ago", style="dim")
+            )
+        quiet = self.quiet_ranks(time.monotonic()) if self.status == "running" else []
+        if quiet:
+            longest = max(silence for _, silence in quiet)
+            parts.append(
+                Text(
+                    f"no output from ranks {rank_ranges(r for r, _ in quiet)} for "
+                    f"{_duration(min(s for _, s in quiet))}+ (longest {_duration(longest)}): "
+                    "`zlaunch stacks` shows where they are",
+                    style="yellow",
+                )
+            )
+        panel = Panel(
             Group(*parts),
             title=f"zlaunch {self.run_id}".strip(),
             subtitle=self.status,
             title_align="left",
             subtitle_align="right",
         )
+        if not self.bars or self.closed:
+            return panel
+        # One line per rank redrawing a progress bar, under its prefix, just above the panel.
+        rows = []
+        for rank in sorted(self.bars)[:MAX_BARS_SHOWN]:
+            host, text = self.bars[rank]
+            row = Text(f"[{host}:{rank}] ", style="bold")
+            row.append(Text.from_ansi(text))
+            row.no_wrap, row.overflow = True, "ellipsis"
+            rows.append(row)
+        if len(self.bars) > MAX_BARS_SHOWN:
+            rows.append(Text(f"... and {len(self.bars) - MAX_BARS_SHOWN} more ranks", style="dim"))
+        return Group(*rows, panel)
 
 
 def _quiet_terminal_input() -> Any:

@@ -159,6 +159,15 @@ class LineSplitter:
             self._tail = b""
         return lines
 
+    def has_return(self) -> bool:
+        """The unfinished tail holds a carriage return (a progress bar redrawing its line)."""
+        return b"\r" in self._tail
+
+    def take_tail(self) -> bytes:
+        """Hand out the unfinished tail now (it continues in the next line or piece)."""
+        tail, self._tail = self._tail, b""
+        return tail
+
     def finish(self) -> list[bytes]:
         """At end of stream: the last line if it had no newline (``partial`` then)."""
         tail, self._tail = self._tail, b""

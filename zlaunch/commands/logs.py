@@ -27,6 +27,8 @@ __all__ = ["command", "parse_ranks"]
 POLL_INTERVAL = 0.1
 READ_SIZE = 1 << 20
 ENDED_POLLS = 3
+FOLLOW_BAR_INTERVAL = 2.0
+"""A progress bar still being redrawn is shown by `--follow` at most this often per rank."""
 
 
 def parse_ranks(values: tuple[str, ...]) -> frozenset[int] | None:
@@ -78,6 +80,22 @@ class _Selection:
         return out
 
 
+def _visible(line: bytes) -> bytes:
+    """What a terminal shows of a line redrawn with carriage returns (tqdm): its last state.
+    The rank log keeps every byte; this is the readable view."""
+    if b"\r" not in line:
+        return line
+    segments = [segment for segment in line.split(b"\r") if segment.strip()]
+    return segments[-1] if segments else b""
+
+
+def _last_states(tail: bytes) -> bytes:
+    """An unfinished line cut to its last two carriage-return segments (bounded memory)."""
+    first = tail.rfind(b"\r")
+    second = tail.rfind(b"\r", 0, first) if first > 0 else -1
+    return tail[second:] if second > 0 else tail
+
+
 class _Printer:
     def __init__(self, out: IO[bytes], pattern: re.Pattern[bytes] | None):
         self.out = out
@@ -85,6 +103,7 @@ class _Printer:
 
     def lines(self, host: str, rank: int, lines: list[bytes]) -> None:
         prefix = f"[{host}:{rank}] ".encode()
+        lines = [_visible(ln) for ln in lines]  # a progress bar's line: its final state
         keep = [ln for ln in lines if self.pattern is None or self.pattern.search(ln)]
         if keep:
             self.out.write(b"".join(prefix + ln + b"\n" for ln in keep))
@@ -123,6 +142,8 @@ class _Follower:
         self.offsets: dict[str, int] = {}
         self.partial: dict[str, bytes] = {}
         self.first_scan = True
+        self.bar_shown: dict[str, tuple[float, bytes]] = {}
+        """path -> (when, state) of the progress state last printed for its unfinished line."""
 
     def poll(self, final: bool = False) -> None:
         attempts = _attempts(self.run)
@@ -176,6 +197,16 @@ class _Follower:
             return
         if final and self.partial.get(path):
             self.printer.lines(host, rank, [self.partial.pop(path)])
+            return
+        tail = self.partial.get(path, b"")
+        if b"\r" in tail:  # a progress bar redrawing its line: its latest state, throttled
+            self.partial[path] = tail = _last_states(tail)
+            state = _visible(tail)
+            when, shown = self.bar_shown.get(path, (0.0, b""))
+            now = time.monotonic()
+            if state and state != shown and now - when >= FOLLOW_BAR_INTERVAL:
+                self.bar_shown[path] = (now, state)
+                self.printer.lines(host, rank, [state])
 
 
 @click.command("logs")

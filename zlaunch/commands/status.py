@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from typing import Any
 
 import click
@@ -40,7 +41,7 @@ def _rank_state(rank: dict[str, Any], live: bool) -> str:
 
 
 def rank_rows(record: dict[str, Any], ranks: dict[str, Any] | None, live: bool) -> list[list[str]]:
-    """HOST, RANK, LOCAL, PID, STATE, LAST STEP for every rank of the plan."""
+    """HOST, RANK, LOCAL, PID, STATE, LAST STEP, LAST OUTPUT for every rank of the plan."""
     if ranks is None:
         # Not started yet (or an older controller): the plan tells at least who should run.
         plan = record.get("plan") or {}
@@ -52,8 +53,10 @@ def rank_rows(record: dict[str, Any], ranks: dict[str, Any] | None, live: bool) 
     else:
         entries = ranks.get("ranks", [])
     rows = []
+    now = time.time()
     for rank in sorted(entries, key=lambda r: r["rank"]):
         last = rank.get("last_step")
+        output = rank.get("last_output")
         rows.append(
             [
                 str(rank.get("host", "-")),
@@ -62,9 +65,28 @@ def rank_rows(record: dict[str, Any], ranks: dict[str, Any] | None, live: bool) 
                 str(rank.get("pid") or "-"),
                 _rank_state(rank, live) if ranks is not None else "not started",
                 "-" if last is None else str(last),
+                f"{_ago(now - output)} ago" if isinstance(output, (int, float)) else "-",
             ]
         )
     return rows
+
+
+def _ago(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress_lines(ranks: dict[str, Any] | None) -> list[str]:
+    """The latest state of every rank's progress bar (a line redrawn with carriage returns)."""
+    lines = []
+    for rank in sorted((ranks or {}).get("ranks", []), key=lambda r: r["rank"]):
+        if rank.get("progress") and rank.get("state") in ("running", "starting"):
+            lines.append(f"[{rank.get('host')}:{rank['rank']}] {rank['progress']}")
+    return lines
 
 
 @click.command("status")
@@ -104,7 +126,8 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
         f"hosts    {', '.join(record.get('hosts') or []) or '-'}",
     ]
     if last is not None:
-        lines.append(f"metrics  {format_metrics(last)}")
+        age = f"  ({_ago(time.time() - last['time'])} ago)" if live and "time" in last else ""
+        lines.append(f"metrics  {format_metrics(last)}{age}")
     else:
         lines.append("metrics  none reported yet")
     if failure:
@@ -118,7 +141,12 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
     click.echo("\n".join(lines))
     print_table(
         "ranks",
-        ["HOST", "RANK", "LOCAL", "PID", "STATE", "LAST STEP"],
+        ["HOST", "RANK", "LOCAL", "PID", "STATE", "LAST STEP", "LAST OUTPUT"],
         rank_rows(record, ranks, live),
         color=False if no_color else None,
     )
+    bars = progress_lines(ranks) if live else []
+    if bars:
+        click.echo("progress")
+        for line in bars:
+            click.echo(f"  {line}")

@@ -87,6 +87,20 @@ def _save_signal(env: dict[str, str]) -> int | None:
         return None
 
 
+def boot_argv(argv: list[str]) -> list[str]:
+    """A Python worker (``python -u SCRIPT|-m MODULE ...``, as the plan writes it) starts
+    behind zlaunch.worker_boot, which arms `zlaunch stacks` first; anything else as it is."""
+    if (
+        len(argv) >= 3
+        and argv[1] == "-u"
+        and os.path.basename(argv[0]).startswith("python")
+        and argv[2] not in ("-c", "-")
+        and not (argv[2] == "-m" and len(argv) < 4)
+    ):
+        return [argv[0], "-u", "-m", "zlaunch.worker_boot", *argv[2:]]
+    return argv
+
+
 def _child_setup(agent_pid: int, ignored_signal: int | None) -> None:
     """Runs in the forked worker before exec: die with the agent (Linux only).
 
@@ -268,7 +282,7 @@ class Agent:
         ignored_signal = _save_signal(env)
         try:
             proc = subprocess.Popen(
-                list(entry["argv"]),
+                boot_argv(list(entry["argv"])),
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,

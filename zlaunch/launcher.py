@@ -533,7 +533,7 @@ class Job:
             f"stack dump requested from {len(ready)} rank(s) by `zlaunch stacks` (not a crash; "
             "the dumps go to the rank logs, that command prints them grouped)"
             + (
-                f"; ranks {rank_ranges(others)} cannot dump (no runtime.initialize yet)"
+                f"; ranks {rank_ranges(others)} cannot dump (not Python, or still starting)"
                 if others
                 else ""
             )

@@ -123,11 +123,32 @@ def test_stacks_of_a_local_job_show_who_is_stuck_and_leave_it_running(tmp_path):
     assert "(most recent call first)" in logs and " in wait_for_data" in logs
 
 
-def test_stacks_refuses_when_no_rank_listens_and_signals_nobody(tmp_path):
+def test_stacks_of_a_plain_python_script_without_the_runtime(tmp_path):
+    """zlaunch.worker_boot arms faulthandler before any script: no runtime needed."""
     script = tmp_path / "plain.py"
     script.write_text("import time\nprint('up', flush=True)\ntime.sleep(3600)\n")
     runs = tmp_path / "runs"
     job = start(runs, str(script))
+    try:
+        rows = wait_for(
+            lambda: (r := ranks_state(runs)) and len(r) == 2 and all(x["stacks"] for x in r) and r,
+            30,
+            "both ranks ready for stack dumps",
+        )
+        out = zlaunch("stacks", "--log-dir", str(runs))
+        assert out.returncode == 0, out.stderr
+        assert "2 rank(s), 1 distinct stack" in out.stdout, out.stdout
+        assert f'File "{script}", line 3 in <module>' in out.stdout, out.stdout
+        assert "worker_boot" not in out.stdout and "runpy" not in out.stdout, out.stdout
+        assert job.poll() is None and all(os.path.exists(f"/proc/{r['pid']}") for r in rows)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+
+
+def test_stacks_refuses_when_no_rank_listens_and_signals_nobody(tmp_path):
+    runs = tmp_path / "runs"
+    job = start(runs, "--no-python", "sleep", "3600")  # not Python: nothing to ask
     try:
         rows = wait_for(
             lambda: (r := ranks_state(runs)) and all(x["state"] == "running" for x in r) and r,
@@ -137,7 +158,7 @@ def test_stacks_refuses_when_no_rank_listens_and_signals_nobody(tmp_path):
         out = zlaunch("stacks", "--log-dir", str(runs))
         assert out.returncode == 1
         assert "no running rank can dump its stacks" in out.stderr
-        assert "runtime.initialize" in out.stderr
+        assert "--no-python" in out.stderr
         time.sleep(0.3)
         assert job.poll() is None and all(os.path.exists(f"/proc/{r['pid']}") for r in rows)
     finally:

@@ -1,7 +1,8 @@
 """``zlaunch stacks``: where is every rank right now? For a job that hangs.
 
 Signals the controller (on the machine that started the job), which asks every rank whose
-runtime listens (`runtime/stacks.py`: after `runtime.initialize` began) to write each thread's
+worker listens (every Python worker: zlaunch.worker_boot arms faulthandler before the script
+starts; `runtime/stacks.py` too) to write each thread's
 Python stack to stderr. The dumps land in the rank logs; this command reads what each log grew
 by, keeps the stack lines, and prints the ranks grouped by identical stacks: a rank stuck
 somewhere else than its peers stands out at once.
@@ -46,6 +47,9 @@ def parse_dump(text: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
             threads[-1][1].append(line.strip())
     if not threads:
         return None
+    for _, frames in threads:  # zlaunch.worker_boot's and runpy's frames under the script
+        while frames and ("<frozen runpy>" in frames[-1] or "worker_boot.py" in frames[-1]):
+            frames.pop()
     threads.sort(key=lambda t: t[0] != "main")
     return tuple((kind, tuple(frames)) for kind, frames in threads)
 
@@ -97,7 +101,8 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
     if not ready:
         raise ZlaunchError(
             f"run {rundir.run_id}: no running rank can dump its stacks",
-            hint="a rank listens once its script has called runtime.initialize()",
+            hint="Python workers listen from their start; programs run with --no-python "
+            "(or another interpreter) cannot be asked",
         )
     attempt = int(state.get("attempt", 0))
     paths = {r: rundir.rank_log_path(attempt, row["host"], r) for r, row in ready.items()}
@@ -131,7 +136,7 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
         click.echo(f"no dump within {timeout:g}s from rank(s) {rank_ranges(missing)}", err=True)
     if silent:
         click.echo(
-            f"rank(s) {rank_ranges(silent)} cannot dump (no runtime.initialize yet)", err=True
+            f"rank(s) {rank_ranges(silent)} cannot dump (not Python, or still starting)", err=True
         )
     if missing or not dumps:
         raise click.exceptions.Exit(1)

@@ -1,0 +1,197 @@
+"""What seeing inside a step costs: step time with every issue-18 block on, against none.
+
+Engines over the same process group train the same model side by side: two with no
+profiling block, two with ``wall_clock_breakdown``, ``comms_logger``, ``flops_profiler``
+(its profile step is during warm-up), ``csv_monitor`` and, when wandb is installed,
+``wandb`` in offline mode. They alternate in rounds of ``--steps-per-round`` optimizer steps
+(order swapped every round) so that the machine's load falls on both alike; the figures are
+the ratio of the median step times and the median of the rounds' ratios, per rank, and the
+overhead is reported for rank 0 and the worst rank. The CPU time this process spent per step
+(``time.process_time``, gloo's threads included, waiting excluded) is reported beside it: on a
+shared machine it moves far less with other jobs' load than wall time does. `--blocks none` measures the two
+engines' difference with nothing enabled (the noise floor of the method). Reports run at the default ``steps_per_print`` (10) so their gathers are counted.
+
+    python benchmarks/insight_overhead.py [--world 2] [--rounds 300] [--steps-per-round 2]
+        [--hidden 512] [--layers 4] [--batch 16] [--stage 2] [--json out.json]
+
+On CUDA (``--device cuda``, one process per GPU) ``wall_clock_breakdown`` and
+``comms_logger`` synchronize the device at phase edges and collectives, as DeepSpeed's do;
+expect more there than on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def model(hidden: int, layers: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    parts: list[torch.nn.Module] = []
+    for _ in range(layers):
+        parts += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
+    return torch.nn.Sequential(*parts, torch.nn.Linear(hidden, 1))
+
+
+def configs(args, out: str) -> tuple[dict, dict]:
+    base = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": {"stage": args.stage},
+    }
+    blocks = {
+        "wall_clock_breakdown": True,
+        "comms_logger": {"enabled": True},
+        "flops_profiler": {"enabled": True, "profile_step": 2, "output_file": f"{out}/flops.txt"},
+        "csv_monitor": {"enabled": True, "output_path": out, "job_name": "bench"},
+    }
+    chosen = set(args.blocks.split(",")) if args.blocks != "all" else set(blocks) | {"wandb"}
+    full = dict(base, **{k: v for k, v in blocks.items() if k in chosen})
+    if "wandb" in chosen and importlib.util.find_spec("wandb") is not None:
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_DIR", out)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        full["wandb"] = {"enabled": True, "project": "insight-overhead"}
+    return base, full
+
+
+class _Quiet:
+    """Drops rank 0's log lines (both engines), so printing costs neither of them."""
+
+    fd = None
+
+    def emit(self, event):
+        pass
+
+
+def worker(rank: int, args, port: int, out: str, results) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(args.world),
+        LOCAL_WORLD_SIZE=str(args.world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(args.threads)
+    import runtime
+
+    base, full = configs(args, out)
+    # Four engines created none, all, all, none: an engine created later can run a little
+    # slower or faster (stage 3 measured 3-4% for the second of two identical engines), and
+    # this order cancels that to first order.
+    engines: dict[str, list] = {"none": [], "all": []}
+    for name, cfg in (("none", base), ("all", full), ("all", full), ("none", base)):
+        engine, *_ = runtime.initialize(model=model(args.hidden, args.layers), config=cfg)
+        engine.step_metrics.sink = _Quiet()
+        engines[name].append(engine)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, args.hidden, generator=g)
+
+    cpu: dict[str, list[float]] = {"none": [], "all": []}
+
+    def run(pair: list, steps: int, name: str | None = None) -> list[float]:
+        times = []
+        for engine in pair:
+            for _ in range(steps):
+                start, start_cpu = time.perf_counter(), time.process_time()
+                loss = engine(x).pow(2).mean()
+                engine.backward(loss)
+                engine.step()
+                times.append(time.perf_counter() - start)
+                if name is not None:
+                    cpu[name].append(time.process_time() - start_cpu)
+        return times
+
+    for pair in engines.values():  # warm-up, the FLOP count and the profile step included
+        run(pair, 5)
+    samples: dict[str, list[float]] = {"none": [], "all": []}
+    ratios = []
+    for r in range(args.rounds):
+        order = ("none", "all") if r % 2 == 0 else ("all", "none")
+        got = {}
+        for name in order:
+            got[name] = run(engines[name], args.steps_per_round, name)
+            samples[name] += got[name]
+        ratios.append(statistics.fmean(got["all"]) / statistics.fmean(got["none"]))
+    results[rank] = {k: statistics.median(v) for k, v in samples.items()} | {
+        "mean_none": statistics.fmean(samples["none"]),
+        "mean_all": statistics.fmean(samples["all"]),
+        "median_round_ratio": statistics.median(ratios),
+        "cpu_none": statistics.median(cpu["none"]),
+        "cpu_all": statistics.median(cpu["all"]),
+        "steps": len(samples["none"]),
+    }
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=300)
+    p.add_argument("--steps-per-round", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--stage", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--blocks",
+        default="all",
+        help="comma list of the blocks to enable (wall_clock_breakdown, comms_logger, "
+        "flops_profiler, csv_monitor, wandb), or all",
+    )
+    p.add_argument("--json")
+    args = p.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="insight-") as out:
+        manager = mp.Manager()
+        results = manager.dict()
+        mp.spawn(worker, args=(args, port, out, results), nprocs=args.world, join=True)
+        results = dict(results)
+    rows = []
+    for rank in sorted(results):
+        r = results[rank]
+        overhead = 100.0 * (r["all"] / r["none"] - 1.0)
+        rows.append({"rank": rank, **r, "overhead_pct": overhead})
+        print(
+            f"rank {rank}: median step {r['none'] * 1e3:.2f} ms without, {r['all'] * 1e3:.2f} ms "
+            f"with every block ({overhead:+.2f}%); means {r['mean_none'] * 1e3:.2f} / "
+            f"{r['mean_all'] * 1e3:.2f} ms over {r['steps']} steps each; median of the rounds' "
+            f"ratios {100 * (r['median_round_ratio'] - 1):+.2f}%; CPU time per step (median) "
+            f"{r['cpu_none'] * 1e3:.2f} / {r['cpu_all'] * 1e3:.2f} ms "
+            f"({100 * (r['cpu_all'] / r['cpu_none'] - 1):+.2f}%)"
+        )
+    print(
+        f"overhead: rank 0 {rows[0]['overhead_pct']:+.2f}%, worst rank "
+        f"{max(r['overhead_pct'] for r in rows):+.2f}%; rounds' median ratio: worst rank "
+        f"{100 * (max(r['median_round_ratio'] for r in rows) - 1):+.2f}% ({args.world} ranks, "
+        f"stage {args.stage}, {args.layers}x{args.hidden} MLP, batch {args.batch}, blocks "
+        f"{args.blocks})"
+    )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"args": vars(args), "ranks": rows}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

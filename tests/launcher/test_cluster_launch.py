@@ -124,7 +124,8 @@ def test_bracketed_ipv6_hosts_launch_over_ssh_and_rendezvous_on_ipv6(cluster, jo
         pytest.skip(ipv6_unavailable_reason() or "IPv6 addresses were refused on this machine")
     hostfile = tmp_path / "ipv6-hosts"
     hostfile.write_text("".join(f"[{cluster.address6(h)}] slots={SLOTS}\n" for h in cluster.hosts))
-    job = launch(jobs, cluster, tmp_path, ["--allreduce"], hostfile=str(hostfile))
+    # --lines: console lines to read the prefixes from (c10d's warnings are off the console)
+    job = launch(jobs, cluster, tmp_path, ["--allreduce", "--lines", "2"], hostfile=str(hostfile))
     code, out, err = job.communicate()
     assert code == 0, err
     records = [json.loads((job.records / f"rank-{r}.json").read_text()) for r in range(WORLD)]

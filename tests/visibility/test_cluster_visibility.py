@@ -179,7 +179,9 @@ def test_status_after_one_rank_is_killed_shows_every_rank_final_state(cluster, p
     print("\n" + table)
     rank_lines = {
         int(m.group(2)): m.group(3)
-        for m in re.finditer(r"^(node\d)\s+(\d+)\s+\d+\s+\d+\s+(.+?)\s+-$", table, re.M)
+        for m in re.finditer(
+            r"^(node\d)\s+(\d+)\s+\d+\s+\d+\s+(.+?)\s+-\s+(?:\d+s ago|-)$", table, re.M
+        )
     }
     assert rank_lines[3] == "killed by SIGKILL (exit 137)"
     assert all(rank_lines[r] == "killed by SIGTERM (exit 143)" for r in range(WORLD) if r != 3)

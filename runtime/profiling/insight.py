@@ -82,6 +82,7 @@ class StepInsight:
         self.profile_step = self.profiler_config.profile_step if self.profiler_config.enabled else 1
         self._sync_cuda = cuda
         self._counter: StepFlops | ModuleProfile | None = None
+        self._counting = False  # the counter's dispatch mode is entered
         self._profile_started = 0.0
         self.flops_per_step: int | None = None
         self._peak: Peak | None = None
@@ -107,7 +108,8 @@ class StepInsight:
     def backward_end(self, boundary: bool) -> None:
         if self.clock is not None:
             self.clock.stop()
-        if boundary and self._counter is not None:
+        if boundary and self._counting:
+            self._counting = False
             self._counter.__exit__(None, None, None)
 
     def step_begin(self) -> None:
@@ -120,7 +122,7 @@ class StepInsight:
             self.clock.stop()
             self.clock.end_step()
         counter = self._counter
-        if counter is not None:
+        if counter is not None and not self._counting:
             self._counter = None
             self.flops_per_step = counter.flops
             if isinstance(counter, ModuleProfile):
@@ -135,6 +137,7 @@ class StepInsight:
             self._counter = StepFlops()
         self._profile_started = time.perf_counter()
         self._counter.__enter__()
+        self._counting = True
 
     def _show_profile(self, profile: ModuleProfile, step_s: float) -> None:
         if self.rank != 0:

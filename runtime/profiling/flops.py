@@ -150,7 +150,7 @@ def format_table(
     params = rows[0].params if rows else 0
     head = (
         f"flops profiler: step {step} | params {_num(params)} | FLOPs {_num(total)} (fwd+bwd, "
-        f"this rank) | step {step_s * 1e3:.1f} ms | {total / step_s / 1e12 if step_s else 0:.3f}"
+        f"this rank) | step {step_s * 1e3:.1f} ms | {total / step_s / 1e12 if step_s else 0:.3g}"
         " TFLOP/s"
     )
     shown = [r for r in rows if module_depth < 0 or r.depth <= module_depth]

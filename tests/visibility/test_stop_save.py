@@ -40,19 +40,25 @@ def start(tmp: Path, *options: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def running(tmp: Path) -> None:
+def running(tmp: Path, job: subprocess.Popen) -> None:
+    def ended() -> bool:
+        if job.poll() is None:
+            return False
+        raise AssertionError(f"the job ended early ({job.returncode}): {job.stderr.read()}")
+
     wait_for(
-        lambda: (r := ranks_state(tmp / "runs")) and all(x["state"] == "running" for x in r),
-        90,
+        lambda: (
+            ended()
+            or ((r := ranks_state(tmp / "runs")) and all(x["state"] == "running" for x in r))
+        ),
+        120,
         "both ranks running",
     )
     # and past runtime.initialize (its save handler installed): the first step's metrics
+    metrics = tmp / "runs" / "latest" / "metrics.jsonl"
     wait_for(
-        lambda: (
-            (tmp / "runs" / "latest" / "metrics.jsonl").exists()
-            and (tmp / "runs" / "latest" / "metrics.jsonl").stat().st_size > 0
-        ),
-        90,
+        lambda: ended() or (metrics.exists() and metrics.stat().st_size > 0),
+        120,
         "the first step",
     )
 
@@ -61,7 +67,7 @@ def test_stop_save_writes_a_checkpoint_and_says_where(tmp_path):
     ckpt = tmp_path / "ckpt"
     job = start(tmp_path, "--checkpoint-dir", str(ckpt))
     try:
-        running(tmp_path)
+        running(tmp_path, job)
         stop = cli("stop", "--save", "--log-dir", str(tmp_path / "runs"), cwd=tmp_path)
         assert stop.returncode == 0, stop.stderr
         assert job.wait(timeout=60) == 0
@@ -80,7 +86,7 @@ def test_first_ctrl_c_saves_then_stops(tmp_path):
     ckpt = tmp_path / "ckpt"
     job = start(tmp_path, "--checkpoint-dir", str(ckpt))
     try:
-        running(tmp_path)
+        running(tmp_path, job)
         job.send_signal(signal.SIGINT)
         assert job.wait(timeout=60) == 0
         err = job.stderr.read()
@@ -96,7 +102,7 @@ def test_first_ctrl_c_saves_then_stops(tmp_path):
 def test_without_checkpoint_dir_stop_save_is_refused_and_ctrl_c_says_nothing_saved(tmp_path):
     job = start(tmp_path)
     try:
-        running(tmp_path)
+        running(tmp_path, job)
         refused = cli("stop", "--save", "--log-dir", str(tmp_path / "runs"), cwd=tmp_path)
         assert refused.returncode == 2, refused
         assert "was started without --checkpoint-dir: there is nowhere to save" in refused.stderr

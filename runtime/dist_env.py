@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from . import group_teardown
+from .collective_timeout import CollectiveTimeoutError, collective_timeout_seconds
 
 __all__ = [
     "DistEnv",
@@ -445,7 +446,11 @@ def init_distributed(
             )
         world = discover_world(os.environ, _mpi4py_master)
         local_rank = world.local_rank
-        timeout = datetime.timedelta(seconds=timeout_s or 1800)
+        try:
+            seconds = timeout_s or collective_timeout_seconds(os.environ)
+        except CollectiveTimeoutError as err:
+            raise DistInitError(str(err)) from None
+        timeout = datetime.timedelta(seconds=seconds)
         if use_cuda:
             local_rank = cuda_index(local_rank, torch.cuda.device_count())
             torch.cuda.set_device(local_rank)

@@ -181,6 +181,10 @@ def format_failure(report: dict[str, Any], *, color: bool = False) -> str:
             out.append(f"      time      : {failure['time']}")
         if failure.get("message"):
             out.append(f"      message   : {failure['message']}")
+        if failure.get("hang"):  # a hang: where every rank stands (zlaunch/hang.py)
+            from zlaunch.hang import format_hang
+
+            out.extend(format_hang(failure))
         tail = failure.get("last_lines") or []
         out.append(f"      last {len(tail)} lines of rank {failure['rank']} output:")
         out.extend(f"        | {line}" for line in tail)

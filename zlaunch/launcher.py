@@ -36,6 +36,7 @@ from zlaunch.console_noise import NoiseFilter
 from zlaunch.console_progress import ProgressTracker
 from zlaunch.console_stacks import StackDumpFilter
 from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
+from zlaunch.hang import HangWatch, StackCapture, hang_failure
 from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
 from zlaunch.plan import Plan, build_plan
@@ -130,6 +131,10 @@ class Job:
         self.last_step: int | None = None
         self.exit_steps: dict[int, int | None] = {}
         # --- end live view ---
+        # --- hang watchdog (zlaunch/hang.py) ---
+        self.hang = HangWatch(options.hang_timeout)
+        self.capture: StackCapture | None = None
+        self._hang_idle = 0.0
 
     # ---- entry ----------------------------------------------------------------------------
 
@@ -341,6 +346,7 @@ class Job:
                     self._agent_lost(index, "connection to the agent lost")
             elif kind == "signal":
                 self._on_signal(payload)
+            self._watch_hang()
             if self.stop_started is not None:
                 if time.monotonic() - self.stop_started > self.stop_grace + STOP_SLACK:
                     for i, done in enumerate(self.agent_done):
@@ -377,6 +383,8 @@ class Job:
                 shown = self.stack_dumps.keep(state.rank, shown, time.monotonic())
             if shown:
                 self.console.lines(state.host, state.rank, frame["s"], shown)
+            if self.capture is not None:  # a hang was declared: the stacks come as output
+                self.capture.lines(state.rank, lines, time.monotonic())
         elif kind == protocol.EVENT:
             self._on_events(frame["r"], frame["e"])
         elif kind == protocol.STARTED:
@@ -395,6 +403,8 @@ class Job:
     def _on_events(self, rank: int, events: list[Any]) -> None:
         state = self.ranks.get(rank)
         for event in events:
+            if isinstance(event, dict) and event.get("kind") in ("metrics", protocol.STACKS_READY):
+                self.hang.progress(time.monotonic())  # a step boundary, or set-up done
             if isinstance(event, dict) and event.get("kind") == "metrics" and self.metrics:
                 row = {"time": time.time(), "rank": rank, "host": state.host if state else None}
                 row.update(event)
@@ -522,6 +532,41 @@ class Job:
             self.failures.append(self._failure_of(lost[0], message))
             self.console.note(f"{self.hosts[index].display}: {message}", error=True)
             self._stop_all(self.options.grace_period)
+
+    # ---- hang watchdog --------------------------------------------------------------------
+
+    def _watch_hang(self) -> None:
+        """Declare a hang when no rank made progress for --hang-timeout; report it once the
+        ranks' stacks are in (or did not come)."""
+        now = time.monotonic()
+        if self.capture is not None:
+            if self.capture.done(now):
+                self._report_hang()
+            return
+        if self.stop_started is not None or self.interrupt is not None or not self.hang.due(now):
+            return
+        self.hang.fired = True
+        self._hang_idle = now - self.hang.last
+        self.console.note(
+            f"no rank reached a step boundary for {self._hang_idle:.0f} s (--hang-timeout "
+            f"{self.options.hang_timeout:g}); collecting every rank's stacks, then stopping",
+            error=True,
+        )
+        self._request_stacks()
+        self.capture = StackCapture(
+            [s.rank for s in self.ranks.values() if s.stacks and not s.exited], now
+        )
+
+    def _report_hang(self) -> None:
+        capture, self.capture = self.capture, None
+        running = {s.rank: s.host for s in self.ranks.values() if not s.exited}
+        silent = [s.rank for s in self.ranks.values() if not s.stacks and not s.exited]
+        self.failures.append(
+            hang_failure(
+                self.options.hang_timeout, self._hang_idle, running, capture.dumps(), silent
+            )
+        )
+        self._stop_all(self.options.grace_period)
 
     # ---- --save-on: forward the save signal to every worker ----------------------------
 
@@ -698,8 +743,11 @@ class Job:
             ]
             report = {
                 "run_id": self.run_dir.run_id,
+                "reason": root.get("reason", "rank failed"),
                 "exit_code": code,
-                "summary": f"{len(self.failures)} failed rank(s) of {len(self.ranks)}",
+                "summary": f"hung, {len(self.ranks)} ranks stopped"
+                if root.get("reason") == "hang"
+                else f"{len(self.failures)} failed rank(s) of {len(self.ranks)}",
                 "root_cause": root,
                 "failures": self.failures,
                 "stopped_ranks": stopped,
@@ -712,7 +760,9 @@ class Job:
             else:
                 self._record_end(None, status=RunStatus.FAILED, code=code)
             cause = f"rank {root['rank']} on {root['host']}"
-            if root["signal"]:
+            if root.get("reason") == "hang":
+                cause, what = "the job", "hung: " + root["message"]
+            elif root["signal"]:
                 what = f"was killed by {root['signal_name']}"
             elif root.get("message"):
                 what = root["message"]

@@ -17,6 +17,10 @@ __all__ = ["SshOptions", "LaunchOptions", "DEFAULT_LOG_DIR", "DEFAULT_GRACE_PERI
 
 DEFAULT_LOG_DIR = "zlaunch_runs"
 DEFAULT_GRACE_PERIOD = 5.0
+DEFAULT_HANG_TIMEOUT = 900.0
+"""15 minutes: half of torch's default collective timeout, so a hang is reported with every
+rank's stacks before torch's own timeout ends ranks one by one without them; long enough for
+a slow step or a checkpoint save (each ends at a step boundary)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,12 @@ class LaunchOptions:
     """Restarts of the whole job after a rank fails (a budget for the whole job)."""
     save_on: str | None = "SIGUSR1"
     """Signal that makes every rank save at the next step and exit 0; None disables."""
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
+    """Seconds without any rank reaching a step boundary before the job is declared hung
+    (stacks collected, every rank stopped, restarted if restarts are left); 0 disables."""
+    collective_timeout: float | None = None
+    """torch.distributed's collective timeout in seconds for the workers; None: the
+    runtime's default (DEEPSPEED_TIMEOUT minutes if set, else 30 minutes)."""
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -105,6 +115,14 @@ class LaunchOptions:
             raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.resume and not self.checkpoint_dir:
             raise UsageError("--resume needs --checkpoint-dir DIR (where to resume from)")
+        if not 0 <= self.hang_timeout < float("inf"):  # also refuses nan
+            raise UsageError(
+                f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout}"
+            )
+        if self.collective_timeout is not None and not 0 < self.collective_timeout < float("inf"):
+            raise UsageError(
+                f"--collective-timeout must be more than 0 seconds, got {self.collective_timeout}"
+            )
         if not 0 <= self.grace_period < float("inf"):  # also refuses nan
             raise UsageError(f"--grace-period must be 0 or more (seconds), got {self.grace_period}")
         # Own copies, so later changes to the caller's dict or lists do not leak in.

@@ -65,6 +65,7 @@ RESERVED_ENV = frozenset(
         "ZLAUNCH_RUN_ID",
         "ZLAUNCH_ATTEMPT",
         "ZLAUNCH_CONFIG",
+        "ZLAUNCH_COLLECTIVE_TIMEOUT",
         "ZLAUNCH_EVENTS_FD",
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_RESTART_COUNT",
@@ -183,6 +184,9 @@ def build_plan(
     }
     if options.config_path is not None:
         job_env["ZLAUNCH_CONFIG"] = options.config_path
+    collective_timeout = getattr(options, "collective_timeout", None)
+    if collective_timeout is not None:
+        job_env[protocol.COLLECTIVE_TIMEOUT_ENV] = f"{collective_timeout:g}"
     # Checkpoints: where, whether to resume (always on a restart), which signal saves.
     checkpoint_dir = getattr(options, "checkpoint_dir", None)
     if checkpoint_dir:

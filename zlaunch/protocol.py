@@ -60,6 +60,7 @@ __all__ = [
     "STACKS_SIGNAL_ENV",
     "STACKS_READY",
     "PEAK_TFLOPS_ENV",
+    "COLLECTIVE_TIMEOUT_ENV",
     "STDOUT",
     "STDERR",
     "ProtocolError",
@@ -93,6 +94,7 @@ STDOUT, STDERR = "o", "e"
 STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
+COLLECTIVE_TIMEOUT_ENV = "ZLAUNCH_COLLECTIVE_TIMEOUT"  # seconds, for init_process_group
 
 # `zlaunch run --peak-tflops X`: the per-device peak (dense TFLOP/s) the runtime divides the
 # measured FLOP rate by for MFU, instead of its table of known devices (runtime/profiling).

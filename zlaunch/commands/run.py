@@ -183,13 +183,15 @@ def build_options(
     max_restarts: int = 0,
     save_on: str | None = "SIGUSR1",
     peak_tflops: float | None = None,
+    hang_timeout: float | None = None,
+    collective_timeout: float | None = None,
     environ: Mapping[str, str] | None = None,
     home: str | None = None,
 ) -> LaunchOptions:
     """Turn parsed command-line values into a validated `LaunchOptions` (no host contacted)."""
     from zlaunch.envfile import collect_env
     from zlaunch.hostfile import default_hosts, load_hostfile
-    from zlaunch.options import LaunchOptions, SshOptions
+    from zlaunch.options import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
     from zlaunch.plan import RESERVED_ENV
     from zlaunch.run_index import default_log_dir
     from zlaunch.selectors import select_hosts
@@ -297,6 +299,8 @@ def build_options(
         resume=_resume(resume, resume_if_present, checkpoint_dir, hosts),
         max_restarts=max_restarts,
         save_on=_save_on_signal(save_on),
+        hang_timeout=DEFAULT_HANG_TIMEOUT if hang_timeout is None else hang_timeout,
+        collective_timeout=collective_timeout,
     )
 
 
@@ -427,6 +431,23 @@ def _save_on_signal(value: str | None) -> str | None:
     default=None,
     metavar="TFLOPS",
     help="Peak TFLOP/s of one device, for MFU. Default: known GPUs' table; CPU: a probe.",
+)
+@click.option(
+    "--hang-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Declare the job hung when no rank reaches a step boundary for this long: every "
+    "rank's stacks go to failure.json, the job stops (and restarts if --max-restarts allows). "
+    "0 disables. Default: 900.",
+)
+@click.option(
+    "--collective-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="torch.distributed collective timeout of the workers. Default: DEEPSPEED_TIMEOUT "
+    "(minutes) if set, else 1800.",
 )
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)

@@ -6,6 +6,7 @@ engine (and torch) load on first use of `initialize` or `Engine`.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -76,6 +77,7 @@ def initialize(
         warnings.simplefilter("always", ConfigWarning)
         loaded = source if hasattr(source, "resolve") else load_config(source)
     env = init_distributed(dist_init_required)
+    loaded = _keep_global_batch(loaded, env.rank)
     _show_config_notes(notes, source, env.rank)
     if mpu is not None:
         from .parallel_groups import check_mpu
@@ -105,6 +107,25 @@ def initialize(
 
     attach(engine)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _keep_global_batch(config, rank: int):
+    """After zlaunch restarted the job on another world size (a host was lost), its batch
+    triple (ZLAUNCH_BATCH) replaces the config's: the global batch stays what it was."""
+    from .elastic_batch import override_from_env
+
+    override = override_from_env(os.environ)
+    if override is None:
+        return config
+    if rank == 0:
+        logging.getLogger("runtime").warning(
+            "zlaunch restarted this job on another world size: train_batch_size %d kept, "
+            "gradient_accumulation_steps now %d (micro batch %d)",
+            override.train_batch_size,
+            override.gradient_accumulation_steps,
+            override.micro_batch,
+        )
+    return override.apply(config)
 
 
 def _show_config_notes(notes: list, source: Any, rank: int) -> None:

@@ -35,6 +35,7 @@ from zlaunch.console import Console, rank_ranges
 from zlaunch.console_noise import NoiseFilter
 from zlaunch.console_progress import ProgressTracker
 from zlaunch.console_stacks import StackDumpFilter
+from zlaunch.elastic import options_after_loss
 from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
 from zlaunch.hang import HangWatch, StackCapture, hang_failure
 from zlaunch.live_view import JobView, PlainView, open_view
@@ -135,6 +136,8 @@ class Job:
         self.hang = HangWatch(options.hang_timeout)
         self.capture: StackCapture | None = None
         self._hang_idle = 0.0
+        self.lost_hosts: set[str] = set()
+        """Hosts whose agent connection broke during this attempt (see zlaunch/elastic.py)."""
 
     # ---- entry ----------------------------------------------------------------------------
 
@@ -517,6 +520,7 @@ class Job:
 
     def _agent_lost(self, index: int, why: str) -> None:
         self.agent_done[index] = True
+        self.lost_hosts.add(self.hosts[index].name)
         link = self.links[index]
         tail = link.stderr_tail()[-5:] if link else []
         message = why + (": " + " | ".join(tail) if tail else "")
@@ -808,7 +812,8 @@ def launch(options: LaunchOptions) -> int:
 
 
 def _launch_attempts(options: LaunchOptions, console: Console) -> int:
-    # --- checkpoints: --max-restarts restarts every rank after a failure, same run dir ---
+    # --- checkpoints: --max-restarts restarts every rank after a failure, same run dir;
+    # with --min-nodes, on the hosts that are left (zlaunch/elastic.py) ---
     job = Job(options, console)
     restarts_left = options.max_restarts
     while True:
@@ -820,12 +825,28 @@ def _launch_attempts(options: LaunchOptions, console: Console) -> int:
                 raise
             restarts_left -= 1
             previous = job
-            job = Job(options, previous.console)
+            attempt_options = previous.options
+            where = "all ranks"
+            if options.min_nodes is not None and previous.lost_hosts:
+                try:
+                    attempt_options = options_after_loss(
+                        options, previous.options, previous.lost_hosts
+                    )
+                except LaunchError as stop:
+                    previous.run_dir.update(status=RunStatus.FAILED, error=stop.message)
+                    raise
+                names = ", ".join(h.name for h in attempt_options.hosts)
+                where = (
+                    f"on {names} without {', '.join(sorted(previous.lost_hosts))} "
+                    f"(world {attempt_options.world_size})"
+                )
+            job = Job(attempt_options, previous.console)
             job.run_dir, job.attempt = previous.run_dir, previous.attempt + 1
+            _record_attempt(job, options, err.message)
             job.run_dir.update(status=RunStatus.STARTING, end_time=None, exit_code=None)
             resume = " from the latest checkpoint" if options.checkpoint_dir else ""
             job.console.note(
-                f"{err.message}; restarting all ranks{resume} (attempt {job.attempt}, "
+                f"{err.message}; restarting {where}{resume} (attempt {job.attempt}, "
                 f"{restarts_left} restart(s) left)",
                 error=True,
             )
@@ -836,6 +857,29 @@ def _launch_attempts(options: LaunchOptions, console: Console) -> int:
                 "continue with the same command plus --resume"
             )
         return code
+
+
+def _record_attempt(job: Job, first: LaunchOptions, reason: str) -> None:
+    """run.json's "attempts": each attempt's hosts, world size, batch and why it started."""
+    attempts = job.run_dir.record().get("attempts") or [
+        {
+            "attempt": 0,
+            "hosts": [h.name for h in first.hosts],
+            "world_size": first.world_size,
+            "batch": first.batch,
+            "reason": "start",
+        }
+    ]
+    attempts.append(
+        {
+            "attempt": job.attempt,
+            "hosts": [h.name for h in job.options.hosts],
+            "world_size": job.options.world_size,
+            "batch": job.options.batch,
+            "reason": reason,
+        }
+    )
+    job.run_dir.update(attempts=attempts)
 
 
 def _latest_checkpoint(directory: str) -> str:

@@ -96,6 +96,15 @@ class LaunchOptions:
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
     """Seconds without any rank reaching a step boundary before the job is declared hung
     (stacks collected, every rank stopped, restarted if restarts are left); 0 disables."""
+    min_nodes: int | None = None
+    """With --max-restarts: a host whose agent is lost is dropped and the job restarts on the
+    rest (plus spare_hosts) while at least this many hosts remain; None: restart on the same
+    hosts."""
+    spare_hosts: tuple[Host, ...] = ()
+    """Hosts listed beyond --num-nodes, taken in order to replace lost ones."""
+    batch: str | None = None
+    """The batch triple the ranks use instead of their config's ("TB,MICRO,GAS"), set for a
+    restart on another world size; exported as ZLAUNCH_BATCH."""
     collective_timeout: float | None = None
     """torch.distributed's collective timeout in seconds for the workers; None: the
     runtime's default (DEEPSPEED_TIMEOUT minutes if set, else 30 minutes)."""
@@ -115,6 +124,17 @@ class LaunchOptions:
             raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.resume and not self.checkpoint_dir:
             raise UsageError("--resume needs --checkpoint-dir DIR (where to resume from)")
+        if self.min_nodes is not None:
+            if not 1 <= self.min_nodes <= len(self.hosts):
+                raise UsageError(
+                    f"--min-nodes must be between 1 and the {len(self.hosts)} selected host(s), "
+                    f"got {self.min_nodes}"
+                )
+            if self.max_restarts < 1:
+                raise UsageError(
+                    "--min-nodes only matters when the job restarts",
+                    hint="add --max-restarts N (the restarts that may drop lost hosts)",
+                )
         if not 0 <= self.hang_timeout < float("inf"):  # also refuses nan
             raise UsageError(
                 f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout}"
@@ -128,6 +148,7 @@ class LaunchOptions:
         # Own copies, so later changes to the caller's dict or lists do not leak in.
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "hosts", tuple(self.hosts))
+        object.__setattr__(self, "spare_hosts", tuple(self.spare_hosts))
         object.__setattr__(self, "program", tuple(self.program))
 
     @property

@@ -66,6 +66,7 @@ RESERVED_ENV = frozenset(
         "ZLAUNCH_ATTEMPT",
         "ZLAUNCH_CONFIG",
         "ZLAUNCH_COLLECTIVE_TIMEOUT",
+        "ZLAUNCH_BATCH",
         "ZLAUNCH_EVENTS_FD",
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_RESTART_COUNT",
@@ -184,6 +185,9 @@ def build_plan(
     }
     if options.config_path is not None:
         job_env["ZLAUNCH_CONFIG"] = options.config_path
+    batch = getattr(options, "batch", None)
+    if batch:
+        job_env[protocol.BATCH_ENV] = batch
     collective_timeout = getattr(options, "collective_timeout", None)
     if collective_timeout is not None:
         job_env[protocol.COLLECTIVE_TIMEOUT_ENV] = f"{collective_timeout:g}"

@@ -185,6 +185,7 @@ def build_options(
     peak_tflops: float | None = None,
     hang_timeout: float | None = None,
     collective_timeout: float | None = None,
+    min_nodes: int | None = None,
     environ: Mapping[str, str] | None = None,
     home: str | None = None,
 ) -> LaunchOptions:
@@ -230,7 +231,9 @@ def build_options(
         hosts = load_hostfile(os.path.expanduser(hostfile))
     else:
         hosts = default_hosts(num_gpus, environ)
+    listed = hosts
     hosts = select_hosts(hosts, include, exclude, num_nodes, num_gpus)
+    spares = _spare_hosts(listed, hosts, num_gpus) if min_nodes is not None else []
     world_size = sum(len(host.slots) for host in hosts)
 
     # The config: zlaunch's own --config is relative to where zlaunch runs; one found in the
@@ -300,6 +303,8 @@ def build_options(
         max_restarts=max_restarts,
         save_on=_save_on_signal(save_on),
         hang_timeout=DEFAULT_HANG_TIMEOUT if hang_timeout is None else hang_timeout,
+        min_nodes=min_nodes,
+        spare_hosts=tuple(spares),
         collective_timeout=collective_timeout,
     )
 
@@ -330,6 +335,24 @@ def _resume(resume: bool, if_present: bool, checkpoint_dir: str | None, hosts) -
             "a checkpoint is there",
         )
     return True
+
+
+def _spare_hosts(listed, selected, num_gpus: int | None) -> list:
+    """Hosts of the hostfile after the selected ones (beyond --num-nodes), in file order, with
+    the slots a replacement needs: those that cannot give --num-gpus slots are left out."""
+    from dataclasses import replace
+
+    chosen = {h.name for h in selected}
+    out = []
+    for host in listed:
+        if host.name in chosen or not host.slots:
+            continue
+        if num_gpus is not None:
+            if len(host.slots) < num_gpus:
+                continue
+            host = replace(host, slots=host.slots[:num_gpus])
+        out.append(host)
+    return out
 
 
 def _save_on_signal(value: str | None) -> str | None:
@@ -440,6 +463,14 @@ def _save_on_signal(value: str | None) -> str | None:
     help="Declare the job hung when no rank reaches a step boundary for this long: every "
     "rank's stacks go to failure.json, the job stops (and restarts if --max-restarts allows). "
     "0 disables. Default: 900.",
+)
+@click.option(
+    "--min-nodes",
+    type=click.IntRange(1),
+    default=None,
+    metavar="M",
+    help="With --max-restarts: drop a host whose agent is lost and restart on the others "
+    "(plus hosts listed beyond --num-nodes) while M remain; the global batch is kept.",
 )
 @click.option(
     "--collective-timeout",

@@ -1,0 +1,65 @@
+"""Going on with fewer hosts: the hosts and the batch of a restart after a host was lost.
+
+With ``--max-restarts N --min-nodes M``, a host whose agent connection broke (the host
+crashed, its link went down, every process on it was killed) is dropped for the rest of the
+job: the next attempt runs on the remaining hosts plus spares (hosts listed beyond
+``--num-nodes``, in hostfile order), as long as at least M hosts are left. A host that comes
+back is not re-added (restart the job for that). The global batch is kept: the ranks get the
+batch triple for the new world size (`runtime.elastic_batch`) and resume from the latest
+checkpoint, which loads at any world size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from zlaunch.errors import LaunchError
+from zlaunch.hostfile import Host
+from zlaunch.options import LaunchOptions
+
+__all__ = ["next_hosts", "options_after_loss"]
+
+
+def next_hosts(
+    current: Sequence[Host], lost: Iterable[str], spares: Sequence[Host], min_nodes: int
+) -> tuple[list[Host], list[Host]]:
+    """(hosts of the next attempt, spares still unused). Raises LaunchError below min_nodes."""
+    lost = set(lost)
+    kept = [h for h in current if h.name not in lost]
+    free = [h for h in spares if h.name not in lost]
+    taken, rest = free[: len(current) - len(kept)], free[len(current) - len(kept) :]
+    hosts = kept + taken
+    if len(hosts) < min_nodes:
+        raise LaunchError(
+            f"lost {', '.join(sorted(lost))}: {len(hosts)} host(s) left, fewer than "
+            f"--min-nodes {min_nodes}; job stopped"
+        )
+    return hosts, rest
+
+
+def _batch_for(options: LaunchOptions, world: int, new_world: int) -> str | None:
+    if options.config_path is None or world == new_world:
+        return options.batch
+    from runtime.config import ConfigError, load_config
+    from runtime.elastic_batch import batch_for_world
+
+    try:
+        return batch_for_world(load_config(options.config_path), world, new_world).encode()
+    except ConfigError as err:
+        raise LaunchError(f"cannot restart on {new_world} ranks: {err}") from None
+
+
+def options_after_loss(
+    first: LaunchOptions, current: LaunchOptions, lost: Iterable[str]
+) -> LaunchOptions:
+    """The options of the attempt after ``lost`` hosts were lost; ``first`` is the job's
+    first attempt (whose world size the global batch was set for)."""
+    hosts, spares = next_hosts(current.hosts, lost, current.spare_hosts, first.min_nodes)
+    new_world = sum(len(h.slots) for h in hosts)
+    return dataclasses.replace(
+        current,
+        hosts=tuple(hosts),
+        spare_hosts=tuple(spares),
+        batch=_batch_for(first, first.world_size, new_world),
+    )

@@ -437,7 +437,7 @@ class Agent:
         if all(w.exited for w in self.workers.values()):
             self.all_exited_at = time.monotonic()
 
-    def stop(self, grace: float, why: str = "") -> None:
+    def stop(self, grace: float, why: str = "", cause: str | None = None) -> None:
         """TERM every worker group now; KILL whatever is left after ``grace`` seconds."""
         grace = max(0.0, grace)
         deadline = time.monotonic() + grace
@@ -449,7 +449,10 @@ class Agent:
         for worker in self.workers.values():
             worker.signal_group(sig)
         if why and self.upstream_ok:
-            self.send({"t": protocol.ERROR, "msg": f"stopping workers: {why}"})
+            frame = {"t": protocol.ERROR, "msg": f"stopping workers: {why}"}
+            if cause:
+                frame["cause"] = cause  # the controller tells a cut-off node from a failure
+            self.send(frame)
 
     def _kill_remaining(self) -> None:
         for worker in self.workers.values():
@@ -494,7 +497,9 @@ class Agent:
                 if not worker.exited and (ranks is None or worker.rank in ranks):
                     _signal_main_thread(worker.pid, int(frame["sig"]))
         elif kind == protocol.HEARTBEAT:
-            pass
+            # Echoed, so the controller hears from this agent at least every heartbeat
+            # interval and can tell a silent node (link down, partition) from a quiet one.
+            self.send({"t": protocol.HEARTBEAT})
 
     # ---- main loop ------------------------------------------------------------------------
 
@@ -539,7 +544,9 @@ class Agent:
                     self.stdin_open = False
                     self.sel.unregister(self.stdin_fd)
                     self.stop(
-                        min(self.grace, UPSTREAM_LOST_GRACE), f"no heartbeat for {silence:.1f}s"
+                        min(self.grace, UPSTREAM_LOST_GRACE),
+                        f"no heartbeat for {silence:.1f}s",
+                        cause=protocol.CAUSE_NO_HEARTBEAT,
                     )
                     continue
                 timeout = min(timeout, self.heartbeat_timeout - silence)

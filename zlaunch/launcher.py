@@ -36,7 +36,7 @@ from zlaunch.console_noise import NoiseFilter
 from zlaunch.console_progress import ProgressTracker
 from zlaunch.console_stacks import StackDumpFilter
 from zlaunch.elastic import options_after_loss
-from zlaunch.errors import Interrupted, LaunchError, WorkerFailed
+from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed
 from zlaunch.hang import HangWatch, StackCapture, hang_failure
 from zlaunch.live_view import JobView, PlainView, open_view
 from zlaunch.options import LaunchOptions
@@ -51,6 +51,14 @@ __all__ = ["launch", "Job", "HEARTBEAT_INTERVAL", "HEARTBEAT_TIMEOUT"]
 
 HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_TIMEOUT = 5.0
+RESTART_REACH_WINDOW = 30.0
+"""Seconds a restart keeps trying to reach hosts that do not answer yet (with --min-nodes it
+then goes on without them)."""
+RESTART_REACH_RETRY = 2.0
+AGENT_SILENCE_TIMEOUT = 15.0
+"""Seconds without a frame from an agent (it echoes every heartbeat) before the controller
+takes its node as lost: a link down, a partition, a host that stopped. Longer than the agent's
+own HEARTBEAT_TIMEOUT, so by then that agent has already stopped its workers if it still runs."""
 TAIL_LINES = 20
 # After a stop, how long past the grace period to wait for agents before dropping them.
 STOP_SLACK = 5.0
@@ -136,6 +144,8 @@ class Job:
         self.hang = HangWatch(options.hang_timeout)
         self.capture: StackCapture | None = None
         self._hang_idle = 0.0
+        self.heard: list[float] = []
+        """Per agent: when its last frame arrived (monotonic), for AGENT_SILENCE_TIMEOUT."""
         self.lost_hosts: set[str] = set()
         """Hosts whose agent connection broke during this attempt (see zlaunch/elastic.py)."""
 
@@ -340,6 +350,8 @@ class Job:
             except queue.Empty:
                 kind = None
             self.view.tick()  # live view: due line batches and panel refresh
+            if kind in ("frame", "garbled") and index is not None:
+                self._heard_from(index)
             if kind == "frame":
                 self._on_frame(index, payload)
             elif kind == "garbled":
@@ -350,6 +362,7 @@ class Job:
             elif kind == "signal":
                 self._on_signal(payload)
             self._watch_hang()
+            self._watch_silence()
             if self.stop_started is not None:
                 if time.monotonic() - self.stop_started > self.stop_grace + STOP_SLACK:
                     for i, done in enumerate(self.agent_done):
@@ -400,6 +413,9 @@ class Job:
             self._on_exit(frame)
         elif kind == protocol.ERROR:
             self.console.note(f"{self.hosts[index].display}: {frame.get('msg')}", error=True)
+            if frame.get("cause") == protocol.CAUSE_NO_HEARTBEAT:
+                # The node no longer hears the controller: for --min-nodes it is lost.
+                self.lost_hosts.add(self.hosts[index].name)
         elif kind == protocol.BYE:
             self.agent_done[index] = True
 
@@ -536,6 +552,27 @@ class Job:
             self.failures.append(self._failure_of(lost[0], message))
             self.console.note(f"{self.hosts[index].display}: {message}", error=True)
             self._stop_all(self.options.grace_period)
+
+    # ---- silent agents ----------------------------------------------------------------------
+
+    def _heard_from(self, index: int) -> None:
+        if not self.heard:
+            self.heard = [time.monotonic()] * len(self.hosts)
+        self.heard[index] = time.monotonic()
+
+    def _watch_silence(self) -> None:
+        """An agent that sends nothing (not even heartbeat echoes) for AGENT_SILENCE_TIMEOUT
+        is lost: its node's link is down or cut off, or the host stopped."""
+        if not self.heard:
+            return
+        now = time.monotonic()
+        for index, heard in enumerate(self.heard):
+            if not self.agent_done[index] and now - heard > AGENT_SILENCE_TIMEOUT:
+                self._agent_lost(
+                    index,
+                    f"no word from the agent for {now - heard:.0f} s (network down or the host "
+                    "stopped)",
+                )
 
     # ---- hang watchdog --------------------------------------------------------------------
 
@@ -816,10 +853,43 @@ def _launch_attempts(options: LaunchOptions, console: Console) -> int:
     # with --min-nodes, on the hosts that are left (zlaunch/elastic.py) ---
     job = Job(options, console)
     restarts_left = options.max_restarts
+    reach_deadline: float | None = None
     while True:
         job.restarts_left = restarts_left
         try:
             code = job.run()
+        except HostUnreachable as err:
+            # A restart may come while a node is still out of reach (a route or link that is
+            # coming back): try again for a while before giving up on the job.
+            if reach_deadline is None:
+                raise
+            previous = job
+            next_options = previous.options
+            if time.monotonic() > reach_deadline:
+                unreachable = getattr(err, "hosts", None)
+                if options.min_nodes is None or not unreachable:
+                    raise
+                # Still out of reach: with --min-nodes, go on without those hosts.
+                next_options = options_after_loss(options, previous.options, unreachable)
+                job.console.note(
+                    f"{err.message}; going on without {', '.join(unreachable)} on "
+                    f"{', '.join(h.name for h in next_options.hosts)} "
+                    f"(world {next_options.world_size})",
+                    error=True,
+                )
+                reach_deadline = time.monotonic() + RESTART_REACH_WINDOW
+                job = Job(next_options, previous.console)
+                job.run_dir, job.attempt = previous.run_dir, previous.attempt
+                _record_attempt(job, options, f"{err.message}; went on without them")
+                job.run_dir.update(status=RunStatus.STARTING, end_time=None, exit_code=None)
+                continue
+            else:
+                job.console.note(f"{err.message}; trying again", error=True)
+                time.sleep(RESTART_REACH_RETRY)
+            job = Job(next_options, previous.console)
+            job.run_dir, job.attempt = previous.run_dir, previous.attempt
+            job.run_dir.update(status=RunStatus.STARTING, end_time=None, exit_code=None)
+            continue
         except WorkerFailed as err:
             if restarts_left <= 0:
                 raise
@@ -842,6 +912,7 @@ def _launch_attempts(options: LaunchOptions, console: Console) -> int:
                 )
             job = Job(attempt_options, previous.console)
             job.run_dir, job.attempt = previous.run_dir, previous.attempt + 1
+            reach_deadline = time.monotonic() + RESTART_REACH_WINDOW
             _record_attempt(job, options, err.message)
             job.run_dir.update(status=RunStatus.STARTING, end_time=None, exit_code=None)
             resume = " from the latest checkpoint" if options.checkpoint_dir else ""
@@ -870,6 +941,7 @@ def _record_attempt(job: Job, first: LaunchOptions, reason: str) -> None:
             "reason": "start",
         }
     ]
+    attempts = [a for a in attempts if a["attempt"] != job.attempt]  # a retried start
     attempts.append(
         {
             "attempt": job.attempt,

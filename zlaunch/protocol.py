@@ -62,6 +62,7 @@ __all__ = [
     "PEAK_TFLOPS_ENV",
     "COLLECTIVE_TIMEOUT_ENV",
     "BATCH_ENV",
+    "CAUSE_NO_HEARTBEAT",
     "STDOUT",
     "STDERR",
     "ProtocolError",
@@ -96,6 +97,7 @@ STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.S
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
 COLLECTIVE_TIMEOUT_ENV = "ZLAUNCH_COLLECTIVE_TIMEOUT"  # seconds, for init_process_group
+CAUSE_NO_HEARTBEAT = "no_heartbeat"  # ERROR frame "cause": the agent stopped, cut off
 BATCH_ENV = "ZLAUNCH_BATCH"  # "TRAIN_BATCH,MICRO,GAS" after a restart on another world size
 
 # `zlaunch run --peak-tflops X`: the per-device peak (dense TFLOP/s) the runtime divides the

@@ -21,49 +21,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.launcher.helpers import idle_cluster, seconds_until  # noqa: F401 - autouse fixture
-
-REPO = Path(__file__).resolve().parents[2]
-WORKER = str(REPO / "tests" / "survive" / "elastic_worker.py")
-STEPS = 12
+from tests.survive.common import REPO, STEPS, WORKER, config, losses, step_means
 
 pytestmark = pytest.mark.cluster
-
-
-def _config(tmp: Path, gas: int) -> str:
-    path = tmp / f"config-gas{gas}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "train_micro_batch_size_per_gpu": 1,
-                "gradient_accumulation_steps": gas,
-                "gradient_clipping": 1.0,
-                "steps_per_print": 1,
-                "optimizer": {"type": "Adam", "params": {"lr": 0.01, "eps": 1e-4}},
-                "zero_optimization": {"stage": 2},
-            }
-        )
-    )
-    return str(path)
-
-
-def _losses(out: Path) -> list[dict]:
-    rows = []
-    for path in sorted(out.glob("losses-*.jsonl")):
-        rows += [json.loads(line) for line in path.read_text().splitlines()]
-    return rows
-
-
-def _step_means(rows: list[dict], attempt: int) -> dict[int, float]:
-    by_step: dict[int, list[float]] = {}
-    for r in rows:
-        if r["attempt"] == attempt:
-            by_step.setdefault(r["step"], []).append(r["loss"])
-    return {s: sum(v) / len(v) for s, v in by_step.items()}
 
 
 def test_host_crash_continues_on_the_rest_with_the_global_batch_kept(cluster, tmp_path):
@@ -74,19 +38,19 @@ def test_host_crash_continues_on_the_rest_with_the_global_batch_kept(cluster, tm
         "--hostfile", cluster.hostfile(1), "--ssh-config", cluster.ssh_config,
         "--log-dir", str(runs), "--grace-period", "2",
         "--checkpoint-dir", str(ckpt), "--max-restarts", "1", "--min-nodes", "2",
-        "--config", _config(tmp_path, 2),
+        "--config", config(tmp_path, 2),
         WORKER, "--steps", str(STEPS), "--step-sleep", "0.4", "--out", str(out),
     ]  # fmt: skip
     job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         saved = seconds_until(lambda: (ckpt / "latest").exists() and any(
-            r["step"] >= 5 for r in _losses(out)), 120)  # fmt: skip
+            r["step"] >= 5 for r in losses(out)), 120)  # fmt: skip
         assert saved is not None, "the job never reached step 5"
         for pid, _ in cluster.pids("node2", include_sshd=True):  # the host "crashes"
             os.kill(pid, signal.SIGKILL)
         crashed = time.monotonic()
-        back = seconds_until(lambda: any(r["attempt"] == 1 for r in _losses(out)), 120)
+        back = seconds_until(lambda: any(r["attempt"] == 1 for r in losses(out)), 120)
         text, _ = job.communicate(timeout=240)
     finally:
         if job.poll() is None:
@@ -103,7 +67,7 @@ def test_host_crash_continues_on_the_rest_with_the_global_batch_kept(cluster, tm
     assert attempts[1]["batch"] == "6,1,3"  # train_batch 6 kept: micro 1 x 3 steps x 2 ranks
     assert "node2" in attempts[1]["reason"]
 
-    rows = _losses(out)
+    rows = losses(out)
     second = [r for r in rows if r["attempt"] == 1]
     assert {r["world"] for r in second} == {2}
     start = min(r["step"] for r in second) - 1  # the checkpoint it resumed from
@@ -120,12 +84,12 @@ def test_host_crash_continues_on_the_rest_with_the_global_batch_kept(cluster, tm
     ref = subprocess.run(
         [sys.executable, "-m", "zlaunch", "--no-color", "--num-gpus", "2",
          "--log-dir", str(runs), "--checkpoint-dir", str(ref_ckpt), "--resume",
-         "--config", _config(tmp_path, 3),
+         "--config", config(tmp_path, 3),
          WORKER, "--steps", str(STEPS), "--save-interval", "0", "--out", str(ref_out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert ref.returncode == 0, ref.stderr[-3000:]
-    resumed, uninterrupted = _step_means(rows, 1), _step_means(_losses(ref_out), 0)
+    resumed, uninterrupted = step_means(rows, 1), step_means(losses(ref_out), 0)
     assert sorted(resumed) == sorted(uninterrupted) == list(range(start + 1, STEPS + 1))
     for step, loss in resumed.items():
         assert abs(loss - uninterrupted[step]) <= 1e-6 * abs(uninterrupted[step]), step

@@ -137,7 +137,9 @@ def open_links(
                 link.terminate()
         errors.sort(key=lambda item: item[0])
         index, err = errors[0]
-        if isinstance(err, LaunchError):
-            raise err
-        raise HostUnreachable(f"cannot start on {hosts[index].display}: {err}") from err
+        if not isinstance(err, LaunchError):
+            err = HostUnreachable(f"cannot start on {hosts[index].display}: {err}")
+        # Every host that could not be reached, by name (a restart may go on without them).
+        err.hosts = [hosts[i].name for i, e in errors if isinstance(e, (HostUnreachable, OSError))]
+        raise err
     return [link for link in links if link is not None]

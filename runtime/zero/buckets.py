@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..comm import Communicator, Handle
-from .flat import FlatBuffer
+from .flat import FlatBuffer, group_shard_views
 from .partition import FlatLayout
 
 __all__ = ["ReduceMode", "GradReducer"]
@@ -88,10 +88,7 @@ class GradReducer:
         self.grad_shard: torch.Tensor | None = None
         if mode is ReduceMode.SCATTER_EVERY_MICRO_STEP:
             self.grad_shard = torch.zeros(layout.shard_numel, dtype=grad_dtype, device=device)
-            self._owned, off = [], 0
-            for g in self._groups:
-                self._owned.append(self.grad_shard.narrow(0, off, g.shard_numel))
-                off += g.shard_numel
+            self._owned = group_shard_views(self.grad_shard, layout)
         else:
             self.grads = FlatBuffer(layout, grad_dtype, device)
             self._views = [[self.grads.param_view(g, s) for s in g.slots] for g in self._groups]

@@ -13,7 +13,7 @@ import torch
 
 from .partition import FlatGroup, FlatLayout, ParamSlot
 
-__all__ = ["FlatBuffer", "flatten_params_into"]
+__all__ = ["FlatBuffer", "flatten_params_into", "group_shard_views"]
 
 
 class FlatBuffer:
@@ -48,3 +48,12 @@ def flatten_params_into(
                 view = buffer.param_view(g, slot)
                 view.copy_(p.data)
                 p.data = view
+
+
+def group_shard_views(shard: torch.Tensor, layout) -> list[torch.Tensor]:
+    """Views of this rank's flat shard, one per group of ``layout`` (groups back to back)."""
+    views, off = [], 0
+    for g in layout.groups:
+        views.append(shard.narrow(0, off, g.shard_numel))
+        off += g.shard_numel
+    return views

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator, Handle
+from .flat import group_shard_views
 from .partition import FlatLayout
 from .stage3_sequence import CollectiveSequence
 from .stage3_units import Unit
@@ -39,11 +40,7 @@ class Stage3GradReducer:
         self.sequence = sequence
         self.max_inflight = 2 if overlap_comm else 0
         self.grad_shard = torch.zeros(layout.shard_numel, dtype=grad_dtype, device=device)
-        self.owned: list[torch.Tensor] = []
-        off = 0
-        for g in layout.groups:
-            self.owned.append(self.grad_shard.narrow(0, off, g.shard_numel))
-            off += g.shard_numel
+        self.owned = group_shard_views(self.grad_shard, layout)
         self._inflight: list[tuple[Handle, list[torch.Tensor]]] = []
         # Staging and receive buffers by size, reused within one backward (units of a repeated
         # layer have the same size) and dropped after it, so nothing stays between steps.

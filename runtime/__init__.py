@@ -106,7 +106,19 @@ def initialize(
     from .checkpoint.preempt import attach
 
     attach(engine)
+    _announce_ready()
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _announce_ready() -> None:
+    """Tell zlaunch this rank finished setting up: its hang watch counts from here."""
+    from zlaunch.protocol import RUNTIME_READY
+
+    from .metrics import EventSink
+
+    sink = EventSink(os.environ)
+    if sink.fd is not None:
+        sink.emit({"kind": RUNTIME_READY})
 
 
 def _keep_global_batch(config, rank: int):

@@ -1,8 +1,8 @@
 """The hang watchdog: no rank has reached a step boundary for ``--hang-timeout`` seconds.
 
-Progress is what the runtime reports: a rank that finished ``runtime.initialize`` setting up
-(it announces that it can dump its stacks) and every step's metrics. The watch is armed by the
-first such report, so a script that never calls the runtime is never declared hung.
+Progress is what the runtime reports: a rank that finished ``runtime.initialize`` (the
+``runtime_ready`` event) and every optimizer step's metrics. The watch is armed by the first
+such report, so a script that never calls the runtime is never declared hung.
 
 When the watch fires, the controller asks every rank that can for its Python stacks (as
 ``zlaunch stacks`` does) and gathers them from the rank output for up to `STACKS_WAIT`

@@ -422,8 +422,11 @@ class Job:
     def _on_events(self, rank: int, events: list[Any]) -> None:
         state = self.ranks.get(rank)
         for event in events:
-            if isinstance(event, dict) and event.get("kind") in ("metrics", protocol.STACKS_READY):
-                self.hang.progress(time.monotonic())  # a step boundary, or set-up done
+            if isinstance(event, dict) and (
+                event.get("kind") == protocol.RUNTIME_READY
+                or (event.get("kind") == "metrics" and event.get("source") == "engine")
+            ):
+                self.hang.progress(time.monotonic())  # set-up done, or a step boundary
             if isinstance(event, dict) and event.get("kind") == "metrics" and self.metrics:
                 row = {"time": time.time(), "rank": rank, "host": state.host if state else None}
                 row.update(event)

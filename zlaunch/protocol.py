@@ -59,6 +59,7 @@ __all__ = [
     "STACKS_SIGNAL",
     "STACKS_SIGNAL_ENV",
     "STACKS_READY",
+    "RUNTIME_READY",
     "PEAK_TFLOPS_ENV",
     "COLLECTIVE_TIMEOUT_ENV",
     "BATCH_ENV",
@@ -96,6 +97,7 @@ STDOUT, STDERR = "o", "e"
 STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
+RUNTIME_READY = "runtime_ready"  # event kind: runtime.initialize finished (hang watch arms)
 COLLECTIVE_TIMEOUT_ENV = "ZLAUNCH_COLLECTIVE_TIMEOUT"  # seconds, for init_process_group
 CAUSE_NO_HEARTBEAT = "no_heartbeat"  # ERROR frame "cause": the agent stopped, cut off
 BATCH_ENV = "ZLAUNCH_BATCH"  # "TRAIN_BATCH,MICRO,GAS" after a restart on another world size

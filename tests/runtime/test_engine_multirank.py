@@ -308,10 +308,11 @@ def test_bytes_per_step(ranks, stage):
         if stage == 0:
             assert set(stats) == {"all_reduce"}
         else:
-            # the gradient reduce-scatter + parameter all-gather, plus one 16-byte all-reduce
+            # the gradient reduce-scatter + parameter all-gather, plus two small all-reduces:
+            # norm/overflow (16 bytes) and the step metrics' loss and tokens (3 x 8 bytes)
             assert stats["reduce_scatter"] == pytest.approx(psi * 4 * (world - 1) / world, rel=0.01)
             assert stats["all_gather"] == pytest.approx(psi * 4 * (world - 1) / world, rel=0.01)
-            assert stats["all_reduce"] <= 16 * 2
+            assert stats["all_reduce"] <= (16 + 24) * 2  # a ring sends < 2x the payload
 
 
 @pytest.mark.parametrize("stage,allgather_partitions", [(1, False), (2, True)])

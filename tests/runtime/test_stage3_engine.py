@@ -474,7 +474,8 @@ def test_bytes_per_step(ranks):
         stats = r["comm"]
         assert abs(sum(stats.values()) - want) <= 0.10 * want, (stats, want)
         assert stats["reduce_scatter"] == pytest.approx(psi * 4 * (world - 1) / world, rel=0.01)
-        assert stats["all_reduce"] <= 16 * 2  # the one norm/overflow all-reduce
+        # the norm/overflow all-reduce and the step metrics' (loss, tokens: 3 x 8 bytes)
+        assert stats["all_reduce"] <= (16 + 24) * 2  # a ring sends < 2x the payload
 
 
 def test_zero_init_never_materialises_more_than_a_layer(ranks):

@@ -432,8 +432,8 @@ def load_engine(
         raise CheckpointError(f"another rank could not load {path or load_dir}; nothing loaded")
     if path is None:
         warnings.warn(
-            f"no 'latest' file in {os.path.abspath(load_dir)}: nothing to resume from; pass "
-            "tag= to load a specific checkpoint",
+            f"no 'latest' file in {os.path.abspath(load_dir)}: nothing to resume from (to load "
+            "a particular checkpoint, pass its tag: load_checkpoint(dir, tag=...))",
             stacklevel=3,
         )
         return None, None

@@ -471,8 +471,8 @@ def resolve_checkpoint(load_dir: str, tag: str | None) -> str | None:
         path = _tag_dir(load_dir, validate_tag(tag))
         if not os.path.isdir(path):
             raise CheckpointError(
-                f"{latest} names the tag {tag!r}, but {path} does not exist; pass an existing "
-                "tag= or fix the file"
+                f"{latest} names the checkpoint {tag!r}, but {path} does not exist; write the "
+                "name of an existing checkpoint folder into that file (or load one by its tag)"
             )
     else:
         path = _tag_dir(load_dir, validate_tag(tag))

@@ -103,3 +103,11 @@ def test_rank_selection_grammar():
     for bad in ("x", "5-2", "1,,2"):
         with pytest.raises(UsageError, match="--rank"):
             parse_ranks((bad,))
+
+
+def test_plot_shows_the_gradient_norm_when_the_loss_scale_never_moved():
+    from zlaunch.commands.plot import fourth_panel
+
+    assert fourth_panel([1.0, 1.0, 1.0]) == ("grad_norm", "gradient norm")  # fp32 / bf16
+    assert fourth_panel([]) == ("grad_norm", "gradient norm")
+    assert fourth_panel([65536.0, 32768.0]) == ("loss_scale", "loss scale")  # dynamic fp16

@@ -1,4 +1,5 @@
-"""``zlaunch plot``: loss, learning rate, throughput and loss scale of a run, against step.
+"""``zlaunch plot``: loss, learning rate, throughput and loss scale (the gradient norm for a
+run without dynamic loss scaling) of a run, against step.
 
 When the run has them, two more panels: the wall-clock split of a step (rank 0's forward,
 backward, reduction wait, optimizer step and all-gather wait, from ``wall_clock_breakdown``;
@@ -59,6 +60,14 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
     return steps, values
 
 
+def fourth_panel(scales: list[float]) -> tuple[str, str]:
+    """(metric, title) of the fourth panel: the loss scale when it moved; otherwise (fp32,
+    bf16, a static scale: a flat line) the gradient norm, which says more."""
+    if scales and len(set(scales)) > 1:
+        return "loss_scale", "loss scale"
+    return "grad_norm", "gradient norm"
+
+
 @click.command("plot")
 @run_options
 @click.option(
@@ -100,11 +109,14 @@ def command(run: str | None, log_dir: str | None, output: str | None) -> None:
     insight = bool(split_steps or tflops)
     fig, axes = plt.subplots(3 if insight else 2, 2, figsize=(11, 10 if insight else 7))
     fig.suptitle(f"zlaunch run {rundir.run_id}")
+    scales = series(rows, "loss_scale")[1]
+    fourth = fourth_panel(scales)
+    scaled = fourth[0] == "loss_scale"
     panels = [
         (axes[0][0], "loss", "loss", "tab:blue"),
         (axes[0][1], "lr", "learning rate", "tab:green"),
         (axes[1][0], "samples_per_s", "samples/s", "tab:orange"),
-        (axes[1][1], "loss_scale", "loss scale", "tab:red"),
+        (axes[1][1], *fourth, "tab:red"),
     ]
     for ax, key, label, color in panels:
         steps, values = series(rows, key)
@@ -124,8 +136,7 @@ def command(run: str | None, log_dir: str | None, output: str | None) -> None:
         handles = axes[1][0].get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
         axes[1][0].legend(handles=handles, loc="lower right")
         axes[1][0].set_title("throughput")
-    scales = series(rows, "loss_scale")[1]
-    if scales and min(scales) > 0 and max(scales) / min(scales) > 8:
+    if scaled and min(scales) > 0 and max(scales) / min(scales) > 8:
         axes[1][1].set_yscale("log", base=2)
     if insight:
         _plot_split(axes[2][0], split_steps, split, rows, MaxNLocator)

@@ -10,6 +10,8 @@ import logging
 import os
 from typing import Any
 
+from zlaunch.protocol import CONFIG_ENV
+
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "Engine"]
 
 
@@ -67,7 +69,7 @@ def initialize(
         )
     source = config if config is not None else args_config
     if source is None:
-        source = os.environ.get("ZLAUNCH_CONFIG") or None
+        source = os.environ.get(CONFIG_ENV) or None
     if source is None:
         raise ConfigError(
             "no config: pass config= (a dict or a path), set args.deepspeed_config, or start "
@@ -151,7 +153,7 @@ def _show_config_notes(notes: list, source: Any, rank: int) -> None:
     for note in notes:
         if not issubclass(note.category, ConfigWarning):
             warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
-    launched = os.environ.get("ZLAUNCH_CONFIG")
+    launched = os.environ.get(CONFIG_ENV)
     shown = (
         launched is not None
         and isinstance(source, (str, os.PathLike))

@@ -46,8 +46,8 @@ __all__ = ["StepMetrics", "EventSink", "EVENTS_FD_ENV", "TOTAL_STEPS_ENV", "METR
 
 log = logging.getLogger("runtime.metrics")
 
-EVENTS_FD_ENV = "ZLAUNCH_EVENTS_FD"
-TOTAL_STEPS_ENV = "ZLAUNCH_TOTAL_STEPS"
+from zlaunch.protocol import EVENTS_FD_ENV, TOTAL_STEPS_ENV  # noqa: E402 - the shared names
+
 METRIC_FIELDS = (
     "step",
     "samples",

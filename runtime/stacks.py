@@ -17,7 +17,8 @@ import sys
 
 __all__ = ["STACKS_SIGNAL_ENV", "install"]
 
-STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
+from zlaunch.protocol import STACKS_READY, STACKS_SIGNAL_ENV  # noqa: E402 - the shared names
+
 _installed_on: int | None = None
 
 
@@ -40,5 +41,5 @@ def install(environ: dict[str, str] | None = None) -> bool:
 
     sink = EventSink(environ)
     if sink.fd is not None:  # only zlaunch's agent reads it
-        sink.emit({"kind": "stacks_ready"})
+        sink.emit({"kind": STACKS_READY})
     return True

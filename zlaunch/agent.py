@@ -78,7 +78,7 @@ def _signal_main_thread(pid: int, signum: int) -> None:
 
 def _save_signal(env: dict[str, str]) -> int | None:
     """The save-on signal zlaunch forwards to workers (ZLAUNCH_SAVE_ON), if any."""
-    name = env.get("ZLAUNCH_SAVE_ON", "").strip().upper()
+    name = env.get(protocol.SAVE_ON_ENV, "").strip().upper()
     if not name or name == "NONE":
         return None
     try:
@@ -277,7 +277,7 @@ class Agent:
         env.update(node_env)
         env.update(entry.get("env") or {})
         events_r, events_w = os.pipe()
-        env["ZLAUNCH_EVENTS_FD"] = str(events_w)
+        env[protocol.EVENTS_FD_ENV] = str(events_w)
         agent_pid = os.getpid()
         ignored_signal = _save_signal(env)
         try:

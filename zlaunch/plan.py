@@ -62,19 +62,19 @@ RESERVED_ENV = frozenset(
         "MASTER_ADDR",
         "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES",
-        "ZLAUNCH_RUN_ID",
-        "ZLAUNCH_ATTEMPT",
-        "ZLAUNCH_CONFIG",
-        "ZLAUNCH_COLLECTIVE_TIMEOUT",
-        "ZLAUNCH_BATCH",
-        "ZLAUNCH_EVENTS_FD",
+        protocol.RUN_ID_ENV,
+        protocol.ATTEMPT_ENV,
+        protocol.CONFIG_ENV,
+        protocol.COLLECTIVE_TIMEOUT_ENV,
+        protocol.BATCH_ENV,
+        protocol.EVENTS_FD_ENV,
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_RESTART_COUNT",
         "TORCHELASTIC_MAX_RESTARTS",
-        "ZLAUNCH_CHECKPOINT_DIR",
-        "ZLAUNCH_RESUME",
-        "ZLAUNCH_SAVE_ON",
-        "ZLAUNCH_STACKS_SIGNAL",
+        protocol.CHECKPOINT_DIR_ENV,
+        protocol.RESUME_ENV,
+        protocol.SAVE_ON_ENV,
+        protocol.STACKS_SIGNAL_ENV,
     }
 )
 
@@ -175,8 +175,8 @@ def build_plan(
         "CROSS_SIZE": str(num_nodes),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "ZLAUNCH_RUN_ID": run_id,
-        "ZLAUNCH_ATTEMPT": str(attempt),
+        protocol.RUN_ID_ENV: run_id,
+        protocol.ATTEMPT_ENV: str(attempt),
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_RESTART_COUNT": str(attempt),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
@@ -184,7 +184,7 @@ def build_plan(
         protocol.STACKS_SIGNAL_ENV: str(int(protocol.STACKS_SIGNAL)),
     }
     if options.config_path is not None:
-        job_env["ZLAUNCH_CONFIG"] = options.config_path
+        job_env[protocol.CONFIG_ENV] = options.config_path
     batch = getattr(options, "batch", None)
     if batch:
         job_env[protocol.BATCH_ENV] = batch
@@ -194,12 +194,12 @@ def build_plan(
     # Checkpoints: where, whether to resume (always on a restart), which signal saves.
     checkpoint_dir = getattr(options, "checkpoint_dir", None)
     if checkpoint_dir:
-        job_env["ZLAUNCH_CHECKPOINT_DIR"] = checkpoint_dir
+        job_env[protocol.CHECKPOINT_DIR_ENV] = checkpoint_dir
         if getattr(options, "resume", False) or attempt > 0:
-            job_env["ZLAUNCH_RESUME"] = "1"
+            job_env[protocol.RESUME_ENV] = "1"
         save_on = getattr(options, "save_on", None)
         if save_on:
-            job_env["ZLAUNCH_SAVE_ON"] = save_on
+            job_env[protocol.SAVE_ON_ENV] = save_on
 
     nodes = []
     rank = 0

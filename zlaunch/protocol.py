@@ -61,6 +61,14 @@ __all__ = [
     "STACKS_READY",
     "RUNTIME_READY",
     "PEAK_TFLOPS_ENV",
+    "RUN_ID_ENV",
+    "ATTEMPT_ENV",
+    "CONFIG_ENV",
+    "EVENTS_FD_ENV",
+    "CHECKPOINT_DIR_ENV",
+    "RESUME_ENV",
+    "SAVE_ON_ENV",
+    "TOTAL_STEPS_ENV",
     "COLLECTIVE_TIMEOUT_ENV",
     "BATCH_ENV",
     "CAUSE_NO_HEARTBEAT",
@@ -105,6 +113,17 @@ BATCH_ENV = "ZLAUNCH_BATCH"  # "TRAIN_BATCH,MICRO,GAS" after a restart on anothe
 # `zlaunch run --peak-tflops X`: the per-device peak (dense TFLOP/s) the runtime divides the
 # measured FLOP rate by for MFU, instead of its table of known devices (runtime/profiling).
 PEAK_TFLOPS_ENV = "ZLAUNCH_PEAK_TFLOPS"
+
+# The environment zlaunch gives every worker and the runtime reads (plan.py sets the job's,
+# the agent adds the events pipe): named here once, for both sides.
+RUN_ID_ENV = "ZLAUNCH_RUN_ID"
+ATTEMPT_ENV = "ZLAUNCH_ATTEMPT"
+CONFIG_ENV = "ZLAUNCH_CONFIG"  # absolute path of the validated training config
+EVENTS_FD_ENV = "ZLAUNCH_EVENTS_FD"  # write end of the pipe for JSON-line events
+CHECKPOINT_DIR_ENV = "ZLAUNCH_CHECKPOINT_DIR"
+RESUME_ENV = "ZLAUNCH_RESUME"  # "1": load the latest checkpoint at initialize
+SAVE_ON_ENV = "ZLAUNCH_SAVE_ON"  # signal name: save at the next step and exit 0
+TOTAL_STEPS_ENV = "ZLAUNCH_TOTAL_STEPS"  # the script's planned steps, for the live view's ETA
 
 # The longest frame a reader accepts; anything longer is dropped as a whole.
 MAX_FRAME_BYTES = 8 * 1024 * 1024

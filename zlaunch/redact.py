@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from zlaunch import protocol
+
 __all__ = [
     "REDACTED",
     "NOT_RECORDED",
@@ -53,17 +55,17 @@ RECORDED_ENV = frozenset(
         "MASTER_ADDR",
         "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES",
-        "ZLAUNCH_RUN_ID",
-        "ZLAUNCH_ATTEMPT",
-        "ZLAUNCH_CONFIG",
-        "ZLAUNCH_EVENTS_FD",
+        protocol.RUN_ID_ENV,
+        protocol.ATTEMPT_ENV,
+        protocol.CONFIG_ENV,
+        protocol.EVENTS_FD_ENV,
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_RESTART_COUNT",
         "TORCHELASTIC_MAX_RESTARTS",
-        "ZLAUNCH_CHECKPOINT_DIR",
-        "ZLAUNCH_RESUME",
-        "ZLAUNCH_SAVE_ON",
-        "ZLAUNCH_STACKS_SIGNAL",
+        protocol.CHECKPOINT_DIR_ENV,
+        protocol.RESUME_ENV,
+        protocol.SAVE_ON_ENV,
+        protocol.STACKS_SIGNAL_ENV,
         "PATH",
         "LD_LIBRARY_PATH",
         "PYTHONPATH",

@@ -19,8 +19,7 @@ import signal
 import sys
 import types
 
-STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
-EVENTS_FD_ENV = "ZLAUNCH_EVENTS_FD"
+from zlaunch.protocol import EVENTS_FD_ENV, STACKS_READY, STACKS_SIGNAL_ENV
 
 
 def arm_stacks(environ: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -34,7 +33,7 @@ def arm_stacks(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     fd = environ.get(EVENTS_FD_ENV, "")
     if fd.isdigit():
         try:
-            os.write(int(fd), b'{"kind": "stacks_ready"}\n')
+            os.write(int(fd), b'{"kind": "' + STACKS_READY.encode() + b'"}\n')
         except OSError:
             pass
     return True

@@ -34,7 +34,8 @@ __all__ = ["save_engine", "load_engine", "CHECKPOINT_DIR_ENV", "engine_pieces"]
 
 log = logging.getLogger("runtime.checkpoint")
 
-CHECKPOINT_DIR_ENV = "ZLAUNCH_CHECKPOINT_DIR"
+from zlaunch.protocol import CHECKPOINT_DIR_ENV  # noqa: E402 - the shared name
+
 PARAM = "param"
 # Param-group keys that say how this process computes, not what it trains: kept as they are.
 _IMPLEMENTATION_KEYS = frozenset({"fused", "foreach", "capturable", "differentiable"})

@@ -25,8 +25,8 @@ __all__ = ["RESUME_ENV", "SAVE_ON_ENV", "SaveOnSignal", "attach", "SAVED_MARKER"
 
 log = logging.getLogger("runtime.checkpoint")
 
-RESUME_ENV = "ZLAUNCH_RESUME"
-SAVE_ON_ENV = "ZLAUNCH_SAVE_ON"
+from zlaunch.protocol import RESUME_ENV, SAVE_ON_ENV  # noqa: E402 - the shared names
+
 SAVED_MARKER = "zlaunch: saved checkpoint"
 
 

@@ -1,0 +1,70 @@
+"""The contract between controller, agent and workers lives in one stdlib-only module.
+
+* ``zlaunch/protocol.py`` imports only the standard library, so workers and agents can import
+  it anywhere;
+* the runtime imports nothing of zlaunch but that module (and the Slurm hostlist grammar, a
+  stdlib-only parser of Slurm's own variables that the runtime needs to find its master);
+* every ``ZLAUNCH_*`` variable that crosses a process boundary is named in protocol.py only:
+  a literal elsewhere is a second spelling waiting to drift. The controller-local knobs below
+  never reach a worker.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ALLOWED_IN_RUNTIME = {"zlaunch.protocol", "zlaunch.slurm_hostlist"}
+CONTROLLER_LOCAL = {"ZLAUNCH_TRACE", "ZLAUNCH_LIVE", "ZLAUNCH_LOG_DIR", "ZLAUNCH_TEST_SLOW_SAVE"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            if node.module == "zlaunch":
+                names.update(f"zlaunch.{a.name}" for a in node.names)
+    return names
+
+
+def test_protocol_imports_only_the_standard_library():
+    third_party = {
+        name
+        for name in _imports(REPO / "zlaunch" / "protocol.py")
+        if name.split(".")[0] not in sys.stdlib_module_names and name != "__future__"
+    }
+    assert third_party == set()
+
+
+def test_runtime_imports_only_the_protocol_of_zlaunch():
+    found = {}
+    for path in (REPO / "runtime").rglob("*.py"):
+        used = {n for n in _imports(path) if n == "zlaunch" or n.startswith("zlaunch.")}
+        if used - ALLOWED_IN_RUNTIME:
+            found[str(path.relative_to(REPO))] = sorted(used - ALLOWED_IN_RUNTIME)
+    assert found == {}
+
+
+def test_shared_variable_names_are_spelled_once():
+    protocol = (REPO / "zlaunch" / "protocol.py").read_text()
+    elsewhere = {}
+    for package in ("zlaunch", "runtime"):
+        for path in (REPO / package).rglob("*.py"):
+            if path.name == "protocol.py" and path.parent.name == "zlaunch":
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    for name in re.findall(r"^ZLAUNCH_[A-Z_]+$", node.value):
+                        if name not in CONTROLLER_LOCAL:
+                            elsewhere.setdefault(name, []).append(str(path.relative_to(REPO)))
+    assert elsewhere == {}
+    for name in ("ZLAUNCH_EVENTS_FD", "ZLAUNCH_CONFIG", "ZLAUNCH_SAVE_ON", "ZLAUNCH_BATCH"):
+        assert f'"{name}"' in protocol

@@ -47,36 +47,7 @@ __all__ = [
 ]
 
 # Names the plan sets for every worker; user-supplied values for them are overridden.
-RESERVED_ENV = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "NODE_RANK",
-        "NUM_NODES",
-        "GROUP_RANK",
-        "CROSS_RANK",
-        "CROSS_SIZE",
-        "LOCAL_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "CUDA_VISIBLE_DEVICES",
-        protocol.RUN_ID_ENV,
-        protocol.ATTEMPT_ENV,
-        protocol.CONFIG_ENV,
-        protocol.COLLECTIVE_TIMEOUT_ENV,
-        protocol.BATCH_ENV,
-        protocol.EVENTS_FD_ENV,
-        "TORCHELASTIC_RUN_ID",
-        "TORCHELASTIC_RESTART_COUNT",
-        "TORCHELASTIC_MAX_RESTARTS",
-        protocol.CHECKPOINT_DIR_ENV,
-        protocol.RESUME_ENV,
-        protocol.SAVE_ON_ENV,
-        protocol.STACKS_SIGNAL_ENV,
-    }
-)
+RESERVED_ENV = protocol.JOB_ENV_NAMES
 
 # master_port value meaning "not chosen yet: probed on the master host at launch".
 AUTO_PORT = 0

@@ -69,6 +69,8 @@ __all__ = [
     "RESUME_ENV",
     "SAVE_ON_ENV",
     "TOTAL_STEPS_ENV",
+    "JOB_ENV_NAMES",
+    "SALLOC_ENV",
     "COLLECTIVE_TIMEOUT_ENV",
     "BATCH_ENV",
     "CAUSE_NO_HEARTBEAT",
@@ -124,6 +126,43 @@ CHECKPOINT_DIR_ENV = "ZLAUNCH_CHECKPOINT_DIR"
 RESUME_ENV = "ZLAUNCH_RESUME"  # "1": load the latest checkpoint at initialize
 SAVE_ON_ENV = "ZLAUNCH_SAVE_ON"  # signal name: save at the next step and exit 0
 TOTAL_STEPS_ENV = "ZLAUNCH_TOTAL_STEPS"  # the script's planned steps, for the live view's ETA
+
+# `zlaunch --nodes N` on a login node re-runs itself under salloc with this set to "1": inside
+# that allocation --nodes/--partition/--time/--account were already used (commands/run.py).
+SALLOC_ENV = "ZLAUNCH_SALLOC"
+
+# Every variable zlaunch sets for every worker (a user's value for one is overridden): the
+# launcher conventions scripts read (torchrun's and DeepSpeed's) and zlaunch's own.
+JOB_ENV_NAMES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "NUM_NODES",
+        "GROUP_RANK",
+        "CROSS_RANK",
+        "CROSS_SIZE",
+        "LOCAL_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        RUN_ID_ENV,
+        ATTEMPT_ENV,
+        CONFIG_ENV,
+        EVENTS_FD_ENV,
+        CHECKPOINT_DIR_ENV,
+        RESUME_ENV,
+        SAVE_ON_ENV,
+        STACKS_SIGNAL_ENV,
+        COLLECTIVE_TIMEOUT_ENV,
+        BATCH_ENV,
+    }
+)
 
 # The longest frame a reader accepts; anything longer is dropped as a whole.
 MAX_FRAME_BYTES = 8 * 1024 * 1024

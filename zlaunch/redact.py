@@ -37,41 +37,9 @@ __all__ = [
 REDACTED = "<redacted>"
 NOT_RECORDED = "<not recorded>"
 
-# Values that may be written to the run directory: the names zlaunch sets for every worker
-# (plan.RESERVED_ENV, repeated here to keep this module free of imports) and paths and tuning
-# that say where and how a job ran but never hold credentials.
-RECORDED_ENV = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "NODE_RANK",
-        "NUM_NODES",
-        "GROUP_RANK",
-        "CROSS_RANK",
-        "CROSS_SIZE",
-        "LOCAL_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "CUDA_VISIBLE_DEVICES",
-        protocol.RUN_ID_ENV,
-        protocol.ATTEMPT_ENV,
-        protocol.CONFIG_ENV,
-        protocol.EVENTS_FD_ENV,
-        "TORCHELASTIC_RUN_ID",
-        "TORCHELASTIC_RESTART_COUNT",
-        "TORCHELASTIC_MAX_RESTARTS",
-        protocol.CHECKPOINT_DIR_ENV,
-        protocol.RESUME_ENV,
-        protocol.SAVE_ON_ENV,
-        protocol.STACKS_SIGNAL_ENV,
-        "PATH",
-        "LD_LIBRARY_PATH",
-        "PYTHONPATH",
-        "VIRTUAL_ENV",
-    }
-)
+# Values that may be written to the run directory: the names zlaunch sets for every worker,
+# and paths and tuning that say where and how a job ran but never hold credentials.
+RECORDED_ENV = protocol.JOB_ENV_NAMES | {"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV"}
 RECORDED_PREFIXES = ("NCCL_", "GLOO_", "OMP_")
 
 _SECRET_NAME = re.compile(

@@ -234,6 +234,8 @@ class Job:
             lambda _h: agent_argv(self.options.python),
             self.options.ssh,
             on_open=on_open,
+            launcher=self.options.launcher,
+            launcher_args=self.options.launcher_args,
         )
 
     def _read_agent(self, index: int, link: Link) -> None:
@@ -769,7 +771,27 @@ class Job:
 
     # ---- outcome --------------------------------------------------------------------------
 
+    def _ended_by_scheduler(self) -> str | None:
+        """Slurm's word that it ended the job (scancel, time limit, preemption), from srun's
+        stderr on any node; None for other transports and other endings."""
+        readers = [getattr(link, "end_reason", None) for link in self.links]
+        readers = [read for read in readers if read is not None]
+        if not readers:
+            return None
+        time.sleep(0.1)  # srun's last stderr lines, read by the links' threads
+        for read in readers:
+            reason = read(wait=0.0)
+            if reason:
+                return reason
+        return None
+
     def _finish(self) -> int:
+        ended = self._ended_by_scheduler() if self.failures or self.interrupt else None
+        if ended is not None:
+            # Not a crash: the ranks died of the SIGTERM Slurm sent them.
+            code = 128 + signal.SIGTERM
+            self._record_end(None, status=RunStatus.INTERRUPTED, code=code)
+            raise Interrupted(f"{ended}; all ranks stopped", exit_code=code)
         if self.interrupt is not None:
             code = 128 + self.interrupt
             self._record_end(None, status=RunStatus.INTERRUPTED, code=code)

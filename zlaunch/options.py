@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 from zlaunch.errors import UsageError
 from zlaunch.hostfile import Host
 
-__all__ = ["SshOptions", "LaunchOptions", "DEFAULT_LOG_DIR", "DEFAULT_GRACE_PERIOD"]
+__all__ = ["SshOptions", "LaunchOptions", "DEFAULT_LOG_DIR", "DEFAULT_GRACE_PERIOD", "LAUNCHERS"]
 
 DEFAULT_LOG_DIR = "zlaunch_runs"
 DEFAULT_GRACE_PERIOD = 5.0
+#: How agents are started: over SSH (a local subprocess for local hosts), by Slurm's srun, or
+#: by Open MPI's mpirun (zlaunch/transport/).
+LAUNCHERS = ("ssh", "slurm", "mpi")
 DEFAULT_HANG_TIMEOUT = 900.0
 """15 minutes: half of torch's default collective timeout, so a hang is reported with every
 rank's stacks before torch's own timeout ends ranks one by one without them; long enough for
@@ -73,6 +76,10 @@ class LaunchOptions:
     """Rendezvous port; None = a free port probed on the master host."""
     ssh: SshOptions = field(default_factory=SshOptions)
     """How to reach remote hosts."""
+    launcher: str = "ssh"
+    """How agents start: "ssh", "slurm" (one srun step per node) or "mpi" (mpirun per node)."""
+    launcher_args: tuple[str, ...] = ()
+    """Extra arguments for srun (--slurm-args) or mpirun (--mpirun-args)."""
     log_dir: str = DEFAULT_LOG_DIR
     """Root of the run directories (absolute once built by the CLI)."""
     ranks_filter: frozenset[int] | None = None
@@ -120,6 +127,10 @@ class LaunchOptions:
             raise UsageError("with --module, program must be ('-m', MODULE, *ARGS)")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise UsageError(f"--master-port must be 0-65535, got {self.master_port}")
+        if self.launcher not in LAUNCHERS:
+            raise UsageError(
+                f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
+            )
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.resume and not self.checkpoint_dir:
@@ -150,6 +161,7 @@ class LaunchOptions:
         object.__setattr__(self, "hosts", tuple(self.hosts))
         object.__setattr__(self, "spare_hosts", tuple(self.spare_hosts))
         object.__setattr__(self, "program", tuple(self.program))
+        object.__setattr__(self, "launcher_args", tuple(self.launcher_args))
 
     @property
     def world_size(self) -> int:

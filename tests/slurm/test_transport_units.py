@@ -3,6 +3,10 @@ mpirun command lines, and how a step that Slurm ended is recognised."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from zlaunch.errors import UsageError
@@ -108,3 +112,90 @@ def test_mpirun_command_line():
 ])  # fmt: skip
 def test_a_step_that_slurm_ended_is_recognised(lines, reason):
     assert ended_by_slurm(lines) == reason
+
+
+# -- the command line (zlaunch/commands/run.py) ------------------------------------------------
+
+
+def _options(tmp_path, environ, **values):
+    from zlaunch.commands.run import build_options
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    base = {"PATH": os.environ.get("PATH", "")}
+    return build_options(
+        script=str(script), script_args=(), environ={**base, **environ}, home=str(tmp_path),
+        **values,
+    )  # fmt: skip
+
+
+def test_inside_an_allocation_without_a_hostfile_the_launcher_is_slurm(tmp_path):
+    options = _options(tmp_path, ALLOC)
+    assert options.launcher == "slurm" and options.world_size == 7
+    assert [h.name for h in options.hosts] == ["gpu-a001", "gpu-a002", "gpu-a003", "gpu-b12"]
+    selected = _options(tmp_path, ALLOC, exclude="gpu-a002@gpu-a003:1")
+    assert [(h.name, h.slots) for h in selected.hosts] == [
+        ("gpu-a001", (0, 1)), ("gpu-a003", (0,)), ("gpu-b12", (0,))
+    ]  # fmt: skip
+    assert [len(h.slots) for h in _options(tmp_path, ALLOC, num_gpus=3).hosts] == [3] * 4
+    assert len(_options(tmp_path, ALLOC, num_nodes=2).hosts) == 2
+    assert _options(tmp_path, ALLOC, launcher="ssh").hosts[0].name == "localhost"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=2\n")
+    assert _options(tmp_path, ALLOC, hostfile=str(hostfile)).launcher == "ssh"
+    assert _options(tmp_path, {}).launcher == "ssh"
+
+
+def test_launcher_choices_are_checked(tmp_path):
+    with pytest.raises(UsageError, match="--launcher slurm needs a Slurm allocation"):
+        _options(tmp_path, {}, launcher="slurm")
+    with pytest.raises(UsageError, match="--launcher mpi needs --hostfile, or a Slurm alloc"):
+        _options(tmp_path, {}, launcher="mpi")
+    with pytest.raises(UsageError, match="--launcher 'pbs': expected auto, ssh, slurm, mpi"):
+        _options(tmp_path, ALLOC, launcher="pbs")
+    with pytest.raises(UsageError, match="--slurm-args has no effect with --launcher mpi"):
+        _options(tmp_path, ALLOC, launcher="mpi", slurm_args="--gres=gpu:1")
+    with pytest.raises(UsageError, match="--slurm-args '--x \"y': No closing quotation"):
+        _options(tmp_path, ALLOC, slurm_args='--x "y')
+    options = _options(tmp_path, ALLOC, launcher="mpi", mpirun_args="--mca btl self,tcp")
+    assert options.launcher_args == ("--mca", "btl", "self,tcp")
+
+
+def test_dry_run_shows_the_srun_command_of_each_node(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "--dry-run", "--slurm-args", "--gres=gpu:2",
+         str(script)],
+        env={**os.environ, **ALLOC}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "agents start with (slurm, one per node):" in out.stdout
+    for node in ("gpu-a001", "gpu-a002", "gpu-a003", "gpu-b12"):
+        assert f"srun --jobid=12 --nodes=1 --ntasks=1 --nodelist={node} --overlap" in out.stdout
+    assert "--gres=gpu:2 -- " in out.stdout and "-m zlaunch.agent" in out.stdout
+
+
+def test_from_a_login_node_nodes_asks_salloc(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    argv = [sys.executable, "-m", "zlaunch", "--nodes", "3", "--partition", "gpu", "--time",
+            "1:00:00", "--account", "proj", "--num-gpus", "2", "--dry-run", str(script)]  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (
+        "salloc --nodes=3 --partition=gpu --time=1:00:00 --account=proj --ntasks-per-node=2 "
+        in out.stdout
+    )
+    assert "-m zlaunch --nodes 3" in out.stdout and "--dry-run" not in out.stdout
+    inside = subprocess.run(argv, env={**env, **ALLOC}, capture_output=True, text=True, timeout=60)
+    assert inside.returncode == 2
+    assert "--nodes asks Slurm for an allocation, but zlaunch runs inside one already (job 12)" in (
+        inside.stderr
+    )
+    alone = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "--partition", "gpu", str(script)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert alone.returncode == 2 and "--partition needs --nodes N" in alone.stderr

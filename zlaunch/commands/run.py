@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from zlaunch import protocol
 from zlaunch.clip import brief, clip
 from zlaunch.commands.familiar import (
     host_selection_options,
@@ -186,6 +187,9 @@ def build_options(
     hang_timeout: float | None = None,
     collective_timeout: float | None = None,
     min_nodes: int | None = None,
+    launcher: str = "auto",
+    slurm_args: str | None = None,
+    mpirun_args: str | None = None,
     environ: Mapping[str, str] | None = None,
     home: str | None = None,
 ) -> LaunchOptions:
@@ -227,8 +231,19 @@ def build_options(
                 hint="check the path, or use -m for a module and --no-python for a program",
             )
 
+    launcher, launcher_args = _launcher(launcher, hostfile, slurm_args, mpirun_args, environ)
     if hostfile is not None:
         hosts = load_hostfile(os.path.expanduser(hostfile))
+    elif launcher != "ssh":
+        from zlaunch.transport.slurm import allocation_hosts, in_allocation
+
+        if not in_allocation(environ):
+            raise UsageError(
+                f"--launcher {launcher} needs --hostfile, or a Slurm allocation to take the "
+                "nodes from (SLURM_JOB_ID is not set)",
+                hint="run zlaunch inside salloc or an sbatch script, or give --hostfile",
+            )
+        hosts = allocation_hosts(environ, num_gpus)
     else:
         hosts = default_hosts(num_gpus, environ)
     listed = hosts
@@ -281,6 +296,8 @@ def build_options(
         env=worker_env,
         master_addr=master_addr,
         master_port=master_port,
+        launcher=launcher,
+        launcher_args=launcher_args,
         ssh=SshOptions(
             config_file=_existing_file(ssh_config, "--ssh-config"),
             port=ssh_port,
@@ -355,6 +372,126 @@ def _spare_hosts(listed, selected, num_gpus: int | None) -> list:
     return out
 
 
+def _launcher(
+    name: str,
+    hostfile: str | None,
+    slurm_args: str | None,
+    mpirun_args: str | None,
+    environ: Mapping[str, str],
+) -> tuple[str, tuple[str, ...]]:
+    """--launcher auto|ssh|slurm|mpi -> the transport and its extra arguments.
+
+    auto is Slurm inside an allocation (SLURM_JOB_ID set) when no hostfile is given, and SSH
+    (local subprocesses for local hosts) otherwise.
+    """
+    import shlex
+
+    from zlaunch.options import LAUNCHERS
+    from zlaunch.transport.slurm import in_allocation
+
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        name = "slurm" if hostfile is None and in_allocation(environ) else "ssh"
+    if name not in LAUNCHERS:
+        raise UsageError(
+            f"--launcher {clip(name)}: expected auto, {', '.join(LAUNCHERS)}",
+            hint="auto picks slurm inside an allocation without --hostfile, else ssh",
+        )
+    if name == "slurm" and not in_allocation(environ):
+        raise UsageError(
+            "--launcher slurm needs a Slurm allocation: SLURM_JOB_ID is not set",
+            hint="run zlaunch inside salloc or an sbatch script (salloc -N 3 zlaunch ...)",
+        )
+    given = {"slurm": slurm_args, "mpi": mpirun_args}
+    for other, text in given.items():
+        if text and other != name:
+            flag = "--slurm-args" if other == "slurm" else "--mpirun-args"
+            raise UsageError(f"{flag} has no effect with --launcher {name}", hint="drop it")
+    text = given.get(name) or ""
+    try:
+        extra = tuple(shlex.split(text))
+    except ValueError as err:
+        flag = "--slurm-args" if name == "slurm" else "--mpirun-args"
+        raise UsageError(f"{flag} {clip(text)}: {err}", hint="quote as in a shell") from None
+    return name, extra
+
+
+ALLOCATED_ENV = protocol.SALLOC_ENV
+"""Set in the job's environment when zlaunch itself asked salloc for the allocation."""
+
+
+def _allocation_request(values: dict, environ: Mapping[str, str]) -> list[str] | None:
+    """--nodes/--partition/--time/--account: the salloc command to re-run zlaunch in, or None.
+
+    Removes those four from ``values``. Inside the allocation zlaunch asked for they are
+    ignored; inside one the user made they are an error (the allocation exists already).
+    """
+    from zlaunch.transport.slurm import in_allocation
+
+    asked = {
+        "--nodes": values.pop("nodes", None),
+        "--partition": values.pop("partition", None),
+        "--time": values.pop("time_limit", None),
+        "--account": values.pop("account", None),
+    }
+    given = [flag for flag, value in asked.items() if value is not None]
+    if not given:
+        return None
+    if in_allocation(environ):
+        if environ.get(ALLOCATED_ENV):
+            return None
+        raise UsageError(
+            f"{given[0]} asks Slurm for an allocation, but zlaunch runs inside one already "
+            f"(job {environ.get('SLURM_JOB_ID') or environ.get('SLURM_JOBID')})",
+            hint=f"leave out {', '.join(given)}: the job runs on this allocation's nodes",
+        )
+    if asked["--nodes"] is None:
+        raise UsageError(
+            f"{given[0]} needs --nodes N (how many nodes to ask Slurm for)",
+            hint="e.g. zlaunch --nodes 2 --partition gpu train.py",
+        )
+    launcher = (values.get("launcher") or "auto").strip().lower()
+    if launcher not in ("auto", "slurm", "mpi"):
+        raise UsageError(
+            f"--nodes asks Slurm for the nodes; --launcher {clip(launcher)} cannot use them",
+            hint="leave --launcher out (or use slurm or mpi)",
+        )
+    if values.get("hostfile"):
+        raise UsageError("--nodes and --hostfile both name the hosts", hint="give one of them")
+    argv = ["salloc", f"--nodes={asked['--nodes']}"]
+    for flag in ("--partition", "--time", "--account"):
+        if asked[flag] is not None:
+            argv.append(f"{flag}={asked[flag]}")
+    if values.get("num_gpus"):
+        argv.append(f"--ntasks-per-node={values['num_gpus']}")
+    return [*argv, sys.executable, "-m", "zlaunch", *sys.argv[1:]]
+
+
+def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
+    """--dry-run: the srun or mpirun command line that starts each node's agent."""
+    import shlex
+
+    from zlaunch.transport import agent_argv
+
+    if options.launcher == "ssh":
+        return ""
+    argv = agent_argv(options.python)
+    lines = [f"agents start with ({options.launcher}, one per node):"]
+    for host in options.hosts[:limit]:
+        if options.launcher == "slurm":
+            from zlaunch.transport.slurm import job_id, srun_argv
+
+            command = srun_argv(host.name, job_id(os.environ), argv, options.launcher_args)
+        else:
+            from zlaunch.transport.mpi import mpirun_argv
+
+            command = mpirun_argv(host.name, argv, options.launcher_args)
+        lines.append("  " + shlex.join(command))
+    if len(options.hosts) > limit:
+        lines.append(f"  ... and {len(options.hosts) - limit} more nodes")
+    return "\n".join(lines) + "\n"
+
+
 def _save_on_signal(value: str | None) -> str | None:
     """--save-on SIGUSR1|USR1|none -> the canonical signal name, or None."""
     import signal
@@ -391,6 +528,23 @@ def _save_on_signal(value: str | None) -> str | None:
     type=click.IntRange(1, 65535),
     help="Rendezvous port. Default: a free port on the master host.",
 )
+@click.option(
+    "--launcher",
+    default="auto",
+    show_default=True,
+    metavar="auto|ssh|slurm|mpi",
+    help="How agents start: auto = slurm inside an allocation without --hostfile, else ssh.",
+)
+@click.option("--slurm-args", help="Extra srun arguments for each agent's step (one string).")
+@click.option(
+    "--nodes",
+    type=click.IntRange(1),
+    help="From a login node: ask Slurm (salloc) for N nodes and run the job in them.",
+)
+@click.option("--partition", help="With --nodes: the Slurm partition.")
+@click.option("--time", "time_limit", help="With --nodes: the allocation's time limit.")
+@click.option("--account", help="With --nodes: the Slurm account to charge.")
+@click.option("--mpirun-args", help="Extra mpirun arguments for each agent (one string).")
 @click.option("--ssh-config", help="ssh config file (ssh -F).")
 @click.option("--ssh-port", "--ssh_port", "ssh_port", type=click.IntRange(1, 65535))
 @click.option("-I", "--identity", help="ssh private key file.")
@@ -489,7 +643,25 @@ def command(**values) -> None:
     zlaunch --hostfile hosts train.py --config ds.json
     zlaunch --num-gpus 4 train.py                 (4 workers on localhost)
     zlaunch -H hosts --include node1:0-3 train.py
+    zlaunch --nodes 3 --partition gpu train.py    (salloc, then one srun step per node)
     """
+    salloc = _allocation_request(values, os.environ)
+    if salloc is not None:
+        import shlex
+
+        if values["dry_run"]:
+            shown = shlex.join(a for a in salloc if a != "--dry-run")
+            click.echo(f"would ask Slurm for the allocation, then run inside it:\n  {shown}")
+            return
+        # salloc holds the allocation for as long as zlaunch runs in it, in this terminal.
+        env = {**os.environ, ALLOCATED_ENV: "1"}
+        try:
+            os.execvpe(salloc[0], salloc, env)
+        except OSError as err:
+            raise UsageError(
+                f"cannot run salloc: {err.strerror or err}",
+                hint="load Slurm's client tools (module load slurm), or give --hostfile",
+            ) from None
     options = build_options(**values)
     if options.dry_run:
         from zlaunch.plan import AUTO_PORT, build_plan, new_run_id, render_plan
@@ -503,6 +675,7 @@ def command(**values) -> None:
             attempt=0,
         )
         click.echo(render_plan(plan), nl=False)
+        click.echo(_agent_commands(options), nl=False)
         return
     from zlaunch.launcher import launch
 

@@ -1,4 +1,5 @@
-"""How a process is started on a host and talked to: local subprocess or SSH channel.
+"""How a process is started on a host and talked to: local subprocess, SSH channel, or a
+Slurm step / mpirun process relaying its stdin and stdout (``--launcher slurm|mpi``).
 
 A :class:`Link` is a running remote (or local) process with a byte stream each way plus its
 stderr: the agent runs over one, ``zlaunch check`` runs its probe over one. Both transports
@@ -93,8 +94,23 @@ class Link:
         ).start()
 
 
-def open_link(host: Host, argv: Sequence[str], ssh: SshOptions) -> Link:
-    """Start ``argv`` on ``host``: a subprocess for a local host, an SSH channel otherwise."""
+def open_link(
+    host: Host,
+    argv: Sequence[str],
+    ssh: SshOptions,
+    launcher: str = "ssh",
+    launcher_args: Sequence[str] = (),
+) -> Link:
+    """Start ``argv`` on ``host``: through srun or mpirun when the launcher says so, else a
+    subprocess for a local host and an SSH channel otherwise."""
+    if launcher == "slurm":
+        from zlaunch.transport.slurm import SlurmLink
+
+        return SlurmLink.start_on(host, argv, extra=launcher_args)
+    if launcher == "mpi":
+        from zlaunch.transport.mpi import MpiLink
+
+        return MpiLink.start_on(host, argv, extra=launcher_args)
     if host.is_local:
         from zlaunch.transport.local import LocalLink
 
@@ -110,6 +126,8 @@ def open_links(
     ssh: SshOptions,
     *,
     on_open: Callable[[int, Link], Any] | None = None,
+    launcher: str = "ssh",
+    launcher_args: Sequence[str] = (),
 ) -> list[Link]:
     """Start on every host in parallel (bounded). If any host fails, the ones that did start
     are terminated and the first failure (in host order) is raised, naming its host."""
@@ -119,7 +137,7 @@ def open_links(
 
     def start(index: int) -> None:
         try:
-            link = open_link(hosts[index], argv_for(hosts[index]), ssh)
+            link = open_link(hosts[index], argv_for(hosts[index]), ssh, launcher, launcher_args)
         except Exception as err:  # noqa: BLE001 - reported below, naming the host
             with lock:
                 errors.append((index, err))

@@ -215,7 +215,7 @@ class SlurmLink(LocalLink):
         deadline = time.monotonic() + wait
         while True:
             reason = ended_by_slurm(self.stderr_tail())
-            if reason is not None or time.monotonic() > deadline:
+            if reason is not None or wait <= 0 or time.monotonic() > deadline:
                 return reason
             if self.proc.poll() is not None:  # srun is gone: its last stderr lines are in
                 time.sleep(0.1)

@@ -50,20 +50,28 @@ class Peak:
 
 
 def probe_matmul_tflops(
-    dtype: torch.dtype = torch.float32, n: int = 512, budget_s: float = 0.2
+    dtype: torch.dtype = torch.float32, n: int = 512, budget_s: float = 0.25, windows: int = 5
 ) -> float:
-    """TFLOP/s of n x n matmuls on the CPU, measured for about `budget_s` seconds."""
+    """TFLOP/s of n x n matmuls on the CPU: the best of ``windows`` short measurements.
+
+    A peak is what the core can do, not what it did while a neighbouring rank shared it: the
+    ranks of a job probe at the same moment, so a single long measurement can come out at a
+    fraction of the core's rate (and MFU above 100%). The best window is the one least
+    disturbed."""
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)  # warm-up: thread pool, allocation
-    iters, start = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b)
-        iters += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget_s or iters >= 200:
-            break
-    return 2.0 * n**3 * iters / elapsed / 1e12
+    best = 0.0
+    for _ in range(windows):
+        iters, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            iters += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= budget_s / windows or iters >= 200:
+                break
+        best = max(best, 2.0 * n**3 * iters / elapsed / 1e12)
+    return best
 
 
 def resolve_peak(

@@ -293,7 +293,7 @@ def _from_slurm(env: Mapping[str, str]) -> World:
                 f"{what}: task {rank} of {size}, but SLURM_STEP_NODELIST and "
                 "SLURM_JOB_NODELIST are not set, so rank 0's host is unknown; set MASTER_ADDR"
             )
-        from zlaunch.slurm_hostlist import HostlistError, first_host
+        from runtime.slurm_hostlist import HostlistError, first_host
 
         try:
             addr = first_host(env[list_var])

@@ -2,8 +2,8 @@
 
 * ``zlaunch/protocol.py`` imports only the standard library, so workers and agents can import
   it anywhere;
-* the runtime imports nothing of zlaunch but that module (and the Slurm hostlist grammar, a
-  stdlib-only parser of Slurm's own variables that the runtime needs to find its master);
+* the runtime imports nothing of zlaunch but that module (the Slurm hostlist grammar lives in
+  the runtime, torch-free, and the controller imports it from there);
 * every ``ZLAUNCH_*`` variable that crosses a process boundary is named in protocol.py only:
   a literal elsewhere is a second spelling waiting to drift. The controller-local knobs below
   never reach a worker.
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ALLOWED_IN_RUNTIME = {"zlaunch.protocol", "zlaunch.slurm_hostlist"}
+ALLOWED_IN_RUNTIME = {"zlaunch.protocol"}
 CONTROLLER_LOCAL = {"ZLAUNCH_TRACE", "ZLAUNCH_LIVE", "ZLAUNCH_LOG_DIR", "ZLAUNCH_TEST_SLOW_SAVE"}
 
 

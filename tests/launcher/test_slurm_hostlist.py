@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from zlaunch.slurm_hostlist import MAX_HOSTS, HostlistError, compress, expand, first_host
+from runtime.slurm_hostlist import MAX_HOSTS, HostlistError, compress, expand, first_host
 
 CASES = [
     ("gpu-a[001-004,007],gpu-b12",

@@ -101,7 +101,7 @@ def allocation_hosts(environ: Mapping[str, str], num_gpus: int | None = None) ->
     (``SLURM_GPUS_PER_NODE``); the tasks per node (``SLURM_TASKS_PER_NODE``, which Slurm always
     sets: 1 per node unless --ntasks/--ntasks-per-node said otherwise).
     """
-    from zlaunch.slurm_hostlist import HostlistError, expand
+    from runtime.slurm_hostlist import HostlistError, expand
 
     job_id(environ)
     var = next((n for n in ("SLURM_JOB_NODELIST", "SLURM_NODELIST") if environ.get(n)), None)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from zlaunch.errors import LaunchError
 from zlaunch.hostfile import Host
@@ -70,3 +71,12 @@ class LocalLink(Link):
             except OSError:
                 pass
             self.proc.wait()
+
+
+def require_program(name: str, environ: Mapping[str, str], launcher: str, hint: str) -> str:
+    """The path of ``name`` (srun, mpirun) on the environment's PATH, or a LaunchError that
+    names the --launcher that needs it."""
+    path = shutil.which(name, path=environ.get("PATH"))
+    if path is None:
+        raise LaunchError(f"--launcher {launcher}: {name} not found on PATH", hint=hint)
+    return path

@@ -15,12 +15,10 @@ any mpirun. Hosts come from ``--hostfile``, or from the Slurm allocation zlaunch
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 
-from zlaunch.errors import LaunchError
 from zlaunch.hostfile import Host
-from zlaunch.transport.local import LocalLink
+from zlaunch.transport.local import LocalLink, require_program
 
 __all__ = ["MpiLink", "mpirun_argv"]
 
@@ -48,10 +46,7 @@ class MpiLink(LocalLink):
         extra: Sequence[str] = (),
     ) -> MpiLink:
         environ = os.environ if environ is None else environ
-        mpirun = shutil.which("mpirun", path=environ.get("PATH"))
-        if mpirun is None:
-            raise LaunchError(
-                "--launcher mpi: mpirun not found on PATH",
-                hint="load Open MPI (module load openmpi), or use --hostfile over SSH",
-            )
+        mpirun = require_program(
+            "mpirun", environ, "mpi", "load Open MPI (module load openmpi), or use --hostfile over SSH"
+        )
         return cls.start(host, mpirun_argv(host.name, argv, extra, mpirun=mpirun))

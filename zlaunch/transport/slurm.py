@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 
-from zlaunch.errors import LaunchError, UsageError
+from zlaunch.errors import UsageError
 from zlaunch.hostfile import MAX_SLOTS, Host
-from zlaunch.transport.local import LocalLink
+from zlaunch.transport.local import LocalLink, require_program
 
 __all__ = [
     "SlurmLink",
@@ -198,12 +197,9 @@ class SlurmLink(LocalLink):
         extra: Sequence[str] = (),
     ) -> SlurmLink:
         environ = os.environ if environ is None else environ
-        srun = shutil.which("srun", path=environ.get("PATH"))
-        if srun is None:
-            raise LaunchError(
-                "--launcher slurm: srun not found on PATH",
-                hint="load Slurm's client tools (module load slurm), or use --hostfile over SSH",
-            )
+        srun = require_program(
+            "srun", environ, "slurm", "load Slurm's client tools (module load slurm), or use --hostfile over SSH"
+        )
         job = job_id(environ)
         link = cls.start(host, srun_argv(host.name, job, argv, extra, srun=srun))
         link.job = job

@@ -187,7 +187,7 @@ class Agent:
 
     # ---- upstream -------------------------------------------------------------------------
 
-    def send(self, frame: dict[str, Any]) -> None:
+    def send(self, frame: protocol.Frame) -> None:
         if not self.upstream_ok:
             return
         self.outbuf += protocol.encode(frame)
@@ -233,56 +233,54 @@ class Agent:
 
     # ---- hello and spec -----------------------------------------------------------------------
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> protocol.Hello:
         addr = client_addr = None
         conn = os.environ.get("SSH_CONNECTION", "").split()
         if len(conn) == 4:
             client_addr, addr = _plain_ip(conn[0]), _plain_ip(conn[2])
-        return {
-            "t": protocol.HELLO,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "python": sys.executable,
-            "addr": addr,
-            "client_addr": client_addr,
-            "port": _free_port(addr),
-        }
+        return protocol.Hello(
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            python=sys.executable,
+            addr=addr,
+            client_addr=client_addr,
+            port=_free_port(addr),
+        )
 
-    def start_workers(self, spec: dict[str, Any]) -> None:
+    def start_workers(self, spec: protocol.Spec) -> None:
         self.spec_received = True
-        shared_env = spec.get("env") or {}
-        self.grace = float(spec.get("grace", self.grace))
-        self.heartbeat_timeout = float(spec.get("heartbeat_timeout", self.heartbeat_timeout))
-        cwd = spec.get("cwd") or None
+        self.grace = spec.grace
+        self.heartbeat_timeout = spec.heartbeat_timeout
+        cwd = spec.cwd or None
         ifname_env: dict[str, str] = {}
-        master = spec.get("master_addr")
+        master = spec.master_addr
         if master:
             try:
                 iface = interface_for(master)
             except OSError as err:
                 iface = None
-                self.send({"t": protocol.ERROR, "msg": f"no route to master {master}: {err}"})
+                self.send(protocol.Error(f"no route to master {master}: {err}"))
             if iface:
                 ifname_env = {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
-        for entry in spec["workers"]:
+        for entry in spec.workers:
             if self.stopping:
                 break
-            self._spawn(entry, cwd, {**ifname_env, **shared_env})
+            self._spawn(entry, cwd, {**ifname_env, **spec.env})
         if not self.workers:
             self.stopping = True
 
-    def _spawn(self, entry: dict[str, Any], cwd: str | None, node_env: dict[str, str]) -> None:
-        rank = int(entry["rank"])
+    def _spawn(self, entry: protocol.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
+        rank = entry.rank
         env = dict(os.environ)
         env.update(node_env)
-        env.update(entry.get("env") or {})
+        env.update(entry.env)
         events_r, events_w = os.pipe()
         env[protocol.EVENTS_FD_ENV] = str(events_w)
         agent_pid = os.getpid()
         ignored_signal = _save_signal(env)
         try:
             proc = subprocess.Popen(
-                boot_argv(list(entry["argv"])),
+                boot_argv(list(entry.argv)),
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -299,13 +297,8 @@ class Agent:
             os.close(events_w)
             code = 126 if isinstance(err, PermissionError) else 127
             where = f" in {cwd}" if cwd else ""
-            self.send(
-                {
-                    "t": protocol.ERROR,
-                    "msg": f"rank {rank}: cannot start {entry['argv'][0]!r}{where}: {err}",
-                }
-            )
-            self.send({"t": protocol.EXITED, "r": rank, "pid": None, "code": code, "signal": None})
+            self.send(protocol.Error(f"rank {rank}: cannot start {entry.argv[0]!r}{where}: {err}"))
+            self.send(protocol.Exited.of_returncode(rank, None, code))
             return
         os.close(events_w)
         worker = Worker(rank, proc, events_r)
@@ -322,7 +315,7 @@ class Agent:
         if worker.pidfd is not None:
             self.pidfd_owner[worker.pidfd] = worker
             self.sel.register(worker.pidfd, selectors.EVENT_READ, ("pidfd", worker))
-        self.send({"t": protocol.STARTED, "r": rank, "pid": proc.pid})
+        self.send(protocol.Started(rank, proc.pid))
 
     # ---- workers --------------------------------------------------------------------------
 
@@ -387,17 +380,11 @@ class Agent:
                 except ValueError:
                     events.append({"kind": "invalid", "text": protocol.line_text(raw)})
             if events:
-                self.send({"t": protocol.EVENT, "r": worker.rank, "e": events})
+                self.send(protocol.Event(worker.rank, events))
             return
-        frame = {
-            "t": protocol.OUT,
-            "r": worker.rank,
-            "s": stream,
-            "l": [protocol.line_text(raw) for raw in lines],
-        }
-        if partial:
-            frame["p"] = True
-        self.send(frame)
+        self.send(
+            protocol.Out(worker.rank, stream, [protocol.line_text(raw) for raw in lines], partial)
+        )
 
     def _close_pipe(self, fd: int) -> None:
         worker = self.fd_owner.pop(fd, None)
@@ -424,16 +411,7 @@ class Agent:
         # the controller has the last lines when it hears of the exit.
         for fd in list(worker.streams):
             self._read_pipe(fd, worker, drain=True)
-        sig = -code if code < 0 else None
-        self.send(
-            {
-                "t": protocol.EXITED,
-                "r": worker.rank,
-                "pid": worker.pid,
-                "code": None if sig else code,
-                "signal": sig,
-            }
-        )
+        self.send(protocol.Exited.of_returncode(worker.rank, worker.pid, code))
         if all(w.exited for w in self.workers.values()):
             self.all_exited_at = time.monotonic()
 
@@ -449,10 +427,8 @@ class Agent:
         for worker in self.workers.values():
             worker.signal_group(sig)
         if why and self.upstream_ok:
-            frame = {"t": protocol.ERROR, "msg": f"stopping workers: {why}"}
-            if cause:
-                frame["cause"] = cause  # the controller tells a cut-off node from a failure
-            self.send(frame)
+            # with a cause, the controller tells a cut-off node from a failure
+            self.send(protocol.Error(f"stopping workers: {why}", cause))
 
     def _kill_remaining(self) -> None:
         for worker in self.workers.values():
@@ -481,25 +457,23 @@ class Agent:
     def _bad_frame(self, err: protocol.ProtocolError) -> None:
         """A frame from the controller that could not be read. Before the spec it can only
         have been the spec: without it there is nothing to run, so give up at once."""
-        self.send({"t": protocol.ERROR, "msg": f"unreadable frame from the controller: {err}"})
+        self.send(protocol.Error(f"unreadable frame from the controller: {err}"))
         if not self.spec_received and not self.stopping:
             self.stop(0.0, "the spec could not be read")
 
-    def _handle(self, frame: dict[str, Any]) -> None:
-        kind = frame["t"]
-        if kind == protocol.SPEC and not self.spec_received and not self.stopping:
+    def _handle(self, frame: protocol.Frame) -> None:
+        if isinstance(frame, protocol.Spec) and not self.spec_received and not self.stopping:
             self.start_workers(frame)
-        elif kind == protocol.STOP:
-            self.stop(float(frame.get("grace", self.grace)), "")
-        elif kind == protocol.SIGNAL:  # --save-on, stacks: to the worker itself, not its group
-            ranks = frame.get("ranks")
+        elif isinstance(frame, protocol.Stop):
+            self.stop(frame.grace, "")
+        elif isinstance(frame, protocol.Signal):  # --save-on, stacks: to the worker, not its group
             for worker in self.workers.values():
-                if not worker.exited and (ranks is None or worker.rank in ranks):
-                    _signal_main_thread(worker.pid, int(frame["sig"]))
-        elif kind == protocol.HEARTBEAT:
+                if not worker.exited and (frame.ranks is None or worker.rank in frame.ranks):
+                    _signal_main_thread(worker.pid, frame.sig)
+        elif isinstance(frame, protocol.Heartbeat):
             # Echoed, so the controller hears from this agent at least every heartbeat
             # interval and can tell a silent node (link down, partition) from a quiet one.
-            self.send({"t": protocol.HEARTBEAT})
+            self.send(protocol.Heartbeat())
 
     # ---- main loop ------------------------------------------------------------------------
 
@@ -579,7 +553,7 @@ class Agent:
             for worker in self.workers.values():
                 if not worker.exited and worker.pidfd is None:
                     self._reap(worker)
-        self.send({"t": protocol.BYE})
+        self.send(protocol.Bye())
         self._flush_blocking()
         return 0
 

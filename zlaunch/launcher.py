@@ -115,7 +115,7 @@ class Job:
         self.ranks_written = 0.0
         self.events: queue.Queue = queue.Queue()
         self.links: list[Link | None] = [None] * len(self.hosts)
-        self.hellos: list[dict[str, Any] | None] = [None] * len(self.hosts)
+        self.hellos: list[protocol.Hello | None] = [None] * len(self.hosts)
         self.agent_done = [False] * len(self.hosts)
         self.ranks: dict[int, RankState] = {}
         self.failures: list[dict[str, Any]] = []
@@ -265,7 +265,7 @@ class Job:
                 kind, index, payload = self.events.get(timeout=min(remaining, 0.25))
             except queue.Empty:
                 continue
-            if kind == "frame" and payload["t"] == protocol.HELLO:
+            if kind == "frame" and isinstance(payload, protocol.Hello):
                 self.hellos[index] = payload
             elif kind == "garbled":
                 self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
@@ -292,11 +292,11 @@ class Job:
             addr = "127.0.0.1"
         elif self.hosts[0].is_local:
             # This machine is the master: use the address the other hosts see us coming from.
-            seen = [h.get("client_addr") for h in self.hellos if h and h.get("client_addr")]
+            seen = [h.client_addr for h in self.hellos if h and h.client_addr]
             addr = seen[0] if seen else self.hosts[0].name
         else:
-            addr = first.get("addr") or self.hosts[0].name
-        return addr, self.options.master_port or int(first["port"])
+            addr = first.addr or self.hosts[0].name
+        return addr, self.options.master_port or first.port
 
     def _send_specs(self, run_id: str) -> None:
         master_addr, master_port = self._rendezvous()
@@ -379,46 +379,43 @@ class Job:
 
     # ---- frames ---------------------------------------------------------------------------
 
-    def _on_frame(self, index: int, frame: dict[str, Any]) -> None:
-        kind = frame["t"]
-        if kind == protocol.OUT:
-            state = self.ranks.get(frame["r"])
+    def _on_frame(self, index: int, frame: protocol.Frame) -> None:
+        if isinstance(frame, protocol.Out):
+            state = self.ranks.get(frame.rank)
             if state is None:
                 return
-            lines = frame["l"]
+            lines = frame.lines
             data = b"\n".join(protocol.line_bytes(line) for line in lines)
-            # "p": the last line continues in the next frame; the log keeps the worker's bytes
-            state.log.write(data if frame.get("p") else data + b"\n")
+            # partial: the last line continues in the next frame; the log keeps the worker's bytes
+            state.log.write(data if frame.partial else data + b"\n")
             state.tail.extend(lines[-TAIL_LINES:])
-            shown, bar, ended = self.progress.feed(
-                state.rank, frame["s"], lines, bool(frame.get("p"))
-            )
-            self._on_output(state, frame["s"], bar, ended)
+            shown, bar, ended = self.progress.feed(state.rank, frame.stream, lines, frame.partial)
+            self._on_output(state, frame.stream, bar, ended)
             shown, first_hidden = self.noise.keep(shown)
             for kind in first_hidden:
                 self.console.note(kind.note)
-            if frame["s"] == protocol.STDERR:
+            if frame.stream == protocol.STDERR:
                 shown = self.stack_dumps.keep(state.rank, shown, time.monotonic())
             if shown:
-                self.console.lines(state.host, state.rank, frame["s"], shown)
+                self.console.lines(state.host, state.rank, frame.stream, shown)
             if self.capture is not None:  # a hang was declared: the stacks come as output
                 self.capture.lines(state.rank, lines, time.monotonic())
-        elif kind == protocol.EVENT:
-            self._on_events(frame["r"], frame["e"])
-        elif kind == protocol.STARTED:
-            state = self.ranks.get(frame["r"])
+        elif isinstance(frame, protocol.Event):
+            self._on_events(frame.rank, frame.events)
+        elif isinstance(frame, protocol.Started):
+            state = self.ranks.get(frame.rank)
             if state is not None:
-                state.pid = frame["pid"]
+                state.pid = frame.pid
                 self.view.rank_started(state.rank, state.host)  # live view
                 self._record_ranks()
-        elif kind == protocol.EXITED:
+        elif isinstance(frame, protocol.Exited):
             self._on_exit(frame)
-        elif kind == protocol.ERROR:
-            self.console.note(f"{self.hosts[index].display}: {frame.get('msg')}", error=True)
-            if frame.get("cause") == protocol.CAUSE_NO_HEARTBEAT:
+        elif isinstance(frame, protocol.Error):
+            self.console.note(f"{self.hosts[index].display}: {frame.msg}", error=True)
+            if frame.cause == protocol.CAUSE_NO_HEARTBEAT:
                 # The node no longer hears the controller: for --min-nodes it is lost.
                 self.lost_hosts.add(self.hosts[index].name)
-        elif kind == protocol.BYE:
+        elif isinstance(frame, protocol.Bye):
             self.agent_done[index] = True
 
     def _on_events(self, rank: int, events: list[Any]) -> None:
@@ -496,15 +493,15 @@ class Job:
 
     # --- end per-rank state ---
 
-    def _on_exit(self, frame: dict[str, Any]) -> None:
-        state = self.ranks.get(frame["r"])
+    def _on_exit(self, frame: protocol.Exited) -> None:
+        state = self.ranks.get(frame.rank)
         if state is None:
             return
-        state.signal = frame.get("signal")
-        state.exit_code = protocol.exit_code_of(frame.get("code"), state.signal)
+        state.signal = frame.signal
+        state.exit_code = frame.exit_code
         self._trace(f"rank {state.rank} exited with {state.exit_code}")
-        if frame.get("pid"):
-            state.pid = frame["pid"]
+        if frame.pid:
+            state.pid = frame.pid
         # --- live view and per-rank state ---
         self.exit_steps[state.rank] = self.last_step
         self.view.rank_exited(state.rank, state.host, state.exit_code)
@@ -634,7 +631,7 @@ class Job:
         for index, link in enumerate(self.links):
             ranks = [s.rank for s in ready if s.node == index]
             if link is not None and ranks and not self.agent_done[index]:
-                link.write(protocol.encode({"t": protocol.SIGNAL, "sig": sig, "ranks": ranks}))
+                link.write(protocol.encode(protocol.Signal(sig, ranks)))
 
     def _forward_save_signal(self, signum: int) -> None:
         name = _signal_name(signum)
@@ -645,7 +642,7 @@ class Job:
             return
         self.save_requested = True
         self.console.note(f"{name}: every rank saves a checkpoint at its next step, then exits")
-        data = protocol.encode({"t": protocol.SIGNAL, "sig": int(signum)})
+        data = protocol.encode(protocol.Signal(int(signum)))
         for i, link in enumerate(self.links):
             if link is not None and not self.agent_done[i]:
                 link.write(data)
@@ -661,7 +658,7 @@ class Job:
                 self.run_dir.update(status=RunStatus.STOPPING)
             self.view.set_status("stopping")  # live view
         self.stop_grace = grace if first else min(self.stop_grace, grace)
-        data = protocol.encode({"t": protocol.STOP, "grace": grace})
+        data = protocol.encode(protocol.Stop(grace))
         senders = [
             threading.Thread(target=link.write, args=(data,), daemon=True)
             for i, link in enumerate(self.links)
@@ -714,7 +711,7 @@ class Job:
             "(Ctrl-C again to stop now without saving)",
             error=True,
         )
-        data = protocol.encode({"t": protocol.SIGNAL, "sig": int(self.save_signal)})
+        data = protocol.encode(protocol.Signal(int(self.save_signal)))
         for i, link in enumerate(self.links):
             if link is not None and not self.agent_done[i]:
                 link.write(data)
@@ -752,7 +749,7 @@ class Job:
             signal.signal(signum, handler)
 
     def _heartbeat_loop(self) -> None:
-        beat = protocol.encode({"t": protocol.HEARTBEAT})
+        beat = protocol.encode(protocol.Heartbeat())
         while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
             for i, link in enumerate(self.links):
                 if link is not None and not self.agent_done[i]:

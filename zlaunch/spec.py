@@ -9,8 +9,8 @@ otherwise never start.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
 
 from zlaunch import protocol
 from zlaunch.errors import UsageError
@@ -31,36 +31,35 @@ def shared_env(envs: list[Mapping[str, str]]) -> dict[str, str]:
 
 def node_spec(
     node: NodePlan, *, master_addr: str, grace: float, heartbeat_timeout: float
-) -> dict[str, Any]:
+) -> protocol.Spec:
     common = shared_env([w.env for w in node.workers])
-    return {
-        "t": protocol.SPEC,
-        "cwd": node.cwd,
-        "master_addr": master_addr,
-        "grace": grace,
-        "heartbeat_timeout": heartbeat_timeout,
-        "env": common,
-        "workers": [
-            {
-                "rank": w.rank,
-                "local_rank": w.local_rank,
-                "argv": list(w.argv),
-                "env": {k: v for k, v in w.env.items() if k not in common},
-            }
+    return protocol.Spec(
+        cwd=node.cwd,
+        master_addr=master_addr,
+        grace=grace,
+        heartbeat_timeout=heartbeat_timeout,
+        env=common,
+        workers=[
+            protocol.WorkerSpec(
+                rank=w.rank,
+                local_rank=w.local_rank,
+                argv=list(w.argv),
+                env={k: v for k, v in w.env.items() if k not in common},
+            )
             for w in node.workers
         ],
-    }
+    )
 
 
-def encode_spec(spec: dict[str, Any], host: str, limit: int = protocol.MAX_FRAME_BYTES) -> bytes:
+def encode_spec(spec: protocol.Spec, host: str, limit: int = protocol.MAX_FRAME_BYTES) -> bytes:
     """The spec as a frame; UsageError (exit 2) naming the biggest variables when too long."""
     data = protocol.encode(spec)
     if len(data) <= limit:
         return data
     sizes: dict[str, int] = {}
-    for env in [spec.get("env") or {}] + [w.get("env") or {} for w in spec["workers"]]:
+    for env in [spec.env] + [w.env for w in spec.workers]:
         for name, value in env.items():
-            sizes[name] = sizes.get(name, 0) + len(protocol.encode({"t": value})) - 9
+            sizes[name] = sizes.get(name, 0) + len(json.dumps(value)) - 2  # the quotes
     biggest = sorted(sizes.items(), key=lambda item: -item[1])[:3]
     listing = ", ".join(f"{name} ({_mib(size)})" for name, size in biggest)
     raise UsageError(

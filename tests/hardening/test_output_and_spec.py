@@ -58,7 +58,7 @@ def test_agent_output_frames_stay_far_below_the_limit_whatever_the_bytes():
     from zlaunch.agent import READ_SIZE
 
     worst = bytes([0x80]) * (protocol.MAX_PIECE_BYTES + READ_SIZE)
-    frame = {"t": protocol.OUT, "r": 0, "s": "o", "l": [protocol.line_text(worst)], "p": True}
+    frame = protocol.Out(0, "o", [protocol.line_text(worst)], partial=True)
     assert len(protocol.encode(frame)) < protocol.MAX_FRAME_BYTES // 2
 
 
@@ -67,18 +67,20 @@ def test_a_frame_over_the_limit_is_dropped_alone_and_reported_without_its_bytes(
     reader = protocol.FrameReader(on_bad=lambda err: bad.append(str(err)), limit=1000)
     secret = "hunter2" * 400
     data = (
-        protocol.encode({"t": "hb"})
-        + protocol.encode({"t": "spec", "env": {"X": secret}})
+        protocol.encode(protocol.Heartbeat())
+        + protocol.encode(
+            protocol.Spec(grace=1.0, heartbeat_timeout=1.0, env={"X": secret}, workers=[])
+        )
         + b"{not json "
         + secret.encode()
         + b"\n"
-        + protocol.encode({"t": "bye"})
+        + protocol.encode(protocol.Bye())
     )
     frames = []
     for i in range(0, len(data), 333):
         frames.extend(reader.feed(data[i : i + 333]))
     frames.extend(reader.finish())
-    assert [f["t"] for f in frames] == ["hb", "bye"]
+    assert frames == [protocol.Heartbeat(), protocol.Bye()]
     assert len(bad) == 2 and not any("hunter2" in b for b in bad)
     assert "bytes dropped" in bad[0]
 

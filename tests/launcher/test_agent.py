@@ -56,7 +56,7 @@ class AgentUnderTest:
             frame = self.frames.get(timeout=max(0.01, deadline - time.monotonic()))
             if frame is None:
                 raise AssertionError(f"agent closed its output while waiting for {kind}")
-            if kind is None or frame["t"] == kind:
+            if kind is None or isinstance(frame, kind):
                 return frame
 
     def until_bye(self, timeout=15.0):
@@ -64,7 +64,7 @@ class AgentUnderTest:
         while True:
             frame = self.next(timeout=timeout)
             seen.append(frame)
-            if frame["t"] == protocol.BYE:
+            if isinstance(frame, protocol.Bye):
                 return seen
 
     def close(self):
@@ -80,20 +80,17 @@ def agent():
     a.close()
 
 
-def spec(workers, **extra):
-    frame = {
-        "t": protocol.SPEC,
-        "cwd": "/",
-        "master_addr": "127.0.0.1",
-        "grace": 5.0,
-        "heartbeat_timeout": 30.0,
-        "workers": [
-            {"rank": r, "local_rank": r, "argv": argv, "env": {"RANK": str(r), **env}}
+def spec(workers, heartbeat_timeout=30.0):
+    return protocol.Spec(
+        cwd="/",
+        master_addr="127.0.0.1",
+        grace=5.0,
+        heartbeat_timeout=heartbeat_timeout,
+        workers=[
+            protocol.WorkerSpec(r, r, argv, {"RANK": str(r), **env})
             for r, (argv, env) in enumerate(workers)
         ],
-    }
-    frame.update(extra)
-    return frame
+    )
 
 
 def py(code):
@@ -101,9 +98,9 @@ def py(code):
 
 
 def test_hello_then_workers_run_and_every_line_and_exit_is_forwarded(agent, tmp_path):
-    hello = agent.next(protocol.HELLO)
-    assert hello["pid"] == agent.proc.pid and hello["python"] == sys.executable
-    assert hello["addr"] is None and 1 <= hello["port"] <= 65535
+    hello = agent.next(protocol.Hello)
+    assert hello.pid == agent.proc.pid and hello.python == sys.executable
+    assert hello.addr is None and 1 <= hello.port <= 65535
     code = (
         "import os,sys\n"
         "for i in range(5): print('out', os.environ['RANK'], i)\n"
@@ -118,16 +115,16 @@ def test_hello_then_workers_run_and_every_line_and_exit_is_forwarded(agent, tmp_
     err = {0: [], 1: []}
     exits, events, started = {}, {}, {}
     for f in frames:
-        if f["t"] == protocol.OUT:
-            (out if f["s"] == protocol.STDOUT else err)[f["r"]].extend(f["l"])
-        elif f["t"] == protocol.EXITED:
-            exits[f["r"]] = (f["code"], f["signal"])
+        if isinstance(f, protocol.Out):
+            (out if f.stream == protocol.STDOUT else err)[f.rank].extend(f.lines)
+        elif isinstance(f, protocol.Exited):
+            exits[f.rank] = (f.code, f.signal)
             # the exit is reported after the rank's last output
-            assert len(out[f["r"]]) == 6
-        elif f["t"] == protocol.EVENT:
-            events[f["r"]] = f["e"]
-        elif f["t"] == protocol.STARTED:
-            started[f["r"]] = f["pid"]
+            assert len(out[f.rank]) == 6
+        elif isinstance(f, protocol.Event):
+            events[f.rank] = f.events
+        elif isinstance(f, protocol.Started):
+            started[f.rank] = f.pid
     assert out[0][:5] == [f"out 0 {i}" for i in range(5)]
     assert out[0][5] == "lo lo 'a b $(x) \\n'" and out[1][5] == "lo lo 's'"
     assert err == {0: ["to err"], 1: ["to err"]}
@@ -138,7 +135,7 @@ def test_hello_then_workers_run_and_every_line_and_exit_is_forwarded(agent, tmp_
 
 
 def test_env_values_reach_the_worker_byte_for_byte(agent, tmp_path):
-    agent.next(protocol.HELLO)
+    agent.next(protocol.Hello)
     hostile = "$(touch /tmp/pwned); echo ';' \"q\" 'q' \n second line ünï"
     agent.send(
         spec([([sys.executable, FAKE, "--record-dir", str(tmp_path)], {"HOSTILE": hostile})])
@@ -152,31 +149,31 @@ def test_env_values_reach_the_worker_byte_for_byte(agent, tmp_path):
 
 
 def test_signal_death_is_reported_as_signal(agent, tmp_path):
-    agent.next(protocol.HELLO)
+    agent.next(protocol.Hello)
     argv = [sys.executable, FAKE, "--record-dir", str(tmp_path), "--signal", "KILL"]
     agent.send(spec([(argv, {})]))
-    exited = agent.next(protocol.EXITED)
-    assert exited["code"] is None and exited["signal"] == signal.SIGKILL
-    agent.next(protocol.BYE)
+    exited = agent.next(protocol.Exited)
+    assert exited.code is None and exited.signal == signal.SIGKILL
+    agent.next(protocol.Bye)
 
 
 def test_missing_program_is_an_error_and_exit_127(agent):
-    agent.next(protocol.HELLO)
+    agent.next(protocol.Hello)
     agent.send(spec([(["/nonexistent/program"], {})]))
-    error = agent.next(protocol.ERROR)
-    assert "rank 0" in error["msg"] and "/nonexistent/program" in error["msg"]
-    exited = agent.next(protocol.EXITED)
-    assert exited["code"] == 127
-    agent.next(protocol.BYE)
+    error = agent.next(protocol.Error)
+    assert "rank 0" in error.msg and "/nonexistent/program" in error.msg
+    exited = agent.next(protocol.Exited)
+    assert exited.code == 127
+    agent.next(protocol.Bye)
 
 
-def _hanging_workers(agent, tmp_path, n=2, ignore_sigterm=False, **extra):
-    agent.next(protocol.HELLO)
+def _hanging_workers(agent, tmp_path, n=2, ignore_sigterm=False, heartbeat_timeout=30.0):
+    agent.next(protocol.Hello)
     argv = [sys.executable, FAKE, "--record-dir", str(tmp_path), "--hang"]
     if ignore_sigterm:
         argv.append("--ignore-sigterm")
-    agent.send(spec([(argv, {})] * n, **extra))
-    pids = [agent.next(protocol.STARTED)["pid"] for _ in range(n)]
+    agent.send(spec([(argv, {})] * n, heartbeat_timeout))
+    pids = [agent.next(protocol.Started).pid for _ in range(n)]
     deadline = time.monotonic() + 20
     while not all((tmp_path / f"rank-{r}.json").exists() for r in range(n)):
         assert time.monotonic() < deadline, "workers did not start"
@@ -207,36 +204,36 @@ def test_missed_heartbeat_kills_the_workers(agent, tmp_path):
     start = time.monotonic()
     assert _wait_gone(pids, 6.0), "workers survived a lost heartbeat"
     assert time.monotonic() - start >= 0.5  # it waited for the heartbeat to be missed
-    assert "no heartbeat" in agent.next(protocol.ERROR)["msg"]
+    assert "no heartbeat" in agent.next(protocol.Error).msg
     assert agent.proc.wait(timeout=5) == 0
 
 
 def test_heartbeats_keep_it_alive(agent, tmp_path):
     pids = _hanging_workers(agent, tmp_path, n=1, heartbeat_timeout=1.0)
     for _ in range(6):
-        agent.send({"t": protocol.HEARTBEAT})
+        agent.send(protocol.Heartbeat())
         time.sleep(0.3)
     assert all(_alive(p) for p in pids)
-    agent.send({"t": protocol.STOP, "grace": 2.0})
+    agent.send(protocol.Stop(2.0))
     assert _wait_gone(pids, 5.0)
-    agent.next(protocol.BYE)
+    agent.next(protocol.Bye)
 
 
 def test_stop_terms_then_kills_after_grace(agent, tmp_path):
     pids = _hanging_workers(agent, tmp_path, ignore_sigterm=True)
     start = time.monotonic()
-    agent.send({"t": protocol.STOP, "grace": 1.0})
+    agent.send(protocol.Stop(1.0))
     assert _wait_gone(pids, 5.0)
     elapsed = time.monotonic() - start
     assert 0.9 <= elapsed < 3.0, elapsed
     assert (tmp_path / "rank-0.sigterm").exists()  # TERM came first
-    exits = [agent.next(protocol.EXITED) for _ in pids]
-    assert {e["signal"] for e in exits} == {signal.SIGKILL}
-    agent.next(protocol.BYE)
+    exits = [agent.next(protocol.Exited) for _ in pids]
+    assert {e.signal for e in exits} == {signal.SIGKILL}
+    agent.next(protocol.Bye)
 
 
 def test_stop_reaches_grandchildren_in_the_worker_group(agent, tmp_path):
-    agent.next(protocol.HELLO)
+    agent.next(protocol.Hello)
     code = (
         "import subprocess,sys,time\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -244,11 +241,11 @@ def test_stop_reaches_grandchildren_in_the_worker_group(agent, tmp_path):
         "time.sleep(600)\n"
     )
     agent.send(spec([(py(code), {})]))
-    worker = agent.next(protocol.STARTED)["pid"]
-    grandchild = int(agent.next(protocol.OUT)["l"][0])
-    agent.send({"t": protocol.STOP, "grace": 2.0})
+    worker = agent.next(protocol.Started).pid
+    grandchild = int(agent.next(protocol.Out).lines[0])
+    agent.send(protocol.Stop(2.0))
     assert _wait_gone([worker, grandchild], 5.0)
-    agent.next(protocol.BYE)
+    agent.next(protocol.Bye)
 
 
 def test_sigterm_to_the_agent_stops_its_workers(agent, tmp_path):

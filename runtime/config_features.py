@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
-from .config import _describe
+from .config_values import describe
 
 __all__ = [
     "BF16_KEYS",
@@ -68,7 +68,7 @@ def unless(*inactive: Any, instead: str = "remove it") -> Check:
         # true is not 1 and false is not 0 here: a flag given where a number belongs is wrong.
         if any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in inactive):
             return None
-        return f"= {_describe(value)} is {_UNSUPPORTED}; {instead}"
+        return f"= {describe(value)} is {_UNSUPPORTED}; {instead}"
 
     return check
 
@@ -102,7 +102,7 @@ def when_differs(defaults: Mapping[str, Any], instead: str) -> Check:
         if isinstance(value, Mapping):
             for key, item in value.items():
                 if key not in defaults or item != defaults[key]:
-                    return f"{key} = {_describe(item)} is {_UNSUPPORTED}; {instead}"
+                    return f"{key} = {describe(item)} is {_UNSUPPORTED}; {instead}"
         return None
 
     return check
@@ -119,7 +119,7 @@ def _tensor_parallel(value: Any) -> str | None:
     for size in sizes:
         if isinstance(size, bool) or not isinstance(size, int) or size > 1:
             return (
-                f"sets a tensor-parallel size of {_describe(size)}, which is {_UNSUPPORTED} "
+                f"sets a tensor-parallel size of {describe(size)}, which is {_UNSUPPORTED} "
                 "(data parallelism only); remove the block"
             )
     return None

@@ -20,7 +20,7 @@ import re
 from collections.abc import Hashable
 from typing import Any
 
-from .config import ConfigError
+from .config_values import ConfigError
 
 __all__ = ["MAX_DEPTH", "MAX_INT_BITS", "MAX_VALUES", "plain", "read_file"]
 

@@ -1,7 +1,8 @@
-"""Reading a config: JSON/YAML files, and DeepSpeed's keys mapped onto runtime.config's schema.
+"""Reading a config: a mapping or a JSON/YAML file, DeepSpeed's keys mapped onto the schema.
 
-`runtime.config.load_config` is the entry point. Here live the parts that only matter while
-reading: DeepSpeed's keys this runtime does not model (runtime.config_features: accepted while
+`load_config` is the entry point (users reach it as `runtime.config.load_config`). The schema
+(runtime.config_schema and its blocks) knows nothing of reading; here live the parts that
+only matter while reading: DeepSpeed's keys this runtime does not model (runtime.config_features: accepted while
 disabled, refused when turned on), DeepSpeed's other spellings of ZeRO keys, "auto" handling
 inside blocks, and file parsing (runtime.config_files). No torch.
 """
@@ -10,29 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from .config import (
-    _BATCH_KEYS,
-    AUTO,
+from .config_blocks import (
     ActivationCheckpointingConfig,
     BF16Config,
-    CommsLoggerConfig,
-    Config,
-    ConfigError,
-    CsvMonitorConfig,
-    FlopsProfilerConfig,
     FP16Config,
     OffloadConfig,
     OptimizerConfig,
-    SchedulerConfig,
-    TensorboardConfig,
-    WandbConfig,
     ZeroConfig,
-    _bool,
-    _describe,
-    _suggest,
 )
 from .config_features import (
     BF16_KEYS,
@@ -44,12 +33,20 @@ from .config_features import (
     Check,
 )
 from .config_files import plain, read_file
+from .config_keys import check_keys
+from .config_monitors import (
+    CommsLoggerConfig,
+    CsvMonitorConfig,
+    FlopsProfilerConfig,
+    TensorboardConfig,
+    WandbConfig,
+)
+from .config_scheduler import SchedulerConfig
+from .config_schema import BATCH_KEYS, Config
+from .config_values import AUTO, ConfigError, ConfigWarning, as_bool, describe
 
-__all__ = ["read_config"]
+__all__ = ["load_config", "read_config"]
 
-
-# ---------------------------------------------------------------------------------------------
-# Mapping -> Config.
 
 # DeepSpeed's other spellings of ZeRO keys -> ours.
 _ZERO_ALIASES = {
@@ -60,8 +57,6 @@ _ZERO_ALIASES = {
     "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
     "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
 }
-# Fields whose "auto" is resolved later (by Config.resolve); any other "auto" inside a block is
-# dropped so the default applies, as DeepSpeed does.
 # Blocks read into dataclasses by `_Parser.block` (no accepted extras, no aliases).
 _PLAIN_BLOCKS = {
     "tensorboard": TensorboardConfig,
@@ -71,6 +66,10 @@ _PLAIN_BLOCKS = {
     "csv_monitor": CsvMonitorConfig,
     "wandb": WandbConfig,
 }
+# The blocks of the top level, each read into its dataclass by `_Parser`.
+_BLOCKS = {"fp16", "bf16", "optimizer", "scheduler", "zero_optimization", *_PLAIN_BLOCKS}
+# Fields whose "auto" is resolved later (by Config.resolve); any other "auto" inside a block is
+# dropped so the default applies, as DeepSpeed does.
 _KEEP_AUTO = {
     "reduce_bucket_size",
     "stage3_prefetch_bucket_size",
@@ -102,31 +101,14 @@ class _Parser:
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
-            raise ConfigError(f"must be a mapping of keys to values, got {_describe(value)}", name)
+            raise ConfigError(f"must be a mapping of keys to values, got {describe(value)}", name)
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = dict(defaults)
-        for key, item in value.items():
-            path = f"{name}.{key}"
-            target = aliases.get(key, key)
-            if target in names:
-                if target != key and target in value:
-                    raise ConfigError(
-                        f"and {name}.{target} both set the same option; keep one", path
-                    )
-                if item == AUTO and target not in _KEEP_AUTO:
-                    self.dropped_autos.append(path)
-                    continue  # DeepSpeed drops "auto" in sub-blocks: the default applies
-                kwargs[target] = item
-            elif key in accepted:
-                refusal = accepted[key](item)
-                if refusal:
-                    raise ConfigError(refusal, path)
-            else:
-                hint = _suggest(str(key), names | set(accepted) | set(aliases))
-                valid = ", ".join(sorted(names))
-                raise ConfigError(
-                    "is not a valid key; " + (hint if hint else f"valid keys: {valid}"), path
-                )
+        for key, target, item in check_keys(name, value, names, accepted, aliases):
+            if item == AUTO and target not in _KEEP_AUTO:
+                self.dropped_autos.append(f"{name}.{key}")
+                continue  # DeepSpeed drops "auto" in sub-blocks: the default applies
+            kwargs[target] = item
         try:
             return cls(**kwargs)
         except ConfigError as err:
@@ -149,7 +131,7 @@ class _Parser:
             return None
         if not isinstance(value, Mapping):
             raise ConfigError(
-                f"must be a mapping with type and params, got {_describe(value)}", name
+                f"must be a mapping with type and params, got {describe(value)}", name
             )
         if "type" not in value:
             raise ConfigError('needs a "type" key', name)
@@ -171,7 +153,7 @@ class _Parser:
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
-            raise ConfigError(f"must be a mapping of keys to values, got {_describe(value)}", name)
+            raise ConfigError(f"must be a mapping of keys to values, got {describe(value)}", name)
         value = dict(value)
         stage = value.get("stage", 0)
         offloads: dict[str, OffloadConfig] = {}
@@ -182,7 +164,7 @@ class _Parser:
             if legacy in value and value[legacy] is None:  # DeepSpeed's default: not given
                 del value[legacy]
             if legacy in value:  # deprecated boolean form
-                flag = _bool(f"{name}.{legacy}", value.pop(legacy))
+                flag = as_bool(f"{name}.{legacy}", value.pop(legacy))
                 if key in value:
                     raise ConfigError(
                         f"and {name}.{key} are both set; keep {key}", f"{name}.{legacy}"
@@ -228,28 +210,23 @@ class _Parser:
             raise ConfigError('and "bfloat16" are the same block; keep only "bf16"', "bf16")
         top = {f.name for f in dataclasses.fields(Config)} - {"raw", "source"}
         kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in ("fp16", "bf16", "bfloat16", "optimizer", "scheduler"):
-                continue
-            if key == "zero_optimization" or key in _PLAIN_BLOCKS:
-                continue
-            if key in top:
-                if value == AUTO and key not in _BATCH_KEYS:
-                    self.dropped_autos.append(key)
-                    continue  # no trainer to fill it: the default applies
-                kwargs[key] = value
-            elif key in TOP_LEVEL_KEYS:
-                refusal = TOP_LEVEL_KEYS[key](value)
-                if refusal:
-                    raise ConfigError(refusal, str(key))
-            else:
-                # DeepSpeed ignores unknown top-level keys; a misspelt "gradient_clipping"
-                # would then train without clipping, so here it is an error.
-                hint = _suggest(str(key), top | {"bfloat16", *TOP_LEVEL_KEYS})
-                raise ConfigError(
-                    "is not a DeepSpeed config key" + (f"; {hint}" if hint else "; remove it"),
-                    str(key),
-                )
+        # DeepSpeed ignores unknown top-level keys; a misspelt "gradient_clipping" would then
+        # train without clipping, so here it is an error.
+        for key, target, value in check_keys(
+            None,
+            data,
+            top,
+            TOP_LEVEL_KEYS,
+            {"bfloat16": "bf16"},
+            unknown="is not a DeepSpeed config key",
+            otherwise="remove it",
+        ):
+            if target in _BLOCKS:
+                continue  # read below, each into its dataclass
+            if value == AUTO and key not in BATCH_KEYS:
+                self.dropped_autos.append(key)
+                continue  # no trainer to fill it: the default applies
+            kwargs[key] = value
         kwargs["fp16"] = self.block("fp16", data.get("fp16"), FP16Config, FP16_KEYS)
         bf16_name = "bfloat16" if "bfloat16" in data else "bf16"
         kwargs["bf16"] = self.block(bf16_name, data.get(bf16_name), BF16Config, BF16_KEYS)
@@ -279,18 +256,12 @@ def _check_data_types(value: Any, precision: str) -> None:
         return
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"must be a mapping of keys to values, got {_describe(value)}", "data_types"
+            f"must be a mapping of keys to values, got {describe(value)}", "data_types"
         )
-    for key, item in value.items():
-        if key != "grad_accum_dtype":
-            hint = _suggest(str(key), ["grad_accum_dtype"])
-            raise ConfigError(
-                "is not a valid key; " + (hint or "valid keys: grad_accum_dtype"),
-                f"data_types.{key}",
-            )
+    for _key, _field, item in check_keys("data_types", value, ("grad_accum_dtype",)):
         if item is not None and item != precision:
             raise ConfigError(
-                f"= {_describe(item)} is not supported by this runtime: gradients accumulate in "
+                f"= {describe(item)} is not supported by this runtime: gradients accumulate in "
                 f"the training dtype ({precision}); remove it or set it to {precision!r}",
                 "data_types.grad_accum_dtype",
             )
@@ -318,3 +289,19 @@ def read_config(
     except ConfigError as err:
         raise err.from_file(origin) from None
     return config, [f"{origin}: {note}" if origin else note for note in parser.notes]
+
+
+def load_config(
+    source: Mapping[str, Any] | str | os.PathLike, *, origin: str | None = None
+) -> Config:
+    """Read and validate a config from a mapping or a .json/.yaml/.yml file.
+
+    `origin` names the config in messages (default: the path as given). Raises ConfigError
+    (unknown keys, bad values, features turned on that this runtime does not implement); warns
+    (ConfigWarning, one line each) about settings that have no effect here. "auto" values are
+    kept; `Config.resolve` fills them.
+    """
+    config, notes = read_config(source, origin)
+    for note in notes:
+        warnings.warn(note, ConfigWarning, stacklevel=2)
+    return config

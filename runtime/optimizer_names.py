@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .config import ConfigError, _describe, _suggest
+from .config_values import ConfigError, describe, did_you_mean
 
 __all__ = ["OPTIMIZER_PARAMS", "check_optimizer"]
 
@@ -92,16 +92,16 @@ def check_optimizer(type_name: Any, params: Mapping[str, Any]) -> None:
     """Raise ConfigError unless the runtime can build `type_name` with `params`."""
     if not isinstance(type_name, str) or not type_name.strip() or type_name == "auto":
         raise ConfigError(
-            f'must be an optimizer name such as "AdamW", got {_describe(type_name)}', "type"
+            f'must be an optimizer name such as "AdamW", got {describe(type_name)}', "type"
         )
     name = canonical_name(type_name)
     if name is None:
         why = _REFUSED.get(type_name.strip().lower().replace("_", "").replace("-", ""))
-        shown = _describe(type_name)
+        shown = describe(type_name)
         if why:
             problem = f"{shown} is not supported by this runtime ({why}); {_USE_INSTEAD}"
         else:
-            hint = _suggest(type_name, OPTIMIZER_PARAMS)
+            hint = did_you_mean(type_name, OPTIMIZER_PARAMS)
             problem = (
                 f"{shown} is not an optimizer this runtime can build; "
                 + (f"{hint} " if hint else "")
@@ -112,7 +112,7 @@ def check_optimizer(type_name: Any, params: Mapping[str, Any]) -> None:
     for key, value in params.items():
         path = f"params.{key}"
         if key not in known:
-            hint = _suggest(str(key), known)
+            hint = did_you_mean(str(key), known)
             raise ConfigError(
                 f"is not a parameter of {name}; " + (hint or f"its parameters: {', '.join(known)}"),
                 path,
@@ -128,7 +128,7 @@ def check_optimizer(type_name: Any, params: Mapping[str, Any]) -> None:
 def _check_value(path: str, key: str, value: Any) -> None:
     if key in _BOOLS:
         if not isinstance(value, bool):
-            raise ConfigError(f"must be true or false, got {_describe(value)}", path)
+            raise ConfigError(f"must be true or false, got {describe(value)}", path)
     elif key in _PAIRS:
         if (
             not isinstance(value, (list, tuple))
@@ -136,14 +136,14 @@ def _check_value(path: str, key: str, value: Any) -> None:
             or not all(_is_number(v) for v in value)
         ):
             raise ConfigError(
-                f"must be a list of two numbers such as [0.9, 0.999], got {_describe(value)}", path
+                f"must be a list of two numbers such as [0.9, 0.999], got {describe(value)}", path
             )
         if key == "betas" and not all(0.0 <= v < 1.0 for v in value):
-            raise ConfigError(f"must both be in [0, 1), got {_describe(value)}", path)
+            raise ConfigError(f"must both be in [0, 1), got {describe(value)}", path)
     elif not _is_number(value):
-        raise ConfigError(f"must be a finite number, got {_describe(value)}", path)
+        raise ConfigError(f"must be a finite number, got {describe(value)}", path)
     elif key in ("lr", "eps", "weight_decay", "momentum") and value < 0:
-        raise ConfigError(f"must be >= 0, got {_describe(value)}", path)
+        raise ConfigError(f"must be >= 0, got {describe(value)}", path)
 
 
 def _is_number(value: Any) -> bool:

@@ -27,11 +27,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..config_blocks import ActivationCheckpointingConfig
 from .function import Hooks, run_non_reentrant, run_reentrant
 from .rng import (
     MODEL_PARALLEL_RNG,
@@ -63,41 +63,9 @@ log = logging.getLogger("runtime.checkpointing")
 
 get_cuda_rng_tracker = get_rng_tracker  # DeepSpeed's / Megatron's name
 
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    """The ``activation_checkpointing`` options in force (DeepSpeed's defaults)."""
-
-    partition_activations: bool = False
-    """Keep 1/N of each checkpoint input per model-parallel rank; all-gather to recompute."""
-    contiguous_memory_optimization: bool = False
-    """Keep checkpoint inputs in one preallocated buffer (needs number_checkpoints)."""
-    number_checkpoints: int | None = None
-    """Checkpoints held at once in one forward (the buffer's slots)."""
-    cpu_checkpointing: bool = False
-    """Keep checkpoint inputs in host memory."""
-    synchronize_checkpoint_boundary: bool = False
-    """Synchronize the device at each checkpoint's forward and backward boundaries."""
-    profile: bool = False
-    """Time forward and recomputation; reported with the step metrics."""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "number_checkpoints":
-                if value is not None and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1
-                ):
-                    raise ValueError(
-                        f"number_checkpoints must be a positive integer, got {value!r}"
-                    )
-            elif not isinstance(value, bool):
-                raise ValueError(f"{f.name} must be True or False, got {value!r}")
-        if self.contiguous_memory_optimization and self.number_checkpoints is None:
-            raise ValueError(
-                "contiguous_memory_optimization needs number_checkpoints (the number of "
-                "checkpointed blocks in one forward: the buffer's slots)"
-            )
+# The options in force are the config block's dataclass: `configure` and the config check its
+# arguments the same way, with the same messages.
+CheckpointOptions = ActivationCheckpointingConfig
 
 
 class _Profile:

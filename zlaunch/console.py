@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from zlaunch import protocol
 from zlaunch.console_writer import BackgroundWriter, TextWriter
+from zlaunch.run_records import Failure, FailureReport
 
 __all__ = ["Console", "color_enabled", "is_terminal", "print_table", "rank_ranges"]
 
@@ -141,7 +142,7 @@ class Console:
         except (BrokenPipeError, ValueError):
             pass
 
-    def failure_report(self, report: dict[str, Any]) -> None:
+    def failure_report(self, report: FailureReport) -> None:
         """The torchelastic-style summary: every failed rank, the root cause marked."""
         self._write_err(format_failure(report, color=self.err_color))
 
@@ -153,46 +154,42 @@ class Console:
             pass
 
 
-def _exit_text(failure: dict[str, Any]) -> str:
-    if failure.get("signal"):
-        return f"signal {failure['signal_name']} (exit code {failure['exit_code']})"
-    return f"exit code {failure['exit_code']}"
+def _exit_text(failure: Failure) -> str:
+    if failure.signal:
+        return f"signal {failure.signal_name} (exit code {failure.exit_code})"
+    return f"exit code {failure.exit_code}"
 
 
-def format_failure(report: dict[str, Any], *, color: bool = False) -> str:
+def format_failure(report: FailureReport, *, color: bool = False) -> str:
     red, bold, reset = (_BOLD_RED, "\x1b[1m", _RESET) if color else ("", "", "")
-    root = report["root_cause"]
     rule = "=" * 72
     out = [
         rule,
-        f"{red}zlaunch: job {report['run_id']} failed{reset}",
-        f"  {report.get('summary', '')}".rstrip(),
+        f"{red}zlaunch: job {report.run_id} failed{reset}",
+        f"  {report.summary}".rstrip(),
         "Root cause (first failure):",
     ]
-    failures = report.get("failures", [root])
-    for index, failure in enumerate(failures):
+    for index, failure in enumerate(report.failures or (report.root_cause,)):
         if index == 1:
             out.append("Other failures:")
-        out.append(f"  [{index}] {bold}host {failure['host']}  rank {failure['rank']}{reset}")
-        out.append(f"      local_rank: {failure.get('local_rank')}")
-        out.append(f"      pid       : {failure.get('pid')}")
+        out.append(f"  [{index}] {bold}host {failure.host}  rank {failure.rank}{reset}")
+        out.append(f"      local_rank: {failure.local_rank}")
+        out.append(f"      pid       : {failure.pid}")
         out.append(f"      exit      : {_exit_text(failure)}")
-        if failure.get("time"):
-            out.append(f"      time      : {failure['time']}")
-        if failure.get("message"):
-            out.append(f"      message   : {failure['message']}")
-        if failure.get("hang"):  # a hang: where every rank stands (zlaunch/hang.py)
+        if failure.time:
+            out.append(f"      time      : {failure.time}")
+        if failure.message:
+            out.append(f"      message   : {failure.message}")
+        if failure.hang:  # a hang: where every rank stands (zlaunch/hang.py)
             from zlaunch.hang import format_hang
 
             out.extend(format_hang(failure))
-        tail = failure.get("last_lines") or []
-        out.append(f"      last {len(tail)} lines of rank {failure['rank']} output:")
-        out.extend(f"        | {line}" for line in tail)
-    stopped = report.get("stopped_ranks")
-    if stopped:
-        out.append(f"Stopped by zlaunch: ranks {_compact(stopped)}")
-    if report.get("log_dir"):
-        out.append(f"Logs: {report['log_dir']}")
+        out.append(f"      last {len(failure.last_lines)} lines of rank {failure.rank} output:")
+        out.extend(f"        | {line}" for line in failure.last_lines)
+    if report.stopped_ranks:
+        out.append(f"Stopped by zlaunch: ranks {_compact(report.stopped_ranks)}")
+    if report.log_dir:
+        out.append(f"Logs: {report.log_dir}")
     out.append(rule)
     return "\n".join(out) + "\n"
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from zlaunch.commands.stacks import QUIET_AFTER, group_ranks, parse_dump
+from zlaunch.run_records import REASON_HANG, Failure
 
 __all__ = ["EXIT_HANG", "STACKS_WAIT", "HangWatch", "StackCapture", "hang_failure"]
 
@@ -87,7 +88,7 @@ def hang_failure(
     hosts_of: dict[int, str],
     dumps: dict[int, Any],
     silent: list[int],
-) -> dict[str, Any]:
+) -> Failure:
     """The failure record of a hang: where every rank stands (stack groups), who did not
     answer. ``silent``: running ranks that cannot dump (no runtime.initialize yet)."""
     groups = [
@@ -104,29 +105,26 @@ def hang_failure(
     message = f"no rank reached a step boundary for {idle_s:.0f} s (--hang-timeout {timeout:g})"
     if named:
         message += f"; rank(s) {', '.join(map(str, sorted(named)))} stand apart"
-    return {
-        "reason": "hang",
-        "host": ", ".join(sorted(set(hosts_of.values()))),
-        "rank": "all",
-        "exit_code": EXIT_HANG,
-        "signal": None,
-        "signal_name": None,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "message": message,
-        "last_lines": [],
-        "hang": {
+    return Failure(
+        reason=REASON_HANG,
+        host=", ".join(sorted(set(hosts_of.values()))),
+        rank="all",
+        exit_code=EXIT_HANG,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        message=message,
+        hang={
             "timeout_s": timeout,
             "idle_s": round(idle_s, 1),
             "stack_groups": groups,
             "no_dump": no_dump,
             "cannot_dump": sorted(silent),
         },
-    }
+    )
 
 
-def format_hang(failure: dict[str, Any]) -> list[str]:
+def format_hang(failure: Failure) -> list[str]:
     """Lines for the console's failure report: the stack groups, the silent ranks."""
-    hang = failure.get("hang") or {}
+    hang = failure.hang or {}
     out = []
     for group in hang.get("stack_groups", []):
         ranks = ", ".join(map(str, group["ranks"]))

@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from zlaunch.plan import Plan, new_run_id
 from zlaunch.redact import recorded_env_value, redact_argv
+from zlaunch.run_records import FailureReport, RanksFile, RunStatus
 
 __all__ = [
     "RunDir",
@@ -54,17 +55,6 @@ LATEST = "latest"
 CONTROLLER_LOCK = "controller.lock"
 # struct flock on Linux (x86-64, arm64): l_type, l_whence, l_start, l_len, l_pid, padding.
 _FLOCK = "hhqqi4x"
-
-
-class RunStatus:
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    RESTARTING = "restarting"
-    """An attempt failed and the next one (--max-restarts) is about to start; not an end."""
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
 
 
 def host_dirname(host: str) -> str:
@@ -218,29 +208,16 @@ class RunDir:
         # in another terminal sees it within its poll interval.
         return open(_open_private(path, os.O_WRONLY | os.O_APPEND), "ab", buffering=0)
 
-    def write_failure(self, failure: dict[str, Any]) -> None:
-        _write_json_atomic(os.path.join(self.path, FAILURE_FILE), failure)
+    def write_failure(self, report: FailureReport) -> None:
+        _write_json_atomic(os.path.join(self.path, FAILURE_FILE), report.to_json())
 
     def open_metrics(self) -> IO[str]:
         fd = _open_private(os.path.join(self.path, METRICS_FILE), os.O_WRONLY | os.O_APPEND)
         return open(fd, "a", encoding="utf-8")
 
-    # --- per-rank state (read by `zlaunch status`) ---
-    def write_ranks(self, attempt: int, ranks: list[dict[str, Any]]) -> None:
-        """Every rank's current state; rewritten atomically on each start and exit."""
-        _write_json_atomic(
-            os.path.join(self.path, RANKS_FILE),
-            {"attempt": attempt, "time": time.time(), "ranks": ranks},
-        )
-
-    def ranks(self) -> dict[str, Any] | None:
-        try:
-            with open(os.path.join(self.path, RANKS_FILE), encoding="utf-8") as handle:
-                return json.load(handle)
-        except FileNotFoundError:
-            return None
-
-    # --- end per-rank state ---
+    def write_ranks(self, ranks: RanksFile) -> None:
+        """Every rank's current state (read by `zlaunch status`); rewritten atomically."""
+        _write_json_atomic(os.path.join(self.path, RANKS_FILE), ranks.to_json())
 
     # ---- reading (any process) ----------------------------------------------------------
 
@@ -248,9 +225,21 @@ class RunDir:
         with open(os.path.join(self.path, RUN_FILE), encoding="utf-8") as handle:
             return json.load(handle)
 
-    def failure(self) -> dict[str, Any] | None:
+    def status(self) -> RunStatus | None:
+        """run.json's status as written (readers want runs_common.effective_status)."""
+        return RunStatus.parse(self.record().get("status"))
+
+    def ranks(self) -> RanksFile | None:
+        data = self._read_json(RANKS_FILE)
+        return RanksFile.from_json(data) if isinstance(data, dict) else None
+
+    def failure(self) -> FailureReport | None:
+        data = self._read_json(FAILURE_FILE)
+        return FailureReport.from_json(data) if isinstance(data, dict) else None
+
+    def _read_json(self, name: str) -> Any:
         try:
-            with open(os.path.join(self.path, FAILURE_FILE), encoding="utf-8") as handle:
+            with open(os.path.join(self.path, name), encoding="utf-8") as handle:
                 return json.load(handle)
         except FileNotFoundError:
             return None

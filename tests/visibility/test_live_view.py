@@ -122,7 +122,7 @@ def test_live_view_in_tmux_shows_logs_progress_and_metrics_ungarbled(tmp_path):
         assert sorted(seen) == [(r, s) for r in (0, 1) for s in range(1, STEPS + 1)]
         body = "\n".join(panel)
         assert re.search(r"step 12/12 +100%", body), body
-        assert "ranks alive: localhost 0/2" in body and panel[-1].rstrip().endswith("ended ─╯")
+        assert "ranks alive: localhost 0/2" in body and panel[-1].rstrip().endswith("succeeded ─╯")
         print("\n" + "\n".join(final))
     finally:
         subprocess.run([*tmux(session), "kill-server"], capture_output=True)

@@ -18,13 +18,13 @@ from zlaunch.clip import clip
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.options import DEFAULT_LOG_DIR
 from zlaunch.run_index import default_log_dir, index_dir, indexed_run_paths
-from zlaunch.rundir import RunDir, RunStatus, list_runs, lock_holder, process_identity
+from zlaunch.run_records import RunStatus
+from zlaunch.rundir import RunDir, list_runs, lock_holder, process_identity
 
 __all__ = [
     "run_options",
     "open_run",
     "known_runs",
-    "ENDED",
     "controller_alive",
     "controller_to_signal",
     "effective_status",
@@ -34,7 +34,6 @@ __all__ = [
 ]
 
 TAIL_BLOCK = 64 * 1024
-ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.INTERRUPTED})
 
 
 def run_options(func: Callable) -> Callable:
@@ -163,16 +162,19 @@ def controller_to_signal(run: RunDir, record: dict[str, Any], what: str) -> int:
     return pid
 
 
-def effective_status(record: dict[str, Any]) -> str:
-    """run.json's status, or "lost" when it says running but its controller is gone."""
-    status = record.get("status") or "unknown"
-    if status not in ENDED and record.get("end_time") is None and not controller_alive(record):
-        return "lost"
+def effective_status(record: dict[str, Any]) -> RunStatus:
+    """run.json's status, or LOST when it says running but its controller is gone."""
+    status = RunStatus.parse(record.get("status")) or RunStatus.UNKNOWN
+    if not status.ended and record.get("end_time") is None and not controller_alive(record):
+        return RunStatus.LOST
     return status
 
 
 def run_ended(record: dict[str, Any]) -> bool:
-    return record.get("end_time") is not None or effective_status(record) in ENDED | {"lost"}
+    if record.get("end_time") is not None:
+        return True
+    status = effective_status(record)
+    return status.ended or status is RunStatus.LOST
 
 
 def engine_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,7 +17,6 @@ from typing import Any
 import click
 
 from zlaunch.commands.runs_common import (
-    ENDED,
     controller_to_signal,
     effective_status,
     open_run,
@@ -27,6 +26,7 @@ from zlaunch.console import rank_ranges
 from zlaunch.console_stacks import STACK_FRAME as _FRAME
 from zlaunch.console_stacks import STACK_HEADER as _HEADER
 from zlaunch.errors import ZlaunchError
+from zlaunch.run_records import RankPhase, RankRow, RanksFile
 
 __all__ = ["command", "parse_dump", "group_ranks"]
 
@@ -91,21 +91,20 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
     rundir = open_run(log_dir, run, "stacks")
     record = rundir.record()
     status = effective_status(record)
-    if status in ENDED or record.get("end_time") is not None:
+    if status.ended or record.get("end_time") is not None:
         raise ZlaunchError(f"run {rundir.run_id} already ended ({status}); no stacks to show")
     controller = controller_to_signal(rundir, record, "stacks")
-    state = rundir.ranks() or {}
-    rows = [r for r in state.get("ranks", []) if r.get("state") == "running"]
-    ready = {r["rank"]: r for r in rows if r.get("stacks")}
-    silent = sorted(r["rank"] for r in rows if not r.get("stacks"))
+    state = rundir.ranks() or RanksFile(attempt=0, time=0.0)
+    rows = [r for r in state.ranks if r.state is RankPhase.RUNNING]
+    ready = {r.rank: r for r in rows if r.stacks}
+    silent = sorted(r.rank for r in rows if not r.stacks)
     if not ready:
         raise ZlaunchError(
             f"run {rundir.run_id}: no running rank can dump its stacks",
             hint="Python workers listen from their start; programs run with --no-python "
             "(or another interpreter) cannot be asked",
         )
-    attempt = int(state.get("attempt", 0))
-    paths = {r: rundir.rank_log_path(attempt, row["host"], r) for r, row in ready.items()}
+    paths = {r: rundir.rank_log_path(state.attempt, row.host, r) for r, row in ready.items()}
     start = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
     try:
         os.kill(controller, protocol.STACKS_SIGNAL)
@@ -142,14 +141,14 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
         raise click.exceptions.Exit(1)
 
 
-def _print_groups(run_id: str, ready: dict[int, dict], dumps: dict[int, Any]) -> None:
+def _print_groups(run_id: str, ready: dict[int, RankRow], dumps: dict[int, Any]) -> None:
     groups = group_ranks(dumps)
     click.echo(
         f"zlaunch stacks: run {run_id}, {len(dumps)} rank(s), "
         f"{len(groups)} distinct stack{'s' if len(groups) != 1 else ''}"
     )
     for ranks, dump in groups:
-        hosts = sorted({ready[r]["host"] for r in ranks})
+        hosts = sorted({ready[r].host for r in ranks})
         label = "rank" if len(ranks) == 1 else "ranks"
         click.echo(f"\n{label} {rank_ranges(ranks)} ({', '.join(hosts)}):")
         for kind, frames in dump:

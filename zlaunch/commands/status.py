@@ -17,6 +17,7 @@ import click
 from zlaunch.commands.runs_common import effective_status, last_engine_row, open_run, run_options
 from zlaunch.console import print_table
 from zlaunch.live_view import format_metrics
+from zlaunch.run_records import RankPhase, RankRow, RanksFile
 
 __all__ = ["command", "rank_rows"]
 
@@ -27,42 +28,41 @@ def _when(stamp: Any) -> str:
     return datetime.datetime.fromtimestamp(stamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _rank_state(rank: dict[str, Any], live: bool) -> str:
-    if rank.get("state") == "lost":
+def _rank_state(rank: RankRow, live: bool) -> str:
+    if rank.state is RankPhase.LOST:
         return "lost (connection to its host's agent broke)"
-    if rank.get("state") == "exited":
-        code = rank.get("exit_code")
-        if rank.get("signal_name"):
-            return f"killed by {rank['signal_name']} (exit {code})"
-        return f"exited {code}" if code else "exited 0"
+    if rank.state is RankPhase.EXITED:
+        if rank.signal_name:
+            return f"killed by {rank.signal_name} (exit {rank.exit_code})"
+        return f"exited {rank.exit_code}" if rank.exit_code else "exited 0"
     if not live:
         return "unknown (controller gone)"
-    return "alive" if rank.get("state") == "running" else "starting"
+    return "alive" if rank.state is RankPhase.RUNNING else "starting"
 
 
-def rank_rows(record: dict[str, Any], ranks: dict[str, Any] | None, live: bool) -> list[list[str]]:
+def rank_rows(record: dict[str, Any], ranks: RanksFile | None, live: bool) -> list[list[str]]:
     """HOST, RANK, LOCAL, PID, STATE, LAST STEP, LAST OUTPUT for every rank of the plan."""
     if ranks is None:
         # Not started yet (or an older controller): the plan tells at least who should run.
         plan = record.get("plan") or {}
         entries = [
-            {"rank": w["rank"], "local_rank": w["local_rank"], "host": node["host"]}
+            RankRow(rank=w["rank"], local_rank=w["local_rank"], host=node["host"])
             for node in plan.get("nodes", [])
             for w in node.get("workers", [])
         ]
     else:
-        entries = ranks.get("ranks", [])
+        entries = list(ranks.ranks)
     rows = []
     now = time.time()
-    for rank in sorted(entries, key=lambda r: r["rank"]):
-        last = rank.get("last_step")
-        output = rank.get("last_output")
+    for rank in sorted(entries, key=lambda r: r.rank):
+        last = rank.last_step
+        output = rank.last_output
         rows.append(
             [
-                str(rank.get("host", "-")),
-                str(rank["rank"]),
-                str(rank.get("local_rank", "-")),
-                str(rank.get("pid") or "-"),
+                str(rank.host or "-"),
+                str(rank.rank),
+                "-" if rank.local_rank is None else str(rank.local_rank),
+                str(rank.pid or "-"),
                 _rank_state(rank, live) if ranks is not None else "not started",
                 "-" if last is None else str(last),
                 f"{_ago(now - output)} ago" if isinstance(output, (int, float)) else "-",
@@ -80,12 +80,12 @@ def _ago(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def progress_lines(ranks: dict[str, Any] | None) -> list[str]:
+def progress_lines(ranks: RanksFile | None) -> list[str]:
     """The latest state of every rank's progress bar (a line redrawn with carriage returns)."""
     lines = []
-    for rank in sorted((ranks or {}).get("ranks", []), key=lambda r: r["rank"]):
-        if rank.get("progress") and rank.get("state") in ("running", "starting"):
-            lines.append(f"[{rank.get('host')}:{rank['rank']}] {rank['progress']}")
+    for rank in sorted(ranks.ranks if ranks else (), key=lambda r: r.rank):
+        if rank.progress and rank.state in (RankPhase.RUNNING, RankPhase.STARTING):
+            lines.append(f"[{rank.host}:{rank.rank}] {rank.progress}")
     return lines
 
 
@@ -99,7 +99,7 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
     record = rundir.record()
     ranks = rundir.ranks()
     status = effective_status(record)
-    live = status in ("starting", "running", "stopping")
+    live = status.live
     last = last_engine_row(rundir)
     failure = rundir.failure()
     if as_json:
@@ -109,9 +109,9 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
                     "run_id": rundir.run_id,
                     "status": status,
                     "exit_code": record.get("exit_code"),
-                    "ranks": (ranks or {}).get("ranks"),
+                    "ranks": [r.to_json() for r in ranks.ranks] if ranks else None,
                     "last_metrics": last,
-                    "root_cause": (failure or {}).get("root_cause"),
+                    "root_cause": failure.root_cause.to_json() if failure else None,
                 },
                 indent=2,
             )
@@ -131,13 +131,8 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
     else:
         lines.append("metrics  none reported yet")
     if failure:
-        root = failure.get("root_cause", {})
-        how = (
-            f"killed by {root['signal_name']}"
-            if root.get("signal_name")
-            else root.get("message") or f"exit code {root.get('exit_code')}"
-        )
-        lines.append(f"cause    rank {root.get('rank')} on {root.get('host')}: {how}")
+        root = failure.root_cause
+        lines.append(f"cause    rank {root.rank} on {root.host}: {root.how()}")
     click.echo("\n".join(lines))
     print_table(
         "ranks",

@@ -17,13 +17,13 @@ import time
 import click
 
 from zlaunch.commands.runs_common import (
-    ENDED,
     controller_to_signal,
     effective_status,
     open_run,
     run_options,
 )
 from zlaunch.errors import UsageError, ZlaunchError
+from zlaunch.run_records import RunStatus
 
 __all__ = ["command"]
 
@@ -51,7 +51,7 @@ def command(
     rundir = open_run(log_dir, run, "stop")
     record = rundir.record()
     status = effective_status(record)
-    if status in ENDED or record.get("end_time") is not None:
+    if status.ended or record.get("end_time") is not None:
         code = record.get("exit_code")
         raise ZlaunchError(
             f"run {rundir.run_id} already ended ({status}"
@@ -77,7 +77,7 @@ def command(
     while time.monotonic() < deadline:
         record = rundir.record()
         status = effective_status(record)
-        if status in ENDED or status == "lost":
+        if status.ended or status is RunStatus.LOST:
             code = record.get("exit_code")
             click.echo(
                 f"zlaunch: run {rundir.run_id} {status}"

@@ -13,12 +13,14 @@ from collections.abc import Mapping
 
 from zlaunch.protocol import COLLECTIVE_TIMEOUT_ENV
 
+from .errors import InvalidValueError
+
 __all__ = ["DEFAULT_SECONDS", "CollectiveTimeoutError", "collective_timeout_seconds"]
 
 DEFAULT_SECONDS = 1800.0
 
 
-class CollectiveTimeoutError(ValueError):
+class CollectiveTimeoutError(InvalidValueError):
     """A timeout variable that is not a positive number."""
 
 

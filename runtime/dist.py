@@ -16,6 +16,8 @@ import os
 import torch
 import torch.distributed as torch_dist
 
+from .errors import UsageError
+
 __all__ = [
     "ReduceOp",
     "all_reduce",
@@ -33,7 +35,7 @@ ReduceOp = torch_dist.ReduceOp
 
 def _require() -> None:
     if not torch_dist.is_initialized():
-        raise RuntimeError(
+        raise UsageError(
             "the process group is not initialised; call runtime.init_distributed() or "
             "runtime.initialize(...) first"
         )

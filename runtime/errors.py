@@ -34,8 +34,9 @@ class InvalidTypeError(UserError, TypeError):
 
 
 class UsageError(UserError, RuntimeError):
-    """A call the runtime cannot serve now: out of order, before initialisation, or after the
-    run has reached a state it cannot continue from."""
+    """A call the runtime cannot serve: out of order, before initialisation, on files it cannot
+    use, or after the run has reached a state it cannot continue from (fp16 overflow at the
+    minimum loss scale)."""
 
 
 class UnsupportedError(UserError, NotImplementedError):

@@ -37,6 +37,8 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
+from .errors import InvalidValueError
+
 __all__ = [
     "GB",
     "MAX_BUCKET",
@@ -75,22 +77,22 @@ def _bytes_for(precision: str) -> _Bytes:
         return _MIXED
     if precision == "fp32":
         return _FP32
-    raise ValueError(f"precision must be fp16, bf16 or fp32, got {precision!r}")
+    raise InvalidValueError(f"precision must be fp16, bf16 or fp32, got {precision!r}")
 
 
 def _check(params: float, world_size: int, stage: int, offload: str) -> None:
     if not params > 0:
-        raise ValueError(f"the parameter count must be > 0, got {params}")
+        raise InvalidValueError(f"the parameter count must be > 0, got {params}")
     if world_size < 1:
-        raise ValueError(f"the number of ranks must be >= 1, got {world_size}")
+        raise InvalidValueError(f"the number of ranks must be >= 1, got {world_size}")
     if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage}")
+        raise InvalidValueError(f"stage must be 0, 1, 2 or 3, got {stage}")
     if offload not in OFFLOADS:
-        raise ValueError(f"offload must be one of {', '.join(OFFLOADS)}, got {offload!r}")
+        raise InvalidValueError(f"offload must be one of {', '.join(OFFLOADS)}, got {offload!r}")
     if offload == "optimizer" and stage == 0:
-        raise ValueError("optimizer offload needs stage 1, 2 or 3")
+        raise InvalidValueError("optimizer offload needs stage 1, 2 or 3")
     if offload == "optimizer+param" and stage != 3:
-        raise ValueError("parameter offload needs stage 3")
+        raise InvalidValueError("parameter offload needs stage 3")
 
 
 def model_state_bytes(
@@ -201,7 +203,7 @@ def estimate_all(
 ) -> list[Estimate]:
     """Every valid (stage, offload) combination for `nodes` x `gpus_per_node` ranks."""
     if nodes < 1 or gpus_per_node < 1:
-        raise ValueError(f"nodes and gpus per node must be >= 1, got {nodes}, {gpus_per_node}")
+        raise InvalidValueError(f"nodes and gpus per node must be >= 1, got {nodes}, {gpus_per_node}")
     world = nodes * gpus_per_node
     rows = []
     for stage in (0, 1, 2, 3):
@@ -243,19 +245,19 @@ def count_safetensors_parameters(path: str | os.PathLike) -> int:
     with open(path, "rb") as handle:
         head = handle.read(8)
         if len(head) != 8:
-            raise ValueError(f"{os.fspath(path)}: not a safetensors file (too short)")
+            raise InvalidValueError(f"{os.fspath(path)}: not a safetensors file (too short)")
         (length,) = struct.unpack("<Q", head)
         if length > 100_000_000:
-            raise ValueError(f"{os.fspath(path)}: not a safetensors file (header size {length})")
+            raise InvalidValueError(f"{os.fspath(path)}: not a safetensors file (header size {length})")
         try:
             header = json.loads(handle.read(length))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ValueError(f"{os.fspath(path)}: not a safetensors file (bad header)") from None
+            raise InvalidValueError(f"{os.fspath(path)}: not a safetensors file (bad header)") from None
     total = 0
     for name, info in header.items():
         if name == "__metadata__":
             continue
         if not isinstance(info, dict) or info.get("dtype") not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"{os.fspath(path)}: not a safetensors file (tensor {name!r})")
+            raise InvalidValueError(f"{os.fspath(path)}: not a safetensors file (tensor {name!r})")
         total += math.prod(info["shape"])
     return total

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import InvalidValueError, UsageError
+
 __all__ = [
     "DynamicLossScaler",
     "LossScaleAtMinimum",
@@ -17,7 +19,7 @@ __all__ = [
 ]
 
 
-class LossScaleAtMinimum(RuntimeError):
+class LossScaleAtMinimum(UsageError):
     """Gradients overflowed although the loss scale is already at its minimum.
 
     Training cannot make progress in fp16 this way: the model has diverged, or min_loss_scale
@@ -32,7 +34,7 @@ class StaticLossScaler:
 
     def __init__(self, scale: float = 1.0):
         if not scale > 0:
-            raise ValueError(f"loss scale must be > 0, got {scale}")
+            raise InvalidValueError(f"loss scale must be > 0, got {scale}")
         self.scale = float(scale)
         self.last_message: str | None = None
 
@@ -79,9 +81,9 @@ class DynamicLossScaler:
         raise_at_minimum: bool = True,
     ):
         if not init_scale > 0 or not min_scale > 0:
-            raise ValueError(f"scales must be > 0, got init {init_scale}, min {min_scale}")
+            raise InvalidValueError(f"scales must be > 0, got init {init_scale}, min {min_scale}")
         if scale_window < 1 or hysteresis < 1:
-            raise ValueError(
+            raise InvalidValueError(
                 f"scale_window and hysteresis must be >= 1, got {scale_window}, {hysteresis}"
             )
         self.scale = float(init_scale)

@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from runtime.config import ConfigError, SchedulerConfig
+from runtime.errors import InvalidTypeError
 
 __all__ = [
     "LRRangeTest",
@@ -46,7 +47,7 @@ def _torch_optimizer(optimizer: Any) -> Optimizer:
     inner = getattr(optimizer, "optimizer", None)
     if isinstance(inner, Optimizer):
         return inner
-    raise TypeError(f"{type(optimizer).__name__} is not a torch.optim.Optimizer")
+    raise InvalidTypeError(f"{type(optimizer).__name__} is not a torch.optim.Optimizer")
 
 
 def _per_group(optimizer: Optimizer, value: Any, name: str) -> list[float]:

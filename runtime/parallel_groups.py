@@ -17,6 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["ModelParallelGroups", "layout", "check_mpu"]
 
 _MPU_CALLS = (
@@ -32,7 +34,7 @@ _MPU_CALLS = (
 def layout(world_size: int, model_parallel_size: int) -> tuple[list[list[int]], list[list[int]]]:
     """(model-parallel groups, data-parallel groups) as lists of global ranks (pure)."""
     if model_parallel_size < 1 or world_size % model_parallel_size:
-        raise ValueError(
+        raise InvalidValueError(
             f"model_parallel_size {model_parallel_size} must divide the world size {world_size}"
         )
     mp = model_parallel_size
@@ -86,13 +88,13 @@ def check_mpu(mpu: Any, world_size: int) -> None:
     """TypeError/ValueError unless ``mpu`` has Megatron's calls and sizes that fit the world."""
     missing = [name for name in _MPU_CALLS if not callable(getattr(mpu, name, None))]
     if missing:
-        raise TypeError(
+        raise InvalidTypeError(
             f"mpu lacks {', '.join(missing)}: pass an object with Megatron's interface "
             "(runtime.parallel_groups.ModelParallelGroups is one)"
         )
     mp, dp = mpu.get_model_parallel_world_size(), mpu.get_data_parallel_world_size()
     if mp * dp != world_size:
-        raise ValueError(
+        raise InvalidValueError(
             f"mpu: model-parallel size {mp} x data-parallel size {dp} = {mp * dp} is not the "
             f"world size {world_size}"
         )

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..errors import UsageError
 from .rng import RNGSnapshot
 from .stash import Stash, Stashed
 
@@ -83,7 +84,7 @@ class _Reentrant(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):  # noqa: ANN001
         if not torch.autograd._is_checkpoint_valid():
-            raise RuntimeError(
+            raise UsageError(
                 "activation checkpointing (reentrant) cannot serve torch.autograd.grad(); call "
                 ".backward(), or use checkpointing.non_reentrant_checkpoint"
             )
@@ -163,7 +164,7 @@ class _Frame:
         ):
             self.run(*args)
         if len(collected) != self.count:
-            raise RuntimeError(
+            raise UsageError(
                 f"activation checkpointing: recomputation saved {len(collected)} tensors, the "
                 f"forward saved {self.count}; the checkpointed function must compute the same "
                 "operations when run again (no data-dependent control flow on global state)"

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import InvalidValueError
+
 __all__ = [
     "MODEL_PARALLEL_RNG",
     "RNGStatesTracker",
@@ -83,9 +85,9 @@ class RNGStatesTracker:
 
     def add(self, name: str, seed: int) -> None:
         if seed in self._seeds:
-            raise ValueError(f"RNG tracker: seed {seed} is already used by another state")
+            raise InvalidValueError(f"RNG tracker: seed {seed} is already used by another state")
         if name in self._states:
-            raise ValueError(f"RNG tracker: a state named {name!r} already exists")
+            raise InvalidValueError(f"RNG tracker: a state named {name!r} already exists")
         self._seeds.add(seed)
         before = _device_get_state()
         _device_manual_seed(seed)

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from ..comm import Communicator
+from ..errors import UsageError
 
 __all__ = ["Arena", "ArenaFull", "Stash", "Stashed"]
 
 
-class ArenaFull(RuntimeError):
+class ArenaFull(UsageError):
     """More checkpoints are held than ``number_checkpoints`` slots, or a slot does not fit."""
 
 

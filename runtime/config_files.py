@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from .config_values import ConfigError
@@ -52,68 +52,79 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict:
 # Bounds, checked over the parsed values before anything copies them.
 
 
-def _walk(data: Any, origin: str | None) -> tuple[str, str] | None:
-    """Check depth, expanded size and self-reference; return the first duplicate key.
+def _child_path(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+class _BoundsWalk:
+    """Checks depth, expanded size and self-reference, and finds the first duplicate key.
 
     Sizes are memoised by identity, so a subtree shared through aliases is walked once while
     counted as often as it appears: the walk costs the file's size, never the expansion's.
     """
-    sizes: dict[int, int] = {}
-    open_ids: set[int] = set()
-    first_duplicate: list[tuple[str, str]] = []
 
-    def visit(value: Any, path: str, depth: int) -> int:
+    def __init__(self, origin: str | None):
+        self.origin = origin
+        self.sizes: dict[int, int] = {}
+        self.open_ids: set[int] = set()
+        self.first_duplicate: tuple[str, str] | None = None
+
+    def refuse(self, problem: str, path: str) -> ConfigError:
+        return ConfigError(problem, path or None, self.origin)
+
+    def visit(self, value: Any, path: str, depth: int) -> int:
+        """The number of values in `value` once aliases are expanded (itself included)."""
         if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
             # Such an int means nothing as a setting, and str()/json of it fails past 4300
             # digits (the run record writes the config as JSON).
-            raise ConfigError(
+            raise self.refuse(
                 f"is an integer of {value.bit_length()} bits; config values fit in "
                 f"{MAX_INT_BITS} bits",
-                path or None,
-                origin,
+                path,
             )
         if not isinstance(value, (dict, list)):
             return 1
-        known = sizes.get(id(value))
+        known = self.sizes.get(id(value))
         if known is not None:
             return known
-        if id(value) in open_ids:
-            raise ConfigError(
-                "contains itself (a YAML alias to an enclosing node); write the values out",
-                path or None,
-                origin,
+        if id(value) in self.open_ids:
+            raise self.refuse(
+                "contains itself (a YAML alias to an enclosing node); write the values out", path
             )
         if depth > MAX_DEPTH:
-            raise ConfigError(
-                f"is nested more than {MAX_DEPTH} levels deep; a config is a few levels deep",
-                path or None,
-                origin,
+            raise self.refuse(
+                f"is nested more than {MAX_DEPTH} levels deep; a config is a few levels deep", path
             )
-        open_ids.add(id(value))
+        self.open_ids.add(id(value))
         total = 1
-        if isinstance(value, dict):
-            if isinstance(value, _DupDict) and value.duplicates and not first_duplicate:
-                key, where = value.duplicates[0]
-                first_duplicate.append((f"{path}.{key}" if path else str(key), where))
-            items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
-        else:
-            items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
-        for item_path, item in items:
-            total += visit(item, item_path, depth + 1)
+        for item_path, item in self.children(value, path):
+            total += self.visit(item, item_path, depth + 1)
             if total > MAX_VALUES:
-                raise ConfigError(
+                raise self.refuse(
                     f"holds more than {MAX_VALUES} values once YAML aliases are expanded; "
                     "a config needs a few hundred (write the values out instead of nesting "
                     "aliases)",
-                    path or None,
-                    origin,
+                    path,
                 )
-        open_ids.discard(id(value))
-        sizes[id(value)] = total
+        self.open_ids.discard(id(value))
+        self.sizes[id(value)] = total
         return total
 
-    visit(data, "", 0)
-    return first_duplicate[0] if first_duplicate else None
+    def children(self, value: dict | list, path: str) -> Iterator[tuple[str, Any]]:
+        """(key path, value) of each entry; notes the first duplicate key met."""
+        if isinstance(value, list):
+            return ((f"{path}[{i}]", item) for i, item in enumerate(value))
+        if isinstance(value, _DupDict) and value.duplicates and self.first_duplicate is None:
+            key, where = value.duplicates[0]
+            self.first_duplicate = (_child_path(path, key), where)
+        return ((_child_path(path, key), item) for key, item in value.items())
+
+
+def _walk(data: Any, origin: str | None) -> tuple[str, str] | None:
+    """Check the bounds of `data`; return the first duplicate key (path, where) if any."""
+    walk = _BoundsWalk(origin)
+    walk.visit(data, "", 0)
+    return walk.first_duplicate
 
 
 def _copy(data: Any) -> Any:

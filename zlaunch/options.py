@@ -1,6 +1,6 @@
 """The typed description of one launch, built once from the command line.
 
-`zlaunch/commands/run.py` turns argv into a `LaunchOptions`; nothing below it sees raw
+`zlaunch/commands/run_options.py` turns argv into a `LaunchOptions`; nothing below it sees raw
 arguments. Everything here is already validated (files exist, config parsed, selectors
 applied), so the launcher can trust it.
 """

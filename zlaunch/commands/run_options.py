@@ -1,0 +1,472 @@
+"""`zlaunch run`'s command-line values -> a validated `LaunchOptions` (no host contacted).
+
+The edge of the launcher: every check that can fail without touching a host happens here, in
+the order a user would fix things: the program, the launcher and the hosts, the training
+config, the worker environment, then the remaining flags.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import click
+
+from zlaunch.clip import clip
+from zlaunch.commands.familiar import refuse_config_as_script, resolve_nodes
+from zlaunch.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from zlaunch.hostfile import Host
+    from zlaunch.options import LaunchOptions
+
+__all__ = [
+    "RunArguments",
+    "build_options",
+    "find_config_in_args",
+    "parse_ranks",
+    "validate_config",
+]
+
+# Spellings of a config path among the script's own args (DeepSpeed scripts use the last two).
+SCRIPT_CONFIG_FLAGS = ("--config", "--deepspeed_config", "--deepspeed-config")
+
+
+@dataclass(frozen=True)
+class RunArguments:
+    """The values of `zlaunch run`'s options as click parsed them, one field per option
+    (`zlaunch run --help` says what each does), plus the environment and home directory the
+    command sees. Nothing here is validated yet: `build_options` does that."""
+
+    script: str
+    script_args: Sequence[str]
+    hostfile: str | None = None
+    include: str | None = None
+    exclude: str | None = None
+    num_nodes: int | None = None
+    nnodes: str | None = None
+    node_rank: str | None = None
+    num_gpus: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    ssh_config: str | None = None
+    ssh_port: int | None = None
+    identity: str | None = None
+    ssh_timeout: float = 10.0
+    accept_new_hosts: bool = False
+    python: str | None = None
+    chdir: str | None = None
+    env: Sequence[str] = ()
+    module: bool = False
+    no_python: bool = False
+    log_dir: str | None = None
+    ranks: str | None = None
+    no_color: bool = False
+    grace_period: float = 5.0
+    dry_run: bool = False
+    config: str | None = None
+    pass_local_rank: bool = False
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    resume_if_present: bool = False
+    max_restarts: int = 0
+    save_on: str | None = "SIGUSR1"
+    peak_tflops: float | None = None
+    hang_timeout: float | None = None
+    collective_timeout: float | None = None
+    min_nodes: int | None = None
+    launcher: str = "auto"
+    slurm_args: str | None = None
+    mpirun_args: str | None = None
+    environ: Mapping[str, str] | None = None
+    """The environment to read (default: os.environ)."""
+    home: str | None = None
+    """The home directory for env files (default: the user's)."""
+
+    def __post_init__(self) -> None:
+        if self.environ is None:
+            object.__setattr__(self, "environ", os.environ)
+        if self.home is None:
+            object.__setattr__(self, "home", os.path.expanduser("~"))
+
+
+def build_options(**values) -> LaunchOptions:
+    """Turn parsed command-line values (the fields of `RunArguments`) into a validated
+    `LaunchOptions`; no host is contacted."""
+    args = RunArguments(**values)
+    num_nodes = resolve_nodes(
+        num_nodes=args.num_nodes, nnodes=args.nnodes, node_rank=args.node_rank, hostfile=args.hostfile
+    )
+    args = replace(args, num_nodes=num_nodes)
+    cwd = _working_directory(args)
+    launch_with = _launcher(
+        args.launcher, args.hostfile, args.slurm_args, args.mpirun_args, args.environ
+    )
+    hosts, spares = _hosts(args, launcher=launch_with[0])
+    world_size = sum(len(host.slots) for host in hosts)
+    config_path = _config_path(args, cwd)
+    if config_path is not None:
+        validate_config(config_path, world_size)
+    return _launch_options(args, cwd, hosts, spares, launch_with, config_path)
+
+
+def _working_directory(args: RunArguments) -> str:
+    """The workers' directory, once the program options agree and the script is there."""
+    if args.module and args.no_python:
+        raise UsageError("--module and --no-python cannot be used together")
+    if args.no_python and args.python is not None:
+        raise UsageError("--python has no effect with --no-python", hint="drop one of them")
+    python = args.python
+    if python is not None and (not python or python.startswith("-")):
+        raise UsageError(
+            f"--python {clip(python)}: expected an interpreter, e.g. --python /usr/bin/python3",
+            hint="--python takes the interpreter's path; its options cannot be passed there",
+        )
+    cwd = os.path.abspath(os.path.expanduser(args.chdir)) if args.chdir else os.getcwd()
+    if not os.path.isdir(cwd):
+        raise UsageError(f"--chdir {cwd}: no such directory")
+    if not args.module and not args.no_python:
+        script = args.script
+        refuse_config_as_script(script)
+        script_path = script if os.path.isabs(script) else os.path.join(cwd, script)
+        if not os.path.isfile(script_path):
+            where = "" if os.path.isabs(script) else f" (looked in {cwd})"
+            raise UsageError(
+                f"script {script} not found{where}",
+                hint="check the path, or use -m for a module and --no-python for a program",
+            )
+    return cwd
+
+
+def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
+    """The selected hosts, and the spares that may replace lost ones (with --min-nodes)."""
+    from zlaunch.hostfile import default_hosts, load_hostfile
+    from zlaunch.selectors import select_hosts
+
+    if args.hostfile is not None:
+        hosts = load_hostfile(os.path.expanduser(args.hostfile))
+    elif launcher != "ssh":
+        from zlaunch.transport.slurm import allocation_hosts, in_allocation
+
+        if not in_allocation(args.environ):
+            raise UsageError(
+                f"--launcher {launcher} needs --hostfile, or a Slurm allocation to take the "
+                "nodes from (SLURM_JOB_ID is not set)",
+                hint="run zlaunch inside salloc or an sbatch script, or give --hostfile",
+            )
+        hosts = allocation_hosts(args.environ, args.num_gpus)
+    else:
+        hosts = default_hosts(args.num_gpus, args.environ)
+    selected = select_hosts(hosts, args.include, args.exclude, args.num_nodes, args.num_gpus)
+    spares = _spare_hosts(hosts, selected, args.num_gpus) if args.min_nodes is not None else []
+    return selected, spares
+
+
+def _config_path(args: RunArguments, cwd: str) -> str | None:
+    """The training config: zlaunch's own --config is relative to where zlaunch runs; one
+    found in the script's args is relative to the script's working directory, as the script
+    will read it. Both given must name the same file."""
+    config_path = os.path.abspath(os.path.expanduser(args.config)) if args.config else None
+    in_args = find_config_in_args(args.script_args)
+    if in_args is None:
+        return config_path
+    in_args = os.path.normpath(os.path.join(cwd, os.path.expanduser(in_args)))
+    if config_path is not None and os.path.realpath(config_path) != os.path.realpath(in_args):
+        raise UsageError(
+            f"--config {config_path} differs from the script's config {in_args}",
+            hint="give the config once",
+        )
+    return config_path or in_args
+
+
+def _worker_env(args: RunArguments) -> dict[str, str]:
+    """Forwarded variables, env files and --env, merged; --peak-tflops for the ranks."""
+    from zlaunch.envfile import collect_env
+    from zlaunch.plan import RESERVED_ENV
+
+    worker_env = collect_env(args.environ, cwd=os.getcwd(), home=args.home, env_options=args.env)
+    for item in args.env:
+        name = item.partition("=")[0]
+        if name in RESERVED_ENV:
+            raise UsageError(
+                f"--env {name}: zlaunch sets {name} for every worker",
+                hint="leave it out; see `zlaunch run --help` for how ranks are assigned",
+            )
+    if args.peak_tflops is not None:
+        from zlaunch.protocol import PEAK_TFLOPS_ENV
+
+        if not 0 < args.peak_tflops < float("inf"):
+            raise UsageError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
+        worker_env[PEAK_TFLOPS_ENV] = repr(float(args.peak_tflops))
+    return worker_env
+
+
+def _absolute(path: str | None) -> str | None:
+    return os.path.abspath(os.path.expanduser(path)) if path else None
+
+
+def _launch_options(
+    args: RunArguments,
+    cwd: str,
+    hosts: list[Host],
+    spares: list[Host],
+    launch_with: tuple[str, tuple[str, ...]],
+    config_path: str | None,
+) -> LaunchOptions:
+    """The checked pieces (`launch_with`: the launcher and its extra arguments), the worker
+    environment and the remaining flags, as one LaunchOptions."""
+    from zlaunch.options import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
+    from zlaunch.run_index import default_log_dir
+
+    worker_env = _worker_env(args)
+    launcher, launcher_args = launch_with
+    world_size = sum(len(host.slots) for host in hosts)
+    prefix = ("-m",) if args.module else ()
+    return LaunchOptions(
+        hosts=tuple(hosts),
+        program=(*prefix, args.script, *args.script_args),
+        python=args.python or sys.executable,
+        no_python=args.no_python,
+        module=args.module,
+        config_path=config_path,
+        cwd=cwd,
+        env=worker_env,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        launcher=launcher,
+        launcher_args=launcher_args,
+        ssh=SshOptions(
+            config_file=_existing_file(args.ssh_config, "--ssh-config"),
+            port=args.ssh_port,
+            identity=_existing_file(args.identity, "--identity"),
+            timeout=args.ssh_timeout,
+            accept_new_hosts=args.accept_new_hosts,
+        ),
+        log_dir=_absolute(args.log_dir) or default_log_dir(args.environ),
+        ranks_filter=parse_ranks(args.ranks, world_size) if args.ranks else None,
+        color=False if args.no_color else None,
+        grace_period=args.grace_period,
+        dry_run=args.dry_run,
+        pass_local_rank=args.pass_local_rank,
+        checkpoint_dir=_absolute(args.checkpoint_dir),
+        resume=_resume(args.resume, args.resume_if_present, args.checkpoint_dir, hosts),
+        max_restarts=args.max_restarts,
+        save_on=_save_on_signal(args.save_on),
+        hang_timeout=DEFAULT_HANG_TIMEOUT if args.hang_timeout is None else args.hang_timeout,
+        min_nodes=args.min_nodes,
+        spare_hosts=tuple(spares),
+        collective_timeout=args.collective_timeout,
+    )
+
+
+def find_config_in_args(args: Sequence[str]) -> str | None:
+    """The config path the script's args name with --config / --deepspeed_config, if any.
+
+    Accepts `--config P` and `--config=P`; the last occurrence wins (as with argparse); a bare
+    `--` ends the options, as it does for the script.
+    """
+    found = None
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            break
+        flag, eq, value = arg.partition("=")
+        if flag in SCRIPT_CONFIG_FLAGS:
+            if eq:
+                found = value
+            elif index + 1 < len(args):
+                found = args[index + 1]
+                index += 1
+            else:
+                raise UsageError(
+                    f"the script's {flag} has no value",
+                    hint=f"give the config file: {flag} ds.json",
+                )
+            if not found:
+                raise UsageError(f"the script's {flag} is empty", hint=f"{flag}=ds.json")
+        index += 1
+    return found
+
+
+def validate_config(path: str, world_size: int) -> None:
+    """Load the training config and resolve its batch sizes for `world_size`.
+
+    Raises zlaunch ConfigError (exit 2) naming the file, the key and the fix (unknown keys,
+    features turned on that the runtime does not implement); notes from the loader (settings
+    with no effect, such as an unresolvable "auto") are shown once, as one `warning:` line each.
+    """
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path} not found", hint="check the --config path")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config {path} is not a file")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"config file {path} is not readable", hint="check its permissions")
+    try:
+        from runtime.config import ConfigError as RuntimeConfigError
+        from runtime.config import load_config
+    except ImportError as err:
+        raise ConfigError(
+            f"cannot validate {path}: runtime.config is unavailable ({err})"
+        ) from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            load_config(path).resolve(world_size)
+        except RuntimeConfigError as err:
+            message = str(err)
+            name = os.path.basename(path)
+            if path not in message and name not in message:
+                message = f"{path}: {message}"
+            raise ConfigError(message) from None
+        except OSError as err:
+            raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
+    for warning in caught:
+        click.echo(f"warning: {warning.message}", err=True)
+
+
+def parse_ranks(text: str, world_size: int) -> frozenset[int]:
+    """--ranks "0,3-5" -> {0, 3, 4, 5}; every rank must exist in the job."""
+    ranks: set[int] = set()
+    for item in text.split(","):
+        item = item.strip()
+        low, dash, high = item.partition("-")
+        if not _number(low) or (dash and not _number(high)):
+            raise UsageError(f"--ranks: bad rank {clip(item)}", hint="e.g. --ranks 0,3-5")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
+            raise UsageError(f"--ranks: empty range {item!r}", hint=f"write {last}-{first}")
+        if last >= world_size:
+            raise UsageError(
+                f"--ranks: rank {last} does not exist",
+                hint=f"the job has ranks 0-{world_size - 1}",
+            )
+        ranks.update(range(first, last + 1))
+    return frozenset(ranks)
+
+
+def _number(text: str) -> bool:
+    """ASCII digits, few enough for int() (str.isdigit() also takes '²', which int() refuses)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
+def _existing_file(path: str | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag} {path}: no such file")
+    return path
+
+
+def _resume(resume: bool, if_present: bool, checkpoint_dir: str | None, hosts) -> bool:
+    """--resume insists on a checkpoint; --resume-if-present takes one when there is one.
+
+    The check needs to see the directory: it is made when the directory exists here or every
+    host is this machine; a directory only the nodes see is left to the ranks.
+    """
+    if resume and if_present:
+        raise UsageError("--resume and --resume-if-present cannot be used together")
+    if not (resume or if_present):
+        return False
+    if not checkpoint_dir:
+        flag = "--resume" if resume else "--resume-if-present"
+        raise UsageError(f"{flag} needs --checkpoint-dir DIR (where to resume from)")
+    if if_present:
+        return True
+    directory = os.path.abspath(os.path.expanduser(checkpoint_dir))
+    local = all(host.is_local for host in hosts)
+    if (os.path.isdir(directory) or local) and not os.path.isfile(
+        os.path.join(directory, "latest")
+    ):
+        raise UsageError(
+            f"--resume: no checkpoint to resume from in {directory} (no 'latest' file)",
+            hint="start without --resume, or use --resume-if-present to resume only when "
+            "a checkpoint is there",
+        )
+    return True
+
+
+def _spare_hosts(listed, selected, num_gpus: int | None) -> list:
+    """Hosts of the hostfile after the selected ones (beyond --num-nodes), in file order, with
+    the slots a replacement needs: those that cannot give --num-gpus slots are left out."""
+    from dataclasses import replace
+
+    chosen = {h.name for h in selected}
+    out = []
+    for host in listed:
+        if host.name in chosen or not host.slots:
+            continue
+        if num_gpus is not None:
+            if len(host.slots) < num_gpus:
+                continue
+            host = replace(host, slots=host.slots[:num_gpus])
+        out.append(host)
+    return out
+
+
+def _launcher(
+    name: str,
+    hostfile: str | None,
+    slurm_args: str | None,
+    mpirun_args: str | None,
+    environ: Mapping[str, str],
+) -> tuple[str, tuple[str, ...]]:
+    """--launcher auto|ssh|slurm|mpi -> the transport and its extra arguments.
+
+    auto is Slurm inside an allocation (SLURM_JOB_ID set) when no hostfile is given, and SSH
+    (local subprocesses for local hosts) otherwise.
+    """
+    import shlex
+
+    from zlaunch.options import LAUNCHERS
+    from zlaunch.transport.slurm import in_allocation
+
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        name = "slurm" if hostfile is None and in_allocation(environ) else "ssh"
+    if name not in LAUNCHERS:
+        raise UsageError(
+            f"--launcher {clip(name)}: expected auto, {', '.join(LAUNCHERS)}",
+            hint="auto picks slurm inside an allocation without --hostfile, else ssh",
+        )
+    if name == "slurm" and not in_allocation(environ):
+        raise UsageError(
+            "--launcher slurm needs a Slurm allocation: SLURM_JOB_ID is not set",
+            hint="run zlaunch inside salloc or an sbatch script (salloc -N 3 zlaunch ...)",
+        )
+    given = {"slurm": slurm_args, "mpi": mpirun_args}
+    for other, text in given.items():
+        if text and other != name:
+            flag = "--slurm-args" if other == "slurm" else "--mpirun-args"
+            raise UsageError(f"{flag} has no effect with --launcher {name}", hint="drop it")
+    text = given.get(name) or ""
+    try:
+        extra = tuple(shlex.split(text))
+    except ValueError as err:
+        flag = "--slurm-args" if name == "slurm" else "--mpirun-args"
+        raise UsageError(f"{flag} {clip(text)}: {err}", hint="quote as in a shell") from None
+    return name, extra
+
+
+def _save_on_signal(value: str | None) -> str | None:
+    """--save-on SIGUSR1|USR1|none -> the canonical signal name, or None."""
+    import signal
+
+    if value is None or value.strip().lower() in ("", "none", "off"):
+        return None
+    name = value.strip().upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+        raise UsageError(
+            f"--save-on {clip(value)}: not a signal that can be caught", hint="e.g. SIGUSR1"
+        )
+    if name in ("SIGINT", "SIGTERM"):
+        raise UsageError(
+            f"--save-on {value}: zlaunch uses {name} to stop the job", hint="use SIGUSR1 or SIGUSR2"
+        )
+    return name

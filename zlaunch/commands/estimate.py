@@ -207,8 +207,19 @@ def command(
     as_json: bool,
     no_color: bool,
 ) -> None:
-    from runtime.estimator import BufferSizes, estimate_all
+    from runtime.estimator import estimate_all
 
+    params = _parameter_count(params_text, model_file, factory)
+    sizes, precision = _config_settings(config_path, hidden_size, precision)
+    rows = estimate_all(params, nodes, gpus_per_node, precision, sizes, buffers=buffers)
+    if as_json:
+        _print_json(params, nodes, gpus_per_node, precision, rows)
+    else:
+        _print_table(params, nodes, gpus_per_node, precision, rows, no_color)
+
+
+def _parameter_count(params_text: str | None, model_file: str | None, factory: str | None) -> int:
+    """The count from exactly one of --params, --model-file and --model."""
     given = [x for x in (params_text, model_file, factory) if x is not None]
     if len(given) != 1:
         raise UsageError(
@@ -216,47 +227,53 @@ def command(
             hint="e.g. zlaunch estimate --params 1.5e9 --nodes 2 --gpus-per-node 8",
         )
     if params_text is not None:
-        params = parse_count(params_text)
-    elif model_file is not None:
-        params = _count_weights_file(model_file)
-    else:
-        params = _count_model(factory)
+        return parse_count(params_text)
+    if model_file is not None:
+        return _count_weights_file(model_file)
+    return _count_model(factory)
 
-    sizes = None
-    if config_path is not None:
-        from runtime.config import ConfigError as RuntimeConfigError
-        from runtime.config import load_config
 
-        try:
-            config = load_config(config_path)
-        except RuntimeConfigError as err:
-            raise ConfigError(str(err)) from None
-        sizes = BufferSizes.from_config(config, hidden_size)
-        precision = precision or config.precision
-    precision = precision or "fp16"
+def _config_settings(config_path: str | None, hidden_size: int | None, precision: str | None):
+    """The bucket sizes (None: the defaults) and the precision: --precision, else the
+    --config's, else fp16."""
+    if config_path is None:
+        return None, precision or "fp16"
+    from runtime.config import ConfigError as RuntimeConfigError
+    from runtime.config import load_config
+    from runtime.estimator import BufferSizes
 
-    rows = estimate_all(params, nodes, gpus_per_node, precision, sizes, buffers=buffers)
-    if as_json:
-        payload = {
-            "params": params,
-            "nodes": nodes,
-            "gpus_per_node": gpus_per_node,
-            "precision": precision,
-            "rows": [
-                {
-                    "stage": r.stage,
-                    "offload": r.offload,
-                    "gpu_model_states_bytes": r.gpu_model_states,
-                    "gpu_buffers_bytes": r.gpu_buffers,
-                    "gpu_total_bytes": r.gpu_total,
-                    "cpu_per_node_bytes": r.cpu_per_node,
-                }
-                for r in rows
-            ],
-        }
-        click.echo(json.dumps(payload, indent=2))
-        return
+    try:
+        config = load_config(config_path)
+    except RuntimeConfigError as err:
+        raise ConfigError(str(err)) from None
+    return BufferSizes.from_config(config, hidden_size), precision or config.precision
 
+
+def _print_json(params: int, nodes: int, gpus_per_node: int, precision: str, rows) -> None:
+    """--json: the rows in bytes."""
+    payload = {
+        "params": params,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "precision": precision,
+        "rows": [
+            {
+                "stage": r.stage,
+                "offload": r.offload,
+                "gpu_model_states_bytes": r.gpu_model_states,
+                "gpu_buffers_bytes": r.gpu_buffers,
+                "gpu_total_bytes": r.gpu_total,
+                "cpu_per_node_bytes": r.cpu_per_node,
+            }
+            for r in rows
+        ],
+    }
+    click.echo(json.dumps(payload, indent=2))
+
+
+def _print_table(
+    params: int, nodes: int, gpus_per_node: int, precision: str, rows, no_color: bool
+) -> None:
     from zlaunch.console import print_table
 
     kind = "fp32" if precision == "fp32" else f"{precision} mixed precision"

@@ -13,6 +13,7 @@ from .config_values import (
     as_bool,
     as_float,
     as_int,
+    as_str,
     check_field,
     describe,
     did_you_mean,
@@ -41,9 +42,8 @@ class TensorboardConfig:
 
     def __post_init__(self) -> None:
         check_field(self, "enabled", as_bool)
-        for name in ("output_path", "job_name"):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"must be a string, got {describe(getattr(self, name))}", name)
+        check_field(self, "output_path", as_str)
+        check_field(self, "job_name", as_str)
 
 
 # DeepSpeed's collective names (deepspeed.comm) -> the kinds runtime.comm counts.
@@ -153,9 +153,8 @@ class CsvMonitorConfig:
 
     def __post_init__(self) -> None:
         check_field(self, "enabled", as_bool)
-        for name in ("output_path", "job_name"):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"must be a string, got {describe(getattr(self, name))}", name)
+        check_field(self, "output_path", as_str)
+        check_field(self, "job_name", as_str)
 
 
 @dataclass(frozen=True)
@@ -173,10 +172,9 @@ class WandbConfig:
 
     def __post_init__(self) -> None:
         check_field(self, "enabled", as_bool)
-        for name in ("group", "team", "project"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"must be a string, got {describe(value)}", name)
+        check_field(self, "group", as_str, optional=True)
+        check_field(self, "team", as_str, optional=True)
+        check_field(self, "project", as_str, optional=True)
         if self.enabled:
             if importlib.util.find_spec("wandb") is None:
                 raise ConfigError(

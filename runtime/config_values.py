@@ -27,6 +27,7 @@ __all__ = [
     "as_choice",
     "as_float",
     "as_int",
+    "as_str",
     "check_field",
     "describe",
     "did_you_mean",
@@ -132,6 +133,15 @@ def as_float(key: str, value: Any, minimum: float | None = None) -> float:
         raise ConfigError(f"must be a finite number, got {value}", key)
     if minimum is not None and value < minimum:
         raise ConfigError(f"must be >= {minimum:g}, got {value:g}", key)
+    return value
+
+
+def as_str(key: str, value: Any, *, optional: bool = False) -> str | None:
+    """A string; None too when `optional`."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"must be a string, got {describe(value)}", key)
     return value
 
 

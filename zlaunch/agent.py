@@ -5,160 +5,48 @@ it says hello, waits for the spec, starts one worker per entry, forwards every o
 event and exit upstream, and kills its workers when told to stop, when the controller goes
 away (EOF on stdin) or when the heartbeat stops. It exits once its workers are gone.
 
-Each worker runs in its own session (so its whole process group can be signalled, and a
-terminal's Ctrl-C reaches only the controller), with ``PR_SET_PDEATHSIG`` so that a dead agent
-takes its workers with it, and with a pipe for structured events whose fd is in
-``ZLAUNCH_EVENTS_FD``. The agent is single-threaded: one selector loop over stdin, the worker
-pipes, pidfds and stdout (non-blocking, buffered), so a slow link never stops the heartbeat
-check and a flood of output never starves the exit handling.
+The agent is single-threaded: one selector loop over stdin, the worker pipes, pidfds and
+stdout, so a slow link never stops the heartbeat check and a flood of output never starves
+the exit handling. Its parts: the worker processes (agent_workers.py), their pipes turned into
+frames (agent_output.py), the buffered link to the controller (agent_upstream.py); this module
+is the loop and the controller's commands.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import json
+import enum
 import os
-import select
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
 from typing import Any
 
 from zlaunch import protocol
+from zlaunch.agent_output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
+from zlaunch.agent_upstream import Upstream
+from zlaunch.agent_workers import StartFailed, Worker, WorkerGroup, start_worker
 from zlaunch.netinfo import interface_for
 
-__all__ = ["Agent", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
+__all__ = ["Agent", "AgentPhase", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
 
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 # With the controller gone there is nobody to report to: workers get at most this long to exit.
 UPSTREAM_LOST_GRACE = 3.0
-# Stop reading worker pipes while this much output waits for a slow link (backpressure).
-MAX_PENDING_OUTPUT = 32 * 1024 * 1024
-READ_SIZE = 256 * 1024
 # After every worker has exited, how long to wait for stray holders of the output pipes.
 DRAIN_AFTER_EXIT = 1.0
-# A line redrawn with carriage returns (tqdm) is forwarded at most this often while it has no
-# newline: the controller shows its latest state live; every byte still reaches the rank log.
-PROGRESS_INTERVAL = 0.2
-# One structured event longer than this is dropped (reported as an "invalid" event): events
-# are small JSON objects, and a frame must stay below protocol.MAX_FRAME_BYTES.
-MAX_EVENT_BYTES = 1024 * 1024
-
-_PR_SET_PDEATHSIG = 1
+# The longest the loop sleeps with nothing due (signals and frames wake it earlier).
+IDLE_WAIT = 0.5
+# Without pidfds, how often a worker's exit is polled for.
+EXIT_POLL = 0.05
 
 
-def _load_libc() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
-
-
-def _signal_main_thread(pid: int, signum: int) -> None:
-    """Deliver ``signum`` to the main thread of process ``pid`` (tgkill; its tid is the pid).
-
-    Python runs its handlers there anyway, and no other thread (a collective's network I/O)
-    sees an interrupted system call. Without tgkill: the process, as kill(2) does.
-    """
-    if _LIBC is not None and hasattr(_LIBC, "tgkill"):
-        _LIBC.tgkill(pid, pid, signum)  # fails only when the worker is already gone
-        return
-    try:
-        os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _save_signal(env: dict[str, str]) -> int | None:
-    """The save-on signal zlaunch forwards to workers (ZLAUNCH_SAVE_ON), if any."""
-    name = env.get(protocol.SAVE_ON_ENV, "").strip().upper()
-    if not name or name == "NONE":
-        return None
-    try:
-        return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
-    except KeyError:
-        return None
-
-
-def boot_argv(argv: list[str]) -> list[str]:
-    """A Python worker (``python -u SCRIPT|-m MODULE ...``, as the plan writes it) starts
-    behind zlaunch.worker_boot, which arms `zlaunch stacks` first; anything else as it is."""
-    if (
-        len(argv) >= 3
-        and argv[1] == "-u"
-        and os.path.basename(argv[0]).startswith("python")
-        and argv[2] not in ("-c", "-")
-        and not (argv[2] == "-m" and len(argv) < 4)
-    ):
-        return [argv[0], "-u", "-m", "zlaunch.worker_boot", *argv[2:]]
-    return argv
-
-
-def _child_setup(agent_pid: int, ignored_signal: int | None) -> None:
-    """Runs in the forked worker before exec: die with the agent (Linux only).
-
-    The save-on signal starts ignored (ignoring survives exec): one that arrives while the
-    worker is still importing must not kill it; the runtime installs its handler later.
-    """
-    if ignored_signal is not None:
-        signal.signal(ignored_signal, signal.SIG_IGN)
-    if _LIBC is not None and hasattr(_LIBC, "prctl"):
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != agent_pid:  # the agent died before prctl took effect
-            os._exit(1)
-
-
-class Worker:
-    """One worker process and the three pipes the agent reads from it."""
-
-    def __init__(self, rank: int, proc: subprocess.Popen, events_fd: int):
-        self.rank = rank
-        self.proc = proc
-        self.pid = proc.pid
-        self.pgid = proc.pid  # start_new_session: the worker leads its own group
-        self.streams: dict[int, str] = {
-            proc.stdout.fileno(): protocol.STDOUT,
-            proc.stderr.fileno(): protocol.STDERR,
-            events_fd: "events",
-        }
-        self.splitters = {
-            fd: protocol.LineSplitter(
-                MAX_EVENT_BYTES if stream == "events" else protocol.MAX_PIECE_BYTES
-            )
-            for fd, stream in self.streams.items()
-        }
-        self.dropping_event = 0
-        self.progress_sent: dict[int, float] = {}
-        """Per output pipe: when its carriage-return tail was last forwarded."""
-        """Bytes of an over-long event dropped so far (its end has not arrived yet)."""
-        self.pidfd: int | None = None
-        self.returncode: int | None = None
-
-    @property
-    def exited(self) -> bool:
-        return self.returncode is not None
-
-    def group_alive(self) -> bool:
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+class AgentPhase(enum.Enum):
+    AWAITING_SPEC = "awaiting spec"
+    RUNNING = "running"
+    STOPPING = "stopping"  # TERM sent (or nothing to run); KILL at ``kill_at``
+    KILLED = "killed"  # KILL sent to every group still alive
 
 
 class Agent:
@@ -166,70 +54,26 @@ class Agent:
         self.stdin_fd = stdin_fd
         self.stdout_fd = stdout_fd
         self.sel = selectors.DefaultSelector()
-        self.workers: dict[int, Worker] = {}
-        self.fd_owner: dict[int, Worker] = {}
-        self.pidfd_owner: dict[int, Worker] = {}
-        self.outbuf = bytearray()
-        self.upstream_ok = True
+        self.workers = WorkerGroup(self.sel)
+        self.output = OutputPump(self.sel, self._send)
+        self.upstream = Upstream(stdout_fd, self.sel, self._upstream_lost, self.output.pause)
         self.stdin_open = True
         self.frames = protocol.FrameReader(on_bad=self._bad_frame)
         self.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT
         self.grace = 5.0
         self.last_heard = time.monotonic()
-        self.spec_received = False
-        self.stopping = False
+        self.phase = AgentPhase.AWAITING_SPEC
         self.kill_at: float | None = None
-        self.killed = False
         self.all_exited_at: float | None = None
-        self.paused = False
         self.signal_r, self.signal_w = os.pipe()
         self.pending_signals: list[int] = []
 
-    # ---- upstream -------------------------------------------------------------------------
+    def _send(self, frame: protocol.Frame) -> None:
+        self.upstream.send(frame)
 
-    def send(self, frame: protocol.Frame) -> None:
-        if not self.upstream_ok:
-            return
-        self.outbuf += protocol.encode(frame)
-        self._flush()
-
-    def _flush(self) -> None:
-        while self.outbuf and self.upstream_ok:
-            try:
-                n = os.write(self.stdout_fd, self.outbuf[: READ_SIZE * 4])
-            except BlockingIOError:
-                break
-            except OSError as err:  # EPIPE: the controller is gone
-                if err.errno in (errno.EPIPE, errno.EBADF, errno.ECONNRESET):
-                    self._upstream_lost("controller connection closed")
-                    return
-                raise
-            del self.outbuf[:n]
-        self._update_stdout_interest()
-
-    def _update_stdout_interest(self) -> None:
-        want = bool(self.outbuf) and self.upstream_ok
-        key = self.sel.get_map().get(self.stdout_fd)
-        if want and key is None:
-            self.sel.register(self.stdout_fd, selectors.EVENT_WRITE, "stdout")
-        elif not want and key is not None:
-            self.sel.unregister(self.stdout_fd)
-        pause = len(self.outbuf) > MAX_PENDING_OUTPUT
-        if pause != self.paused:
-            self.paused = pause
-            for fd, worker in self.fd_owner.items():
-                if pause:
-                    self.sel.unregister(fd)
-                else:
-                    self.sel.register(fd, selectors.EVENT_READ, ("pipe", worker))
-
-    def _upstream_lost(self, why: str) -> None:
-        self.upstream_ok = False
-        self.outbuf.clear()
-        if self.stdin_open:
-            self.stdin_open = False
-            self.sel.unregister(self.stdin_fd)
-        self.stop(min(self.grace, UPSTREAM_LOST_GRACE), why)
+    @property
+    def stopping(self) -> bool:
+        return self.phase in (AgentPhase.STOPPING, AgentPhase.KILLED)
 
     # ---- hello and spec -----------------------------------------------------------------------
 
@@ -248,171 +92,49 @@ class Agent:
         )
 
     def start_workers(self, spec: protocol.Spec) -> None:
-        self.spec_received = True
+        self.phase = AgentPhase.RUNNING
         self.grace = spec.grace
         self.heartbeat_timeout = spec.heartbeat_timeout
-        cwd = spec.cwd or None
-        ifname_env: dict[str, str] = {}
-        master = spec.master_addr
-        if master:
-            try:
-                iface = interface_for(master)
-            except OSError as err:
-                iface = None
-                self.send(protocol.Error(f"no route to master {master}: {err}"))
-            if iface:
-                ifname_env = {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
+        node_env = {**self._socket_ifname_env(spec.master_addr), **spec.env}
         for entry in spec.workers:
             if self.stopping:
                 break
-            self._spawn(entry, cwd, {**ifname_env, **spec.env})
-        if not self.workers:
-            self.stopping = True
+            self._spawn(entry, spec.cwd or None, node_env)
+        if not len(self.workers):
+            self.phase = AgentPhase.STOPPING
+
+    def _socket_ifname_env(self, master: str | None) -> dict[str, str]:
+        """Gloo and NCCL on the interface that reaches the master (not the first one up)."""
+        if not master:
+            return {}
+        try:
+            iface = interface_for(master)
+        except OSError as err:
+            self._send(protocol.Error(f"no route to master {master}: {err}"))
+            return {}
+        return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface} if iface else {}
 
     def _spawn(self, entry: protocol.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
-        rank = entry.rank
-        env = dict(os.environ)
-        env.update(node_env)
-        env.update(entry.env)
-        events_r, events_w = os.pipe()
-        env[protocol.EVENTS_FD_ENV] = str(events_w)
-        agent_pid = os.getpid()
-        ignored_signal = _save_signal(env)
         try:
-            proc = subprocess.Popen(
-                boot_argv(list(entry.argv)),
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(events_w,),
-                start_new_session=True,
-                preexec_fn=lambda: _child_setup(agent_pid, ignored_signal),
-            )
-        except (OSError, ValueError) as err:
-            # ValueError: a NUL byte in an argument or a variable. The controller refuses
-            # those at parse time; this keeps a bad spec from ending the agent.
-            os.close(events_r)
-            os.close(events_w)
-            code = 126 if isinstance(err, PermissionError) else 127
-            where = f" in {cwd}" if cwd else ""
-            self.send(protocol.Error(f"rank {rank}: cannot start {entry.argv[0]!r}{where}: {err}"))
-            self.send(protocol.Exited.of_returncode(rank, None, code))
+            worker = start_worker(entry, cwd, node_env)
+        except StartFailed as err:
+            self._send(protocol.Error(str(err)))
+            self._send(protocol.Exited.of_returncode(entry.rank, None, err.code))
             return
-        os.close(events_w)
-        worker = Worker(rank, proc, events_r)
-        self.workers[rank] = worker
-        for fd in worker.streams:
-            os.set_blocking(fd, False)
-            self.fd_owner[fd] = worker
-            if not self.paused:
-                self.sel.register(fd, selectors.EVENT_READ, ("pipe", worker))
-        try:
-            worker.pidfd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):
-            worker.pidfd = None
-        if worker.pidfd is not None:
-            self.pidfd_owner[worker.pidfd] = worker
-            self.sel.register(worker.pidfd, selectors.EVENT_READ, ("pidfd", worker))
-        self.send(protocol.Started(rank, proc.pid))
+        self.workers.add(worker)
+        self.output.watch(worker)
+        self._send(protocol.Started(worker.rank, worker.pid))
 
-    # ---- workers --------------------------------------------------------------------------
-
-    def _read_pipe(self, fd: int, worker: Worker, drain: bool = False) -> None:
-        """Read what is there; with ``drain``, keep reading until the pipe is empty."""
-        while True:
-            try:
-                chunk = os.read(fd, READ_SIZE)
-            except BlockingIOError:
-                return
-            splitter = worker.splitters[fd]
-            if chunk:
-                lines = splitter.feed(chunk)
-            else:
-                lines = splitter.finish()
-            if lines:
-                self._forward(worker, worker.streams[fd], lines, splitter.partial)
-            if chunk and splitter.has_return():
-                self._forward_progress(fd, worker, time.monotonic())
-            if not chunk:
-                self._close_pipe(fd)
-                return
-            if not drain:
-                return
-
-    def _forward_progress(self, fd: int, worker: Worker, now: float) -> bool:
-        """Forward a pipe's carriage-return tail (as a piece) if it is due; True if one waits."""
-        stream = worker.streams.get(fd)
-        if stream is None or stream == "events":
-            return False
-        splitter = worker.splitters[fd]
-        if not splitter.has_return():
-            return False
-        if now - worker.progress_sent.get(fd, 0.0) < PROGRESS_INTERVAL:
-            return True
-        worker.progress_sent[fd] = now
-        self._forward(worker, stream, [splitter.take_tail()], True)
-        return False
-
-    def _forward(self, worker: Worker, stream: str, lines: list[bytes], partial: bool) -> None:
-        """Send one read's lines; ``partial``: the last one has no newline (yet)."""
-        if stream == "events":
-            events = []
-            for index, raw in enumerate(lines):
-                unfinished = partial and index == len(lines) - 1
-                if unfinished or worker.dropping_event:
-                    worker.dropping_event += len(raw)
-                    if not unfinished:
-                        events.append(
-                            {
-                                "kind": "invalid",
-                                "text": f"event of {worker.dropping_event} bytes dropped "
-                                f"(limit {MAX_EVENT_BYTES})",
-                            }
-                        )
-                        worker.dropping_event = 0
-                    continue
-                if not raw.strip():
-                    continue
-                try:
-                    events.append(json.loads(raw))
-                except ValueError:
-                    events.append({"kind": "invalid", "text": protocol.line_text(raw)})
-            if events:
-                self.send(protocol.Event(worker.rank, events))
-            return
-        self.send(
-            protocol.Out(worker.rank, stream, [protocol.line_text(raw) for raw in lines], partial)
-        )
-
-    def _close_pipe(self, fd: int) -> None:
-        worker = self.fd_owner.pop(fd, None)
-        if worker is None:
-            return
-        if fd in self.sel.get_map():
-            self.sel.unregister(fd)
-        worker.streams.pop(fd, None)
-        os.close(fd)
+    # ---- workers ending -------------------------------------------------------------------
 
     def _reap(self, worker: Worker) -> None:
-        if worker.exited:
+        if not self.workers.reap(worker):
             return
-        code = worker.proc.poll()
-        if code is None:
-            return
-        worker.returncode = code
-        if worker.pidfd is not None:
-            self.sel.unregister(worker.pidfd)
-            self.pidfd_owner.pop(worker.pidfd, None)
-            os.close(worker.pidfd)
-            worker.pidfd = None
         # Everything the worker wrote before it died is in the pipes now: send it first, so
         # the controller has the last lines when it hears of the exit.
-        for fd in list(worker.streams):
-            self._read_pipe(fd, worker, drain=True)
-        self.send(protocol.Exited.of_returncode(worker.rank, worker.pid, code))
-        if all(w.exited for w in self.workers.values()):
+        self.output.drain(worker.rank)
+        self._send(protocol.Exited.of_returncode(worker.rank, worker.pid, worker.returncode))
+        if self.workers.all_exited():
             self.all_exited_at = time.monotonic()
 
     def stop(self, grace: float, why: str = "", cause: str | None = None) -> None:
@@ -421,22 +143,32 @@ class Agent:
         deadline = time.monotonic() + grace
         if self.stopping and self.kill_at is not None and self.kill_at <= deadline:
             return
-        self.stopping = True
+        self.phase = AgentPhase.STOPPING
         self.kill_at = deadline
-        sig = signal.SIGKILL if grace == 0 else signal.SIGTERM
-        for worker in self.workers.values():
-            worker.signal_group(sig)
-        if why and self.upstream_ok:
+        self.workers.signal_groups(signal.SIGKILL if grace == 0 else signal.SIGTERM)
+        if why:
             # with a cause, the controller tells a cut-off node from a failure
-            self.send(protocol.Error(f"stopping workers: {why}", cause))
+            self._send(protocol.Error(f"stopping workers: {why}", cause))
 
     def _kill_remaining(self) -> None:
-        for worker in self.workers.values():
-            if not worker.exited or worker.group_alive():
-                worker.signal_group(signal.SIGKILL)
-        self.killed = True
+        self.workers.kill_remaining()
+        self.phase = AgentPhase.KILLED
 
-    # ---- controller input -----------------------------------------------------------------
+    def _finished(self, now: float) -> bool:
+        if self.phase is AgentPhase.AWAITING_SPEC:
+            return False
+        if not self.workers.all_exited():
+            return False
+        if self.workers.any_group_alive():
+            # Leaders are gone but something they started lives on in the group: end it too.
+            if not self.stopping:
+                self.stop(self.grace, "")
+            return False
+        if self.output.open and self.all_exited_at is not None:
+            return now - self.all_exited_at > DRAIN_AFTER_EXIT
+        return not self.output.open
+
+    # ---- the controller -------------------------------------------------------------------
 
     def _read_stdin(self) -> None:
         try:
@@ -446,55 +178,67 @@ class Agent:
         except OSError:
             chunk = b""
         if not chunk:
-            self.stdin_open = False
-            self.sel.unregister(self.stdin_fd)
+            self._close_stdin()
             self.stop(min(self.grace, UPSTREAM_LOST_GRACE), "controller closed the connection")
             return
         self.last_heard = time.monotonic()
         for frame in self.frames.feed(chunk):
             self._handle(frame)
 
+    def _close_stdin(self) -> None:
+        if self.stdin_open:
+            self.stdin_open = False
+            self.sel.unregister(self.stdin_fd)
+
+    def _upstream_lost(self, why: str) -> None:
+        self._close_stdin()
+        self.stop(min(self.grace, UPSTREAM_LOST_GRACE), why)
+
     def _bad_frame(self, err: protocol.ProtocolError) -> None:
         """A frame from the controller that could not be read. Before the spec it can only
         have been the spec: without it there is nothing to run, so give up at once."""
-        self.send(protocol.Error(f"unreadable frame from the controller: {err}"))
-        if not self.spec_received and not self.stopping:
+        self._send(protocol.Error(f"unreadable frame from the controller: {err}"))
+        if self.phase is AgentPhase.AWAITING_SPEC:
             self.stop(0.0, "the spec could not be read")
 
     def _handle(self, frame: protocol.Frame) -> None:
-        if isinstance(frame, protocol.Spec) and not self.spec_received and not self.stopping:
+        if isinstance(frame, protocol.Spec) and self.phase is AgentPhase.AWAITING_SPEC:
             self.start_workers(frame)
         elif isinstance(frame, protocol.Stop):
             self.stop(frame.grace, "")
         elif isinstance(frame, protocol.Signal):  # --save-on, stacks: to the worker, not its group
-            for worker in self.workers.values():
-                if not worker.exited and (frame.ranks is None or worker.rank in frame.ranks):
-                    _signal_main_thread(worker.pid, frame.sig)
+            self.workers.signal_processes(frame.sig, frame.ranks)
         elif isinstance(frame, protocol.Heartbeat):
             # Echoed, so the controller hears from this agent at least every heartbeat
             # interval and can tell a silent node (link down, partition) from a quiet one.
-            self.send(protocol.Heartbeat())
+            self._send(protocol.Heartbeat())
+
+    def _heartbeat_missed(self, now: float) -> bool:
+        silence = now - self.last_heard
+        if not self.stdin_open or silence <= self.heartbeat_timeout:
+            return False
+        # The link may still carry our output (a hung controller, not a dead pipe): report,
+        # but stop as if the controller were gone.
+        self._close_stdin()
+        self.stop(
+            min(self.grace, UPSTREAM_LOST_GRACE),
+            f"no heartbeat for {silence:.1f}s",
+            cause=protocol.CAUSE_NO_HEARTBEAT,
+        )
+        return True
 
     # ---- main loop ------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.pending_signals.append(signum)
-
-    def _finished(self, now: float) -> bool:
-        if not self.stopping and not self.spec_received:
-            return False
-        if not all(w.exited for w in self.workers.values()):
-            return False
-        if any(w.group_alive() for w in self.workers.values()):
-            # Leaders are gone but something they started lives on in the group: end it too.
-            if not self.stopping:
-                self.stop(self.grace, "")
-            return False
-        if self.fd_owner and self.all_exited_at is not None:
-            return now - self.all_exited_at > DRAIN_AFTER_EXIT
-        return not self.fd_owner
-
     def run(self) -> int:
+        self._install()
+        self._send(self.hello())
+        while not self._finished(time.monotonic()):
+            self._turn(time.monotonic())
+        self._send(protocol.Bye())
+        self.upstream.flush_blocking()
+        return 0
+
+    def _install(self) -> None:
         os.set_blocking(self.signal_r, False)
         os.set_blocking(self.signal_w, False)
         signal.set_wakeup_fd(self.signal_w)
@@ -504,58 +248,46 @@ class Agent:
         os.set_blocking(self.stdout_fd, False)
         self.sel.register(self.stdin_fd, selectors.EVENT_READ, "stdin")
         self.sel.register(self.signal_r, selectors.EVENT_READ, "signal")
-        self.send(self.hello())
-        while True:
-            now = time.monotonic()
-            if self._finished(now):
-                break
-            timeout = 0.5
-            if self.stdin_open:
-                silence = now - self.last_heard
-                if silence > self.heartbeat_timeout:
-                    # The link may still carry our output (a hung controller, not a dead
-                    # pipe): report, but stop as if the controller were gone.
-                    self.stdin_open = False
-                    self.sel.unregister(self.stdin_fd)
-                    self.stop(
-                        min(self.grace, UPSTREAM_LOST_GRACE),
-                        f"no heartbeat for {silence:.1f}s",
-                        cause=protocol.CAUSE_NO_HEARTBEAT,
-                    )
-                    continue
-                timeout = min(timeout, self.heartbeat_timeout - silence)
-            if self.kill_at is not None and not self.killed:
-                if now >= self.kill_at:
-                    self._kill_remaining()
-                else:
-                    timeout = min(timeout, self.kill_at - now)
-            if self.workers and not self.pidfd_owner:
-                timeout = min(timeout, 0.05)  # no pidfd support: poll for exits
-            waiting = False  # progress tails held back by PROGRESS_INTERVAL
-            for worker in self.workers.values():
-                for fd in list(worker.splitters):
-                    waiting = self._forward_progress(fd, worker, now) or waiting
-            if waiting:
-                timeout = min(timeout, PROGRESS_INTERVAL)
-            for key, _ in self.sel.select(max(0.0, timeout)):
-                tag = key.data
-                if tag == "stdin":
-                    self._read_stdin()
-                elif tag == "stdout":
-                    self._flush()
-                elif tag == "signal":
-                    self._drain_signals()
-                elif tag[0] == "pipe":
-                    if key.fd in self.fd_owner:
-                        self._read_pipe(key.fd, tag[1])
-                elif tag[0] == "pidfd":
-                    self._reap(tag[1])
-            for worker in self.workers.values():
-                if not worker.exited and worker.pidfd is None:
-                    self._reap(worker)
-        self.send(protocol.Bye())
-        self._flush_blocking()
-        return 0
+
+    def _turn(self, now: float) -> None:
+        """One round of the loop: what is due now, then wait for the next thing to happen."""
+        if self._heartbeat_missed(now):
+            return
+        if self.phase is AgentPhase.STOPPING and self.kill_at is not None and now >= self.kill_at:
+            self._kill_remaining()
+        progress_waits = self.output.forward_due_progress(now)
+        for key, _ in self.sel.select(self._wait_time(now, progress_waits)):
+            self._dispatch(key)
+        for worker in self.workers.unwatched():
+            self._reap(worker)
+
+    def _wait_time(self, now: float, progress_waits: bool) -> float:
+        timeout = IDLE_WAIT
+        if self.stdin_open:
+            timeout = min(timeout, self.heartbeat_timeout - (now - self.last_heard))
+        if self.phase is AgentPhase.STOPPING and self.kill_at is not None:
+            timeout = min(timeout, self.kill_at - now)
+        if self.workers.needs_polling:
+            timeout = min(timeout, EXIT_POLL)
+        if progress_waits:  # a progress line held back by PROGRESS_INTERVAL
+            timeout = min(timeout, PROGRESS_INTERVAL)
+        return max(0.0, timeout)
+
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        tag = key.data
+        if tag == "stdin":
+            self._read_stdin()
+        elif tag == "stdout":
+            self.upstream.flush()
+        elif tag == "signal":
+            self._drain_signals()
+        elif tag == "pipe":
+            self.output.read(key.fd)
+        elif tag[0] == "pidfd":
+            self._reap(tag[1])
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.pending_signals.append(signum)
 
     def _drain_signals(self) -> None:
         try:
@@ -565,17 +297,6 @@ class Agent:
         signals, self.pending_signals = self.pending_signals, []
         for signum in signals:
             self.stop(self.grace, f"agent received {signal.Signals(signum).name}")
-
-    def _flush_blocking(self, timeout: float = 5.0) -> None:
-        """Last words before exit: a bounded wait, a stuck link must not keep us alive."""
-        deadline = time.monotonic() + timeout
-        while self.outbuf and self.upstream_ok:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            _, writable, _ = select.select([], [self.stdout_fd], [], min(remaining, 0.5))
-            if writable:
-                self._flush()
 
 
 def _plain_ip(addr: str) -> str:

@@ -1,0 +1,208 @@
+"""The agent's parts alone, in this process: worker pipes -> frames, the buffered upstream
+link, starting and reaping workers. The agent as a whole is driven in test_agent.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import sys
+import time
+
+import pytest
+
+from zlaunch import protocol
+from zlaunch.agent_output import MAX_EVENT_BYTES, PROGRESS_INTERVAL, OutputPump
+from zlaunch.agent_upstream import MAX_PENDING_OUTPUT, Upstream
+from zlaunch.agent_workers import EVENTS, StartFailed, WorkerGroup, boot_argv, start_worker
+
+
+class FakeWorker:
+    """What OutputPump needs of a worker: its rank and its pipes (read ends)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.writers: dict[str, int] = {}
+        self.pipes: dict[int, str] = {}
+        for stream in (protocol.STDOUT, protocol.STDERR, EVENTS):
+            r, w = os.pipe()
+            self.pipes[r] = stream
+            self.writers[stream] = w
+
+    def write(self, stream: str, data: bytes) -> None:
+        os.write(self.writers[stream], data)
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            os.close(w)
+
+
+@pytest.fixture
+def pump():
+    sel = selectors.DefaultSelector()
+    sent: list[protocol.Frame] = []
+    pump = OutputPump(sel, sent.append)
+    worker = FakeWorker(rank=3)
+    pump.watch(worker)
+    yield pump, worker, sent, sel
+    worker.close()
+    sel.close()
+
+
+def _fd(worker: FakeWorker, stream: str) -> int:
+    return next(fd for fd, s in worker.pipes.items() if s == stream)
+
+
+def test_output_lines_become_out_frames_and_an_unfinished_line_waits(pump):
+    pump, worker, sent, _ = pump
+    worker.write(protocol.STDOUT, b"one\ntwo\nthr")
+    pump.read(_fd(worker, protocol.STDOUT))
+    assert sent == [protocol.Out(3, protocol.STDOUT, ["one", "two"])]
+    worker.write(protocol.STDOUT, b"ee\n")
+    pump.read(_fd(worker, protocol.STDOUT))
+    assert sent[-1] == protocol.Out(3, protocol.STDOUT, ["three"])
+
+
+@pytest.mark.parametrize(
+    ("written", "events"),
+    [
+        (b'{"kind": "metrics", "step": 1}\n\n', [{"kind": "metrics", "step": 1}]),
+        (b"not json\n", [{"kind": "invalid", "text": "not json"}]),
+        (b'{"a": 1}\n{"b"\n', [{"a": 1}, {"kind": "invalid", "text": '{"b"'}]),
+    ],
+)
+def test_event_lines_become_one_event_frame_per_read(pump, written, events):
+    pump, worker, sent, _ = pump
+    worker.write(EVENTS, written)
+    pump.read(_fd(worker, EVENTS))
+    assert sent == [protocol.Event(3, events)]
+
+
+def test_an_over_long_event_is_dropped_and_reported_with_its_size(pump):
+    pump, worker, sent, _ = pump
+    fd = _fd(worker, EVENTS)
+    big = json.dumps({"kind": "x", "pad": "p" * (MAX_EVENT_BYTES + 100_000)}).encode()
+    data = big + b'\n{"kind": "after"}\n'
+    for start in range(0, len(data), 32 * 1024):  # a pipe holds 64 KiB: write, then read
+        worker.write(EVENTS, data[start : start + 32 * 1024])
+        pump.read(fd, drain=True)
+        assert sent == [] or start + 32 * 1024 >= len(big)
+    (frame,) = sent
+    assert frame.events[0]["kind"] == "invalid"
+    assert f"event of {len(big)} bytes dropped" in frame.events[0]["text"]
+    assert frame.events[1:] == [{"kind": "after"}]
+
+
+def test_a_progress_line_is_forwarded_at_most_every_interval(pump):
+    pump, worker, sent, _ = pump
+    fd = _fd(worker, protocol.STDERR)
+    worker.write(protocol.STDERR, b"\r 10%")
+    pump.read(fd)
+    assert sent == [protocol.Out(3, protocol.STDERR, ["\r 10%"], partial=True)]
+    worker.write(protocol.STDERR, b"\r 20%")
+    pump.read(fd)
+    assert len(sent) == 1  # held back: the last one went out just now
+    assert pump.forward_due_progress(time.monotonic()) is True  # still not due
+    assert pump.forward_due_progress(time.monotonic() + PROGRESS_INTERVAL) is False
+    assert sent[-1] == protocol.Out(3, protocol.STDERR, ["\r 20%"], partial=True)
+
+
+def test_end_of_every_pipe_closes_it_and_flushes_the_last_line(pump):
+    pump, worker, sent, sel = pump
+    worker.write(protocol.STDOUT, b"last words")
+    worker.close()
+    worker.writers.clear()
+    pump.drain(worker.rank)
+    assert sent == [protocol.Out(3, protocol.STDOUT, ["last words"], partial=True)]
+    assert not pump.open and not sel.get_map()
+
+
+def test_pause_stops_watching_the_pipes_and_resume_watches_them_again(pump):
+    pump, worker, _, sel = pump
+    assert set(sel.get_map()) == set(worker.pipes)
+    pump.pause(True)
+    assert not sel.get_map()
+    pump.pause(False)
+    assert set(sel.get_map()) == set(worker.pipes)
+
+
+def test_upstream_buffers_what_the_link_does_not_take_and_applies_backpressure():
+    sel = selectors.DefaultSelector()
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    behind: list[bool] = []
+    upstream = Upstream(w, sel, on_lost=pytest.fail, on_backpressure=behind.append)
+    line = "x" * 60_000
+    while not behind:  # nobody reads: the pipe fills, then the buffer
+        upstream.send(protocol.Out(0, "o", [line] * 10))
+    assert behind == [True] and w in sel.get_map()
+    reader = protocol.FrameReader()
+    os.set_blocking(r, False)
+    count = 0
+    while w in sel.get_map():
+        try:
+            count += len(list(reader.feed(os.read(r, 1 << 20))))
+        except BlockingIOError:
+            pass
+        upstream.flush()
+    assert behind == [True, False]
+    assert count > MAX_PENDING_OUTPUT // (600_000 + 100)
+    os.close(r)
+    os.close(w)
+
+
+def test_upstream_reports_a_closed_link_once_and_drops_later_frames():
+    sel = selectors.DefaultSelector()
+    r, w = os.pipe()
+    os.close(r)
+    lost: list[str] = []
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        upstream = Upstream(w, sel, on_lost=lost.append, on_backpressure=pytest.fail)
+        upstream.send(protocol.Heartbeat())
+        upstream.send(protocol.Bye())
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+        os.close(w)
+    assert lost == ["controller connection closed"] and not upstream.ok
+
+
+@pytest.mark.parametrize(
+    ("argv", "booted"),
+    [
+        (["python3", "-u", "train.py", "--x"], ["python3", "-u", "-m", "zlaunch.worker_boot", "train.py", "--x"]),
+        (["/v/bin/python", "-u", "-m", "pkg.main"], ["/v/bin/python", "-u", "-m", "zlaunch.worker_boot", "-m", "pkg.main"]),
+        (["python3", "-u", "-c", "print(1)"], None),
+        (["python3", "-u", "-m"], None),
+        (["python3", "train.py"], None),
+        (["bash", "-u", "run.sh"], None),
+    ],
+)  # fmt: skip
+def test_python_workers_start_behind_worker_boot(argv, booted):
+    assert boot_argv(argv) == (booted or argv)
+
+
+def test_a_missing_program_is_start_failed_with_127_and_no_fd_left_open():
+    before = set(os.listdir("/proc/self/fd"))
+    entry = protocol.WorkerSpec(rank=4, local_rank=0, argv=["/nonexistent/prog"])
+    with pytest.raises(StartFailed) as err:
+        start_worker(entry, "/", {})
+    assert err.value.code == 127 and "rank 4" in str(err.value) and "in /" in str(err.value)
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_worker_group_reaps_an_exit_once():
+    sel = selectors.DefaultSelector()
+    group = WorkerGroup(sel)
+    entry = protocol.WorkerSpec(rank=0, local_rank=0, argv=[sys.executable, "-c", "exit(3)"])
+    worker = start_worker(entry, None, {})
+    group.add(worker)
+    worker.proc.wait()
+    assert group.reap(worker) is True and worker.returncode == 3
+    assert group.reap(worker) is False
+    assert group.all_exited() and not group.unwatched()
+    assert worker.pidfd is None and not sel.get_map()  # its pidfd closed with the exit
+    worker.proc.stdout.close()
+    worker.proc.stderr.close()
+    os.close(next(fd for fd, stream in worker.pipes.items() if stream == EVENTS))

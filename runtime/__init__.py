@@ -15,6 +15,48 @@ from zlaunch.protocol import CONFIG_ENV
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "Engine"]
 
 
+def _config_source(args: Any, config: Any) -> Any:
+    """The one config the caller named: ``config=``, ``args.deepspeed_config`` (or DeepSpeed's
+    deprecated ``deepscale_config``), else zlaunch's ``ZLAUNCH_CONFIG``."""
+    from .config import ConfigError
+
+    args_config = getattr(args, "deepspeed_config", None) if args is not None else None
+    old_config = getattr(args, "deepscale_config", None) if args is not None else None
+    if old_config is not None:  # DeepSpeed's deprecated spelling
+        if args_config is not None:
+            raise ConfigError(
+                f"args.deepscale_config ({old_config}) and args.deepspeed_config ({args_config}) "
+                "are both set; pass only --deepspeed_config"
+            )
+        args_config = old_config
+    if config is not None and args_config is not None:
+        raise ConfigError(
+            f"a config was given twice: config= and args.deepspeed_config ({args_config}); "
+            "pass only one of them"
+        )
+    source = config if config is not None else args_config
+    if source is None:
+        source = os.environ.get(CONFIG_ENV) or None
+    if source is None:
+        raise ConfigError(
+            "no config: pass config= (a dict or a path), set args.deepspeed_config, or start "
+            "the script with zlaunch --config FILE (which sets ZLAUNCH_CONFIG)"
+        )
+    return source
+
+
+def _load_config(source: Any) -> tuple[Any, list]:
+    """The loaded config and the notes (warnings) loading it gave, shown later from rank 0."""
+    import warnings
+
+    from .config import ConfigWarning, load_config
+
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", ConfigWarning)
+        loaded = source if hasattr(source, "resolve") else load_config(source)
+    return loaded, notes
+
+
 def initialize(
     args: Any = None,
     model: Any = None,
@@ -42,10 +84,7 @@ def initialize(
     The config's ``activation_checkpointing`` block configures runtime.checkpointing, with the
     mpu's group for ``partition_activations``.
     """
-    import warnings
-
     from . import stacks
-    from .config import ConfigError, ConfigWarning, load_config
     from .dist_env import init_distributed
     from .engine import Engine
 
@@ -53,31 +92,8 @@ def initialize(
 
     if model is None:
         raise ValueError("initialize() needs model=")
-    args_config = getattr(args, "deepspeed_config", None) if args is not None else None
-    old_config = getattr(args, "deepscale_config", None) if args is not None else None
-    if old_config is not None:  # DeepSpeed's deprecated spelling
-        if args_config is not None:
-            raise ConfigError(
-                f"args.deepscale_config ({old_config}) and args.deepspeed_config ({args_config}) "
-                "are both set; pass only --deepspeed_config"
-            )
-        args_config = old_config
-    if config is not None and args_config is not None:
-        raise ConfigError(
-            f"a config was given twice: config= and args.deepspeed_config ({args_config}); "
-            "pass only one of them"
-        )
-    source = config if config is not None else args_config
-    if source is None:
-        source = os.environ.get(CONFIG_ENV) or None
-    if source is None:
-        raise ConfigError(
-            "no config: pass config= (a dict or a path), set args.deepspeed_config, or start "
-            "the script with zlaunch --config FILE (which sets ZLAUNCH_CONFIG)"
-        )
-    with warnings.catch_warnings(record=True) as notes:
-        warnings.simplefilter("always", ConfigWarning)
-        loaded = source if hasattr(source, "resolve") else load_config(source)
+    source = _config_source(args, config)
+    loaded, notes = _load_config(source)
     env = init_distributed(dist_init_required)
     loaded = _keep_global_batch(loaded, env.rank)
     _show_config_notes(notes, source, env.rank)
@@ -87,12 +103,7 @@ def initialize(
         check_mpu(mpu, env.world_size)
     dp_size = mpu.get_data_parallel_world_size() if mpu is not None else env.world_size
     resolved = loaded.resolve(dp_size, _hidden_size(model))
-    from . import checkpointing
-
-    if "activation_checkpointing" in loaded.raw:
-        checkpointing.configure(mpu, deepspeed_config=resolved)
-    elif mpu is not None and not checkpointing.is_configured():
-        checkpointing.configure(mpu)  # the group partition_activations would split over
+    _configure_activation_checkpointing(loaded, resolved, mpu)
     engine = Engine(
         module=model,
         config=resolved,
@@ -104,12 +115,29 @@ def initialize(
         collate_fn=collate_fn,
         mpu=mpu,
     )
-    # zlaunch --resume / --save-on (ZLAUNCH_RESUME, ZLAUNCH_SAVE_ON): runtime/checkpoint/preempt.py
-    from .checkpoint.preempt import attach
-
-    attach(engine)
+    _apply_launch_options(engine)
     _announce_ready()
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _configure_activation_checkpointing(loaded: Any, resolved: Any, mpu: Any) -> None:
+    from . import checkpointing
+
+    if "activation_checkpointing" in loaded.raw:
+        checkpointing.configure(mpu, deepspeed_config=resolved)
+    elif mpu is not None and not checkpointing.is_configured():
+        checkpointing.configure(mpu)  # the group partition_activations would split over
+
+
+def _apply_launch_options(engine: Any) -> None:
+    """zlaunch --resume / --save-on (ZLAUNCH_RESUME, ZLAUNCH_SAVE_ON): load the latest
+    checkpoint, and save at the step boundary after the signal."""
+    from .checkpoint.preempt import resume_from_env, save_on_signal_from_env
+
+    engine.resumed_from, engine.resumed_client_state = resume_from_env(engine)
+    hook = save_on_signal_from_env()
+    if hook is not None:
+        engine.add_step_hook(hook)
 
 
 def _announce_ready() -> None:

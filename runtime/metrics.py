@@ -214,8 +214,8 @@ def _token_count(args: tuple, kwargs: dict) -> int | None:
 class StepMetrics:
     """Collects one engine's per-step numbers and reports them on report steps.
 
-    The engine calls ``on_forward`` / ``on_backward`` / ``on_boundary``; every rank must call
-    ``on_boundary`` on every optimizer step, since report steps run one collective.
+    The engine calls ``on_forward`` / ``on_backward``, and ``after_step`` as a step hook; every
+    rank must report every optimizer step, since report steps run one collective.
     """
 
     def __init__(self, engine: Any, sink: EventSink | None = None):
@@ -271,6 +271,12 @@ class StepMetrics:
         value = loss.detach().float().mean()
         self._loss_sum = value if self._loss_sum is None else self._loss_sum + value
         self._loss_count += 1
+
+    def after_step(self, engine: Any, outcome: Any) -> None:  # noqa: ARG002 - a step hook
+        """`runtime.step_hooks.StepHook`: report each optimizer step (``outcome`` is None
+        between accumulation boundaries)."""
+        if outcome is not None:
+            self.on_boundary(outcome.grad_norm, outcome.skipped)
 
     def on_boundary(self, grad_norm: float | None, skipped: bool = False) -> None:
         """After an optimizer step (``engine.global_steps`` already counts it).

@@ -77,6 +77,21 @@ class Precision:
     def loss_scale(self) -> float:
         return float(self.scaler.scale) if self.scaler is not None else 1.0
 
+    def cast_inputs(self, obj):
+        """Floating tensors in ``obj`` (nested lists, tuples, dicts) in the parameters' dtype
+        under mixed precision; anything else as it is."""
+        if not self.mixed:
+            return obj
+        return _cast_floats(obj, self.param_dtype)
+
+    def state_dict(self) -> dict | None:
+        """The loss scaler's state (fp16), or None: nothing else here changes while training."""
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.scaler is not None and state is not None:
+            self.scaler.load_state_dict(state)
+
     def update(self, overflow: bool, *, step: int, rank: int) -> None:
         """Feed the step's overflow to the scaler; rank 0 logs one line on overflow."""
         if self.scaler is None:
@@ -94,6 +109,16 @@ class Precision:
                 f"gradient overflow: skipping step, loss scale {before:g} -> {self.loss_scale:g}"
             )
             log.warning("step %d: fp16 %s", step, message)
+
+
+def _cast_floats(obj, dtype):
+    if torch.is_tensor(obj):
+        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_floats(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    return obj
 
 
 @dataclass(frozen=True)

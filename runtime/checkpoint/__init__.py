@@ -5,7 +5,9 @@ world size and any ZeRO stage, and consolidates into one state dict without the 
 
 * `storage` writes shards and the manifest with an atomic commit (`write_checkpoint`);
 * `reader` validates a checkpoint and reads exact ranges (`CheckpointReader`);
-* `engine_io` maps an engine's owned state to pieces (`save_engine`, `load_engine`);
+* `engine_io` saves and loads an engine (`save_engine`, `load_engine`) through its parts'
+  state: `pieces`, `optimizer_state`, `module_state`, `rng`;
+* `preempt` applies zlaunch's --resume and --save-on inside a worker;
 * `consolidate` builds a full state dict (`consolidate_state_dict`).
 
 torch is imported by the submodules, on first use.
@@ -17,30 +19,9 @@ from .errors import CheckpointError
 
 __all__ = [
     "CheckpointError",
-    "save_checkpoint",
-    "load_checkpoint",
     "consolidate_state_dict",
     "CheckpointReader",
 ]
-
-
-def save_checkpoint(
-    engine,
-    save_dir=None,
-    tag=None,
-    client_state=None,
-    save_latest=True,
-    exclude_frozen_parameters=False,
-):
-    from .engine_io import save_engine
-
-    return save_engine(engine, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
-
-
-def load_checkpoint(engine, load_dir=None, tag=None, **options):
-    from .engine_io import load_engine
-
-    return load_engine(engine, load_dir, tag, **options)
 
 
 def consolidate_state_dict(checkpoint_dir, tag=None, dtype=None):

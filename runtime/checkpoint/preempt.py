@@ -21,7 +21,14 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["RESUME_ENV", "SAVE_ON_ENV", "SaveOnSignal", "attach", "SAVED_MARKER"]
+__all__ = [
+    "RESUME_ENV",
+    "SAVE_ON_ENV",
+    "SaveOnSignal",
+    "resume_from_env",
+    "save_on_signal_from_env",
+    "SAVED_MARKER",
+]
 
 log = logging.getLogger("runtime.checkpoint")
 
@@ -31,7 +38,8 @@ SAVED_MARKER = "zlaunch: saved checkpoint"
 
 
 class SaveOnSignal:
-    """Sets a flag on ``signum``; `at_boundary` saves on every rank once any rank saw it."""
+    """A step hook: sets a flag on ``signum``; `after_step` saves on every rank once any rank
+    saw it."""
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -41,7 +49,7 @@ class SaveOnSignal:
     def _on_signal(self, _signum, _frame) -> None:
         self.requested = True
 
-    def at_boundary(self, engine) -> None:
+    def after_step(self, engine, outcome) -> None:  # noqa: ARG002 - a step hook
         """Called by `Engine.step` after every micro step; acts only at step boundaries."""
         if engine.micro_steps % engine.gradient_accumulation_steps() != 0:
             return
@@ -73,15 +81,20 @@ def _signal_number(name: str) -> int:
         ) from None
 
 
-def attach(engine) -> None:
-    """Apply the environment's checkpoint options to a freshly built engine."""
-    engine.resumed_from = None
-    engine.resumed_client_state = None
-    if os.environ.get(RESUME_ENV) == "1":
-        path, client = engine.load_checkpoint()
-        engine.resumed_from, engine.resumed_client_state = path, client
-        if path is not None and engine.global_rank == 0:
-            print(f"zlaunch: resumed from {path} at step {engine.global_steps}", flush=True)
+def resume_from_env(engine) -> tuple[str | None, dict | None]:
+    """Under ``ZLAUNCH_RESUME=1``, load the latest checkpoint: ``(path, client_state)``;
+    ``(None, None)`` when not asked or when there is none yet."""
+    if os.environ.get(RESUME_ENV) != "1":
+        return None, None
+    path, client = engine.load_checkpoint()
+    if path is not None and engine.global_rank == 0:
+        print(f"zlaunch: resumed from {path} at step {engine.global_steps}", flush=True)
+    return path, client
+
+
+def save_on_signal_from_env() -> SaveOnSignal | None:
+    """The hook ``ZLAUNCH_SAVE_ON`` asks for (its signal handler installed), or None."""
     name = os.environ.get(SAVE_ON_ENV, "").strip()
     if name and name.lower() != "none":
-        engine.save_on_signal = SaveOnSignal(_signal_number(name))
+        return SaveOnSignal(_signal_number(name))
+    return None

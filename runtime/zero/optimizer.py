@@ -26,9 +26,9 @@ from ..comm import Communicator
 from ..precision import GradStats, Precision, global_grad_stats
 from .buckets import GradReducer
 from .flat import FlatBuffer
-from .partition import FlatLayout
+from .partition import FlatGroup
 
-__all__ = ["NormScope", "StepOutcome", "ZeroOptimizer"]
+__all__ = ["NormScope", "OwnedRange", "StepOutcome", "ZeroOptimizer"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,16 @@ class StepOutcome:
     skipped: bool
     grad_norm: float | None
     """Global gradient norm before clipping (unscaled); None when the step overflowed."""
+
+
+@dataclass(frozen=True)
+class OwnedRange:
+    """Elements ``[lo, hi)`` of a flat group, held by this rank's master tensor ``master``."""
+
+    group: FlatGroup
+    lo: int
+    hi: int
+    master: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,6 @@ class ZeroOptimizer:
     def __init__(
         self,
         *,
-        layout: FlatLayout,
         params: FlatBuffer,
         reducer: GradReducer,
         comm: Communicator,
@@ -99,7 +108,7 @@ class ZeroOptimizer:
         group_options: list[dict],
         norm_scope: NormScope | None = None,
     ):
-        self.layout = layout
+        self.layout = params.layout
         self.params = params
         self.reducer = reducer
         self.comm = comm
@@ -128,7 +137,9 @@ class ZeroOptimizer:
         groups = []
         for pg, options in enumerate(group_options):
             tensors = [
-                m for m, g in zip(self.master, layout.groups, strict=True) if g.param_group == pg
+                m
+                for m, g in zip(self.master, self.layout.groups, strict=True)
+                if g.param_group == pg
             ]
             groups.append({**options, "params": tensors})
         self.optimizer = make_optimizer(groups)
@@ -154,6 +165,20 @@ class ZeroOptimizer:
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
+
+    @property
+    def kind(self) -> str:
+        """The torch optimizer's class name (a checkpoint's state is only that class's)."""
+        return type(self.optimizer).__name__
+
+    def owned_ranges(self) -> list[OwnedRange]:
+        """Each master tensor with the range of its group it holds (its shard when
+        partitioned, the whole padded group otherwise)."""
+        out = []
+        for g, master in zip(self.layout.groups, self.master, strict=True):
+            lo, hi = g.shard_range(self.comm.rank) if self.partitioned else (0, g.padded_numel)
+            out.append(OwnedRange(g, lo, hi, master))
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)

@@ -1,6 +1,6 @@
-"""The engine's stage-3 construction: units, shard store, coordinator, optimizer.
+"""The stage-3 sharding strategy and its construction: units, shard store, coordinator, optimizer.
 
-Called from `Engine.__init__` for ``zero_optimization.stage: 3``. Unit by unit, the full values
+Built by `strategy.build_strategy` for ``zero_optimization.stage: 3``. Unit by unit, the full values
 are assembled (from the module's parameters, broadcast from rank 0, or from zero.Init's
 per-parameter chunks, gathered one parameter at a time), this rank's shard is stored and the
 unit is released, so at most one unit is whole at a time beyond what the module already held.
@@ -18,11 +18,13 @@ from .leaf_modules import leaf_modules, z3_leaf_module
 from .param_offload import ShardStore
 from .partition import FlatLayout
 from .stage3 import Stage3Coordinator
+from .stage3_optimizer import Stage3Optimizer
 from .stage3_units import Unit, param_shape, plan_frozen_units, plan_units
+from .strategy import LayoutState, StrategyInputs, single_dtype
 
 log = logging.getLogger("runtime.zero.stage3")
 
-__all__ = ["build_stage3"]
+__all__ = ["Stage3Strategy", "build_stage3"]
 
 
 def _fill_unit(u: Unit, comm: Communicator) -> None:
@@ -79,28 +81,68 @@ def _log_leaves(leaves: dict, comm: Communicator) -> None:
         )
 
 
-def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
-    """Partition ``engine.module`` and set the engine's layout, reducer and optimizer."""
-    from .stage3_optimizer import Stage3Optimizer
+class Stage3Strategy(LayoutState):
+    """Stage 3: per-module units whose shards live in a store, fetched when modules run."""
 
-    zero = engine.config.zero_optimization
-    module, comm, precision, device = engine.module, engine.comm, engine.precision, engine.device
-    params = [p for _, ps in groups for p in ps]
-    if precision.mixed:
-        dtype = precision.param_dtype
-    else:
-        dtypes = {p.dtype for p in params}
-        if len(dtypes) > 1:
-            raise TypeError(
-                f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
-                "cast the model to one dtype, or enable fp16/bf16 in the config"
-            )
-        dtype = dtypes.pop()
+    def __init__(self, store: ShardStore, coordinator: Stage3Coordinator, optimizer):
+        super().__init__(
+            store.layout, optimizer, coordinator, optimizer.precision, store.data.dtype
+        )
+        self.store = store
+        self.coordinator = coordinator
+
+
+def _param_dtype(inputs: StrategyInputs, params: list) -> torch.dtype:
+    if inputs.precision.mixed:
+        return inputs.precision.param_dtype
+    return single_dtype(params)
+
+
+def _partition_frozen(module, trained, units, leaves, inputs: StrategyInputs) -> None:
+    """Frozen parameters (LoRA's base model, ...) are partitioned too, each unit with a store
+    of its own in the parameters' dtype; they take the indices after the trained units."""
+    zero, comm = inputs.config.zero_optimization, inputs.comm
+    threshold = int(zero.stage3_param_persistence_threshold)
+    for group, unit_plan in plan_frozen_units(module, trained, comm.world_size, threshold, leaves):
+        unit_params = unit_plan.params
+        own_store = ShardStore(
+            FlatLayout((group,), comm.world_size),
+            comm.rank,
+            unit_params[0].dtype,
+            inputs.device,
+            offload=zero.offload_param.enabled,
+            pin_memory=zero.offload_param.pin_memory,
+        )
+        u = Unit(group, unit_params, False, own_store, unit_plan.leaf)
+        u.index = len(units)
+        _partition_unit(u, comm)
+        units.append(u)
+
+
+def _build_optimizer(inputs, layout, store, coordinator) -> Stage3Optimizer:
+    optimizer = Stage3Optimizer(
+        params=store,
+        reducer=coordinator,
+        comm=inputs.comm,
+        partitioned=True,
+        sub_group_size=int(inputs.config.zero_optimization.sub_group_size),
+        **inputs.optimizer_options(),
+    )
+    coordinator.shard_written.append(optimizer.reload_master)
+    return optimizer
+
+
+def build_stage3(inputs: StrategyInputs) -> Stage3Strategy:
+    """Partition ``inputs.module`` unit by unit and build the coordinator and optimizer."""
+    zero = inputs.config.zero_optimization
+    module, comm, device = inputs.module, inputs.comm, inputs.device
+    params = [p for _, ps in inputs.groups for p in ps]
+    dtype = _param_dtype(inputs, params)
     leaves = leaf_modules(module)
     _log_leaves(leaves, comm)
     layout, plan = plan_units(
         module,
-        [ps for _, ps in groups],
+        [ps for _, ps in inputs.groups],
         comm.world_size,
         int(zero.stage3_param_persistence_threshold),
         leaves,
@@ -118,45 +160,8 @@ def build_stage3(engine, groups, make_optimizer) -> Stage3Coordinator:
         u = Unit(group, unit_plan.params, unit_plan.persistent, store, unit_plan.leaf)
         _partition_unit(u, comm)
         units.append(u)
-    # Frozen parameters (LoRA's base model, ...) are partitioned too, each unit with a store
-    # of its own in the parameters' dtype; they take the indices after the trained units.
-    trained = {id(p) for p in params}
-    threshold = int(zero.stage3_param_persistence_threshold)
-    for group, unit_plan in plan_frozen_units(
-        module, trained, comm.world_size, threshold, leaves
-    ):
-        unit_params = unit_plan.params
-        own_store = ShardStore(
-            FlatLayout((group,), comm.world_size),
-            comm.rank,
-            unit_params[0].dtype,
-            device,
-            offload=zero.offload_param.enabled,
-            pin_memory=zero.offload_param.pin_memory,
-        )
-        u = Unit(group, unit_params, False, own_store, unit_plan.leaf)
-        u.index = len(units)
-        _partition_unit(u, comm)
-        units.append(u)
+    _partition_frozen(module, {id(p) for p in params}, units, leaves, inputs)
     _unpartition_leftovers(module)
     coordinator = Stage3Coordinator(module, units, layout, comm, zero, dtype, device)
-    engine.optimizer = Stage3Optimizer(
-        layout=layout,
-        params=store,
-        reducer=coordinator,
-        comm=comm,
-        precision=precision,
-        partitioned=True,
-        offload=zero.offload_optimizer.enabled,
-        pin_memory=zero.offload_optimizer.pin_memory,
-        clip=float(engine.config.gradient_clipping or 0.0),
-        make_optimizer=make_optimizer,
-        group_options=[opts for opts, _ in groups],
-        sub_group_size=int(zero.sub_group_size),
-    )
-    coordinator.shard_written.append(engine.optimizer.reload_master)
-    engine.layout = layout
-    engine.flat_params = store
-    engine.reducer = coordinator
-    engine.stage3 = coordinator
-    return coordinator
+    optimizer = _build_optimizer(inputs, layout, store, coordinator)
+    return Stage3Strategy(store, coordinator, optimizer)

@@ -164,7 +164,7 @@ def model_state_bytes(engine) -> int:
     """Bytes of every distinct tensor storage reachable from the engine (walked generically)."""
     storages: dict[int, int] = {}
     seen: set[int] = set()
-    stack = [engine.module, engine.optimizer, engine.optimizer.optimizer, engine.reducer, engine]
+    stack = [engine.module, engine.optimizer, engine.optimizer.optimizer, engine.sharding, engine]
     while stack:
         obj = stack.pop()
         if id(obj) in seen or obj is None:

@@ -255,7 +255,7 @@ def _train(runtime, mpu, stage: int, out_dir: str) -> dict:
         "params": params,
         "resumed_losses": resumed,
         "resumed_params": unshard(fresh, MP, group),
-        "layout_world": engine.layout.world_size,
+        "layout_world": engine.sharding.layout.world_size,
         "global_steps": engine2.global_steps,
     }
 

@@ -269,7 +269,7 @@ def _memory(runtime, precision, out_dir):
     return {
         "after_step": model_state_bytes(engine),
         "during": max(during),
-        "peak_live": engine.stage3.peak_live_numel,
+        "peak_live": engine.sharding.coordinator.peak_live_numel,
         "saved": saved,
         "params": gathered_params(runtime, model),
     }

@@ -102,16 +102,16 @@ def _train(runtime, rank, zero):
     model = LoraNet()
     engine, *_ = runtime.initialize(model=model, config=base_config({"stage": 3, **zero}))
     frozen = [p for p in model.parameters() if not p.requires_grad]
-    stores = [u.store for u in engine.stage3.units if u.frozen]
+    stores = [u.store for u in engine.sharding.coordinator.units if u.frozen]
     x, y = batches(WORLD)
     losses = train_steps(engine, x, y, rank, WORLD, 0, STEPS)
-    peak_live = engine.stage3.peak_live_numel  # before GatheredParameters gathers everything
+    peak_live = engine.sharding.coordinator.peak_live_numel  # before GatheredParameters gathers everything
     return {
         "losses": losses,
         "peak_live": peak_live,
         "params": gathered(runtime, model),
         "frozen_released": all(p.numel() == 0 for p in frozen),
-        "frozen_units": sum(1 for u in engine.stage3.units if u.frozen),
+        "frozen_units": sum(1 for u in engine.sharding.coordinator.units if u.frozen),
         "frozen_store_numel": sum(s.data.numel() for s in stores),
         "frozen_store_device": sorted({str(s.data.device) for s in stores}),
         "optimizer_numel": sum(m.numel() for m in engine.optimizer.master),

@@ -1,0 +1,39 @@
+"""What runs at the end of every `Engine.step()`: step metrics, profiles, save on a signal.
+
+Each is registered with `Engine.add_step_hook` and called in registration order after the
+micro-step is counted, with the optimizer step's outcome at an accumulation boundary and None
+between boundaries. Hooks that run collectives must run on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .zero.optimizer import StepOutcome
+
+__all__ = ["StepHook", "CheckpointingProfile"]
+
+
+class StepHook(Protocol):
+    def after_step(self, engine: Engine, outcome: StepOutcome | None) -> None: ...
+
+
+class CheckpointingProfile:
+    """activation_checkpointing.profile: forward and recomputation seconds of the checkpointed
+    blocks, sent with the step metrics (the same steps: the first and every
+    ``steps_per_print``-th, from rank 0)."""
+
+    def after_step(self, engine: Engine, outcome: StepOutcome | None) -> None:
+        if outcome is None:
+            return
+        every = int(engine.config.steps_per_print or 0)
+        step = engine.global_steps
+        if step != 1 and not (every > 0 and step % every == 0):
+            return
+        from . import checkpointing
+
+        timings = checkpointing.take_profile()
+        if timings:
+            engine.log_metrics(timings, step)

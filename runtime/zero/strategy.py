@@ -1,0 +1,160 @@
+"""How the engine drives a ZeRO sharding strategy, whatever the stage.
+
+Stages 0-2 (`flat_strategy`: one flat buffer cut into buckets, gradients reduced bucket by
+bucket while backward runs) and stage 3 (`stage3_build`: parameters partitioned per module
+unit, gathered when modules run) are siblings behind `ShardingStrategy`; `build_strategy`
+picks one from the config. The engine holds that one object and calls nothing else of ZeRO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ..comm import Communicator
+from ..precision import Precision
+from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
+from .partition import FlatLayout
+
+__all__ = ["ShardingStrategy", "StrategyInputs", "TrainedParam", "build_strategy"]
+
+
+@dataclass(frozen=True)
+class StrategyInputs:
+    """What every strategy is built from."""
+
+    module: torch.nn.Module
+    groups: list[tuple[dict, list[torch.nn.Parameter]]]
+    """(options, trainable parameters) per optimizer param group."""
+    config: Any
+    comm: Communicator
+    """The data-parallel group."""
+    precision: Precision
+    device: torch.device
+    make_optimizer: Callable[[list[dict]], torch.optim.Optimizer]
+    """Builds the torch optimizer over this rank's master weights."""
+    model_parallel: Any
+    """runtime.model_parallel.ModelParallel: the gradient norm's scope with an mpu."""
+    global_rank: int
+
+    def optimizer_options(self) -> dict[str, Any]:
+        """The `ZeroOptimizer` arguments every stage takes from the config and the script."""
+        zero = self.config.zero_optimization
+        return {
+            "precision": self.precision,
+            "offload": zero.offload_optimizer.enabled,
+            "pin_memory": zero.offload_optimizer.pin_memory,
+            "clip": float(self.config.gradient_clipping or 0.0),
+            "make_optimizer": self.make_optimizer,
+            "group_options": [opts for opts, _ in self.groups],
+        }
+
+
+@dataclass(frozen=True)
+class TrainedParam:
+    shape: tuple[int, ...]
+    param_group: int
+
+
+class ShardingStrategy(Protocol):
+    """The engine's view of a strategy: backward brackets, the step, and checkpoint state."""
+
+    optimizer: ZeroOptimizer
+    """What scripts see as ``engine.optimizer`` (its ``optimizer`` is the torch one)."""
+    layout: FlatLayout
+    replicated: bool
+    """Every rank holds every group whole (stage 0); otherwise each owns a shard."""
+
+    def begin_backward(self, boundary: bool) -> None:
+        """Before a backward; ``boundary``: this one ends an accumulation and reduces."""
+
+    def end_backward(self) -> None:
+        """After the backward: wait for (or launch) what is left to reduce."""
+
+    def step(self) -> StepOutcome:
+        """Check, clip and apply the reduced gradients."""
+
+    def zero_grad(self) -> None: ...
+
+    master_dtype: torch.dtype
+    """The dtype checkpoints store master weights in."""
+
+    def trained_params(self) -> dict[str, TrainedParam]:
+        """Every trained parameter by name, in layout order."""
+
+    def owned_ranges(self) -> list[OwnedRange]:
+        """This rank's master tensors and the group ranges they hold."""
+
+    def refresh_params_from_master(self) -> None:
+        """Write replaced master weights (a checkpoint load) into the parameters."""
+
+
+class LayoutState:
+    """What both strategies share: the backward brackets and the checkpoint accessors, which
+    read the layout and the optimizer."""
+
+    def __init__(
+        self,
+        layout: FlatLayout,
+        optimizer: ZeroOptimizer,
+        backward: Any,
+        precision: Precision,
+        param_dtype: torch.dtype,
+    ):
+        self.layout, self.optimizer = layout, optimizer
+        # What runs around backward: prepare(boundary) before, finish() after.
+        self._backward = backward
+        self.master_dtype = torch.float32 if precision.mixed else param_dtype
+
+    def begin_backward(self, boundary: bool) -> None:
+        self._backward.prepare(boundary)
+
+    def end_backward(self) -> None:
+        self._backward.finish()
+
+    @property
+    def replicated(self) -> bool:
+        return not self.optimizer.partitioned
+
+    def trained_params(self) -> dict[str, TrainedParam]:
+        return {
+            s.name: TrainedParam(tuple(s.shape), g.param_group)
+            for g in self.layout.groups
+            for s in g.slots
+        }
+
+    def owned_ranges(self) -> list[OwnedRange]:
+        return self.optimizer.owned_ranges()
+
+    def refresh_params_from_master(self) -> None:
+        self.optimizer.refresh_params_from_master()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self) -> StepOutcome:
+        return self.optimizer.step()
+
+
+def single_dtype(params: list[torch.nn.Parameter]) -> torch.dtype:
+    """The one dtype of the trained parameters (several: the user must cast the model)."""
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1:
+        raise TypeError(
+            f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
+            "cast the model to one dtype, or enable fp16/bf16 in the config"
+        )
+    return dtypes.pop()
+
+
+def build_strategy(inputs: StrategyInputs) -> ShardingStrategy:
+    if inputs.config.zero_optimization.stage == 3:
+        from .stage3_build import build_stage3
+
+        return build_stage3(inputs)
+    from .flat_strategy import build_flat_strategy
+
+    return build_flat_strategy(inputs)

@@ -180,6 +180,12 @@ class Unit:
     def release_for_user(self, modifier_rank: int | None) -> None:
         self.coordinator.user_release(self, modifier_rank)
 
+    def write_back(self, comm: Communicator, src: int) -> None:
+        """Make rank ``src``'s gathered values everyone's, in the shards too."""
+        comm.broadcast(self.full, src=src)
+        lo, hi = self.group.shard_range(comm.rank)
+        self.store.write_from(self.group, self.full[lo:hi])
+
     def load_values(self, p: torch.nn.Parameter, value: torch.Tensor, rank: int) -> None:
         """Set parameter ``p`` of this unit to ``value`` (its full values, on every rank): each
         rank writes the part of its shard that ``p`` covers; no communication."""

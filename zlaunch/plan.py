@@ -40,6 +40,7 @@ __all__ = [
     "Plan",
     "build_plan",
     "render_plan",
+    "shared_env",
     "redact",
     "new_run_id",
     "RESERVED_ENV",
@@ -137,68 +138,20 @@ def build_plan(
         if not host.slots:
             raise ValueError(f"host {host.display} has no slots selected")
     world_size = sum(len(host.slots) for host in hosts)
-    num_nodes = len(hosts)
-    max_restarts = getattr(options, "max_restarts", 0)
-    base_env = {k: v for k, v in options.env.items() if k not in RESERVED_ENV}
     job_env = {
         "WORLD_SIZE": str(world_size),
-        "NUM_NODES": str(num_nodes),
-        "CROSS_SIZE": str(num_nodes),
+        "NUM_NODES": str(len(hosts)),
+        "CROSS_SIZE": str(len(hosts)),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        protocol.RUN_ID_ENV: run_id,
-        protocol.ATTEMPT_ENV: str(attempt),
-        "TORCHELASTIC_RUN_ID": run_id,
-        "TORCHELASTIC_RESTART_COUNT": str(attempt),
-        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-        # `zlaunch stacks`: the signal on which the runtime dumps every thread's stack
-        protocol.STACKS_SIGNAL_ENV: str(int(protocol.STACKS_SIGNAL)),
+        **_run_env(options, run_id, attempt),
+        **_checkpoint_env(options, attempt),
     }
-    if options.config_path is not None:
-        job_env[protocol.CONFIG_ENV] = options.config_path
-    batch = getattr(options, "batch", None)
-    if batch:
-        job_env[protocol.BATCH_ENV] = batch
-    collective_timeout = getattr(options, "collective_timeout", None)
-    if collective_timeout is not None:
-        job_env[protocol.COLLECTIVE_TIMEOUT_ENV] = f"{collective_timeout:g}"
-    # Checkpoints: where, whether to resume (always on a restart), which signal saves.
-    checkpoint_dir = getattr(options, "checkpoint_dir", None)
-    if checkpoint_dir:
-        job_env[protocol.CHECKPOINT_DIR_ENV] = checkpoint_dir
-        if getattr(options, "resume", False) or attempt > 0:
-            job_env[protocol.RESUME_ENV] = "1"
-        save_on = getattr(options, "save_on", None)
-        if save_on:
-            job_env[protocol.SAVE_ON_ENV] = save_on
-
     nodes = []
-    rank = 0
+    first_rank = 0
     for node_rank, host in enumerate(hosts):
-        local_size = len(host.slots)
-        node_env = {
-            **job_env,
-            "NODE_RANK": str(node_rank),
-            "GROUP_RANK": str(node_rank),
-            "CROSS_RANK": str(node_rank),
-            "LOCAL_WORLD_SIZE": str(local_size),
-            "LOCAL_SIZE": str(local_size),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(slot) for slot in host.slots),
-        }
-        workers = []
-        for local_rank, slot in enumerate(host.slots):
-            env = {**base_env, **node_env, "RANK": str(rank), "LOCAL_RANK": str(local_rank)}
-            workers.append(
-                WorkerSpec(
-                    rank=rank,
-                    local_rank=local_rank,
-                    slot=slot,
-                    argv=worker_argv(options, local_rank),
-                    env=env,
-                )
-            )
-            rank += 1
-        nodes.append(NodePlan(node_rank, host, options.cwd, tuple(workers)))
+        nodes.append(_node_plan(options, node_rank, host, first_rank, job_env))
+        first_rank += len(host.slots)
     return Plan(
         run_id=run_id,
         attempt=attempt,
@@ -207,6 +160,76 @@ def build_plan(
         master_port=master_port,
         nodes=tuple(nodes),
     )
+
+
+def _run_env(options: LaunchOptions, run_id: str, attempt: int) -> dict[str, str]:
+    """Which run and attempt this is, and what the runtime is to use in it."""
+    env = {
+        protocol.RUN_ID_ENV: run_id,
+        protocol.ATTEMPT_ENV: str(attempt),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(getattr(options, "max_restarts", 0)),
+        # `zlaunch stacks`: the signal on which the runtime dumps every thread's stack
+        protocol.STACKS_SIGNAL_ENV: str(int(protocol.STACKS_SIGNAL)),
+    }
+    if options.config_path is not None:
+        env[protocol.CONFIG_ENV] = options.config_path
+    batch = getattr(options, "batch", None)
+    if batch:
+        env[protocol.BATCH_ENV] = batch
+    collective_timeout = getattr(options, "collective_timeout", None)
+    if collective_timeout is not None:
+        env[protocol.COLLECTIVE_TIMEOUT_ENV] = f"{collective_timeout:g}"
+    return env
+
+
+def _checkpoint_env(options: LaunchOptions, attempt: int) -> dict[str, str]:
+    """Checkpoints: where, whether to resume (always on a restart), which signal saves."""
+    checkpoint_dir = getattr(options, "checkpoint_dir", None)
+    if not checkpoint_dir:
+        return {}
+    env = {protocol.CHECKPOINT_DIR_ENV: checkpoint_dir}
+    if getattr(options, "resume", False) or attempt > 0:
+        env[protocol.RESUME_ENV] = "1"
+    save_on = getattr(options, "save_on", None)
+    if save_on:
+        env[protocol.SAVE_ON_ENV] = save_on
+    return env
+
+
+def _node_plan(
+    options: LaunchOptions, node_rank: int, host: Host, first_rank: int, job_env: dict[str, str]
+) -> NodePlan:
+    """The workers of one host, ranks from ``first_rank`` on in slot order."""
+    base_env = {k: v for k, v in options.env.items() if k not in RESERVED_ENV}
+    local_size = str(len(host.slots))
+    node_env = {
+        **job_env,
+        "NODE_RANK": str(node_rank),
+        "GROUP_RANK": str(node_rank),
+        "CROSS_RANK": str(node_rank),
+        "LOCAL_WORLD_SIZE": local_size,
+        "LOCAL_SIZE": local_size,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(slot) for slot in host.slots),
+    }
+    workers = []
+    for local_rank, slot in enumerate(host.slots):
+        rank = first_rank + local_rank
+        env = {**base_env, **node_env, "RANK": str(rank), "LOCAL_RANK": str(local_rank)}
+        argv = worker_argv(options, local_rank)
+        workers.append(WorkerSpec(rank, local_rank, slot, argv, env))
+    return NodePlan(node_rank, host, options.cwd, tuple(workers))
+
+
+def shared_env(envs: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    """The names (and values) that every one of ``envs`` has in common."""
+    if not envs:
+        return {}
+    common = dict(envs[0])
+    for env in envs[1:]:
+        common = {k: v for k, v in common.items() if env.get(k) == v}
+    return common
 
 
 def redact(name: str, value: str) -> str:
@@ -245,50 +268,49 @@ def render_plan(plan: Plan) -> str:
         f"run {plan.run_id}  attempt {plan.attempt}  world size {plan.world_size}  "
         f"nodes {len(plan.nodes)}  master {master}:{port}",
     ]
-
-    def shared(envs: list[dict[str, str]]) -> dict[str, str]:
-        common = dict(envs[0])
-        for env in envs[1:]:
-            common = {k: v for k, v in common.items() if env.get(k) == v}
-        return common
-
-    def env_of(worker: WorkerSpec) -> dict[str, str]:
-        env = dict(worker.env)
-        if plan.master_port == AUTO_PORT:
-            env["MASTER_PORT"] = "auto"
-        return env
-
-    every = shared([env_of(w) for node in plan.nodes for w in node.workers])
+    every = shared_env([_shown_env(plan, w) for w in plan.workers])
     for node in plan.nodes:
-        host = node.host
-        ranks = [w.rank for w in node.workers]
-        where = host.display
-        if host.user:
-            where = f"{host.user}@{where}"
-        if host.port:
-            where += f" (ssh port {host.port})"
         lines.append("")
-        lines.append(
-            f"node {node.node_rank}: {where}  ranks {_ranks_text(ranks)}  "
-            f"slots {','.join(map(str, host.slots))}  cwd {_show(node.cwd)}"
-        )
-        common = shared([env_of(w) for w in node.workers])
-        for worker in node.workers:
-            own = {k: v for k, v in env_of(worker).items() if k not in common}
-            own_text = " ".join(f"{k}={_show(redact(k, v))}" for k, v in sorted(own.items()))
-            lines.append(
-                f"  rank {worker.rank} (local {worker.local_rank}, slot {worker.slot}): "
-                f"{_show_argv(redact_argv(worker.argv))}"
-            )
-            if own_text:
-                lines.append(f"    {own_text}")
-        node_only = {k: v for k, v in common.items() if k not in every}
-        if node_only:
-            lines.append("  env:")
-            for name in sorted(node_only):
-                lines.append(f"    {name}={_show(redact(name, node_only[name]))}")
+        lines.extend(_node_lines(plan, node, every))
     lines.append("")
     lines.append("env of every rank:")
-    for name in sorted(every):
-        lines.append(f"    {name}={_show(redact(name, every[name]))}")
+    lines.extend(_env_lines(every, "    "))
     return "\n".join(lines) + "\n"
+
+
+def _shown_env(plan: Plan, worker: WorkerSpec) -> dict[str, str]:
+    env = dict(worker.env)
+    if plan.master_port == AUTO_PORT:
+        env["MASTER_PORT"] = "auto"
+    return env
+
+
+def _env_lines(env: Mapping[str, str], indent: str) -> list[str]:
+    return [f"{indent}{name}={_show(redact(name, env[name]))}" for name in sorted(env)]
+
+
+def _node_lines(plan: Plan, node: NodePlan, every: Mapping[str, str]) -> list[str]:
+    """One host of the plan: where, its ranks and their commands, what only its ranks share."""
+    host = node.host
+    where = f"{host.user}@{host.display}" if host.user else host.display
+    if host.port:
+        where += f" (ssh port {host.port})"
+    ranks = [w.rank for w in node.workers]
+    lines = [
+        f"node {node.node_rank}: {where}  ranks {_ranks_text(ranks)}  "
+        f"slots {','.join(map(str, host.slots))}  cwd {_show(node.cwd)}"
+    ]
+    common = shared_env([_shown_env(plan, w) for w in node.workers])
+    for worker in node.workers:
+        own = {k: v for k, v in _shown_env(plan, worker).items() if k not in common}
+        lines.append(
+            f"  rank {worker.rank} (local {worker.local_rank}, slot {worker.slot}): "
+            f"{_show_argv(redact_argv(worker.argv))}"
+        )
+        if own:
+            lines.append("    " + " ".join(_env_lines(own, "")))
+    node_only = {k: v for k, v in common.items() if k not in every}
+    if node_only:
+        lines.append("  env:")
+        lines.extend(_env_lines(node_only, "    "))
+    return lines

@@ -34,7 +34,26 @@ def select_hosts(
     num_gpus: int | None,
 ) -> list[Host]:
     """Apply the selectors to `hosts` and return the selected hosts with their slots."""
-    hosts = list(hosts)
+    selector_flag = _check_combination(include, exclude, num_nodes, num_gpus)
+    selected = _by_selector(list(hosts), include, exclude)
+    if num_nodes is not None:
+        selected = _first_nodes(selected, num_nodes)
+    if num_gpus is not None:
+        selected = _first_slots(selected, num_gpus)
+    if not selected:
+        raise UsageError(
+            f"{selector_flag} {clip(exclude)} leaves no hosts to run on"
+            if exclude
+            else "no hosts selected",
+            hint="check the selector against the hostfile",
+        )
+    return selected
+
+
+def _check_combination(
+    include: str | None, exclude: str | None, num_nodes: int | None, num_gpus: int | None
+) -> str | None:
+    """Refuse selectors that contradict each other; the selector flag in use, if any."""
     if include and exclude:
         raise UsageError(
             "--include and --exclude cannot be used together",
@@ -47,7 +66,11 @@ def select_hosts(
             f"{counts} cannot be combined with {selector_flag}",
             hint=f"say exactly which hosts and slots to use in {selector_flag}, e.g. node1:0-3",
         )
+    return selector_flag
 
+
+def _by_selector(hosts: list[Host], include: str | None, exclude: str | None) -> list[Host]:
+    """The hosts --include names (with its slots), or all but what --exclude names."""
     if include:
         wanted = parse_selector(include, hosts, "--include")
         selected = [
@@ -65,41 +88,37 @@ def select_hosts(
         ]
     else:
         selected = hosts
-    selected = [host for host in selected if host.slots]
+    return [host for host in selected if host.slots]
 
-    if num_nodes is not None:
-        if num_nodes < 1:
-            raise UsageError(
-                f"--num-nodes must be 1 or more, got {num_nodes}", hint="leave it out for all hosts"
-            )
-        if num_nodes > len(selected):
-            raise UsageError(
-                f"--num-nodes {num_nodes} asks for more hosts than the {len(selected)} available",
-                hint="add hosts to the hostfile or lower --num-nodes",
-            )
-        selected = selected[:num_nodes]
-    if num_gpus is not None:
-        if num_gpus < 1:
-            raise UsageError(
-                f"--num-gpus must be 1 or more, got {num_gpus}", hint="leave it out for all slots"
-            )
-        short = [host for host in selected if len(host.slots) < num_gpus]
-        if short:
-            listing = ", ".join(f"{h.display} has {len(h.slots)}" for h in short)
-            raise UsageError(
-                f"--num-gpus {num_gpus} asks for more slots than some hosts have ({listing})",
-                hint="lower --num-gpus or raise slots= for those hosts in the hostfile",
-            )
-        selected = [replace(host, slots=host.slots[:num_gpus]) for host in selected]
 
-    if not selected:
+def _first_nodes(selected: list[Host], num_nodes: int) -> list[Host]:
+    """--num-nodes: the first hosts, in hostfile order."""
+    if num_nodes < 1:
         raise UsageError(
-            f"{selector_flag} {clip(exclude)} leaves no hosts to run on"
-            if exclude
-            else "no hosts selected",
-            hint="check the selector against the hostfile",
+            f"--num-nodes must be 1 or more, got {num_nodes}", hint="leave it out for all hosts"
         )
-    return selected
+    if num_nodes > len(selected):
+        raise UsageError(
+            f"--num-nodes {num_nodes} asks for more hosts than the {len(selected)} available",
+            hint="add hosts to the hostfile or lower --num-nodes",
+        )
+    return selected[:num_nodes]
+
+
+def _first_slots(selected: list[Host], num_gpus: int) -> list[Host]:
+    """--num-gpus: the first slots of every host; each must have that many."""
+    if num_gpus < 1:
+        raise UsageError(
+            f"--num-gpus must be 1 or more, got {num_gpus}", hint="leave it out for all slots"
+        )
+    short = [host for host in selected if len(host.slots) < num_gpus]
+    if short:
+        listing = ", ".join(f"{h.display} has {len(h.slots)}" for h in short)
+        raise UsageError(
+            f"--num-gpus {num_gpus} asks for more slots than some hosts have ({listing})",
+            hint="lower --num-gpus or raise slots= for those hosts in the hostfile",
+        )
+    return [replace(host, slots=host.slots[:num_gpus]) for host in selected]
 
 
 def parse_selector(text: str, hosts: Sequence[Host], flag: str) -> dict[str, frozenset[int]]:

@@ -10,23 +10,12 @@ otherwise never start.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 from zlaunch import protocol
 from zlaunch.errors import UsageError
-from zlaunch.plan import NodePlan
+from zlaunch.plan import NodePlan, shared_env
 
 __all__ = ["shared_env", "node_spec", "encode_spec"]
-
-
-def shared_env(envs: list[Mapping[str, str]]) -> dict[str, str]:
-    """The names (and values) that every one of ``envs`` has in common."""
-    if not envs:
-        return {}
-    common = dict(envs[0])
-    for env in envs[1:]:
-        common = {k: v for k, v in common.items() if env.get(k) == v}
-    return common
 
 
 def node_spec(

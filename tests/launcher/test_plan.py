@@ -296,3 +296,18 @@ def test_render_plan_redacts_secrets_and_escapes_odd_values():
         line.startswith(("run ", "node ", "  ", "env of every rank:")) or not line
         for line in text.splitlines()
     )
+
+
+@pytest.mark.parametrize(
+    ("envs", "common"),
+    [
+        ([], {}),
+        ([{"A": "1", "B": "2"}], {"A": "1", "B": "2"}),
+        ([{"A": "1", "B": "2"}, {"A": "1", "B": "3"}], {"A": "1"}),
+        ([{"A": "1"}, {"B": "1"}], {}),
+    ],
+)
+def test_shared_env_is_what_every_env_has_with_the_same_value(envs, common):
+    from zlaunch.plan import shared_env
+
+    assert shared_env(envs) == common

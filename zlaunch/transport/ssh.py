@@ -138,6 +138,93 @@ def remote_command(argv: Sequence[str]) -> str:
     return "cd / && exec " + shlex.join(argv)
 
 
+def _connection(host: Host, ssh: SshOptions):
+    """A fabric connection to ``host`` (not opened yet): keys and agent as ssh uses them, and
+    every wait bounded by --ssh-timeout (zlaunch never prompts)."""
+    import fabric
+
+    config = (
+        fabric.Config(runtime_ssh_path=ssh.config_file) if ssh.config_file else fabric.Config()
+    )
+    connect_kwargs = {
+        "look_for_keys": True,
+        "allow_agent": True,
+        "banner_timeout": ssh.timeout,
+        "auth_timeout": ssh.timeout,
+        "channel_timeout": ssh.timeout,
+    }
+    if ssh.identity:
+        connect_kwargs["key_filename"] = [ssh.identity]
+    return fabric.Connection(
+        host.name,
+        user=host.user,
+        port=host.port or ssh.port,
+        config=config,
+        connect_timeout=ssh.timeout,
+        connect_kwargs=connect_kwargs,
+    )
+
+
+def _unreachable(err: BaseException, host: Host, ssh: SshOptions, connection) -> HostUnreachable:
+    """Why the agent on ``host`` could not be started, said for the user, with what to check."""
+    import paramiko
+
+    where = host.display
+    if isinstance(err, paramiko.BadHostKeyException):
+        return HostUnreachable(
+            f"ssh to {where} refused: its host key changed ({err.key.get_name()} "
+            f"{err.key.get_fingerprint().hex()}, known_hosts has "
+            f"{err.expected_key.get_fingerprint().hex()})",
+            hint="if the host was reinstalled, remove the old key: ssh-keygen -R "
+            f"{err.hostname}; otherwise someone may be intercepting the connection",
+        )
+    if isinstance(err, _UnknownHostKey):
+        known = _user_known_hosts(connection.ssh_config)
+        return HostUnreachable(
+            f"ssh to {where} refused: its host key ({err.key.get_name()} "
+            f"{fingerprint(err.key)}) is not in known_hosts, so nothing proves the host "
+            "is the one meant",
+            hint=f"check the fingerprint with the host's admin, then rerun with "
+            f"--accept-new-hosts to record it in {known}, or add it yourself: "
+            f"ssh-keyscan {err.hostname} >> {known}",
+        )
+    if isinstance(err, paramiko.AuthenticationException):
+        return HostUnreachable(
+            f"ssh to {where} failed: authentication refused ({err})",
+            hint="check the user and key (-I/--identity, --ssh-config); zlaunch never prompts",
+        )
+    if isinstance(err, TimeoutError):
+        return HostUnreachable(
+            f"ssh to {where} timed out after {ssh.timeout:g}s",
+            hint="check the address and that sshd runs there; --ssh-timeout sets the limit",
+        )
+    if isinstance(err, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = sorted({e.strerror or str(e) for e in err.errors.values()})
+        ports = sorted({addr[1] for addr in err.errors})
+        return HostUnreachable(
+            f"ssh to {where} failed: cannot connect to port "
+            f"{', '.join(map(str, ports))} ({'; '.join(reasons)})",
+            hint="check that sshd listens there (hostfile port=, --ssh-port, ssh config Port)",
+        )
+    if isinstance(err, paramiko.SSHException):
+        return _no_handshake(err, host, ssh, connection)
+    return HostUnreachable(f"ssh to {where} failed: {str(err) or type(err).__name__}")
+
+
+def _no_handshake(err: Exception, host: Host, ssh: SshOptions, connection) -> HostUnreachable:
+    # The handshake never completed: paramiko says so as a banner error, or (when its start
+    # timeout and banner timeout race) as "No existing session" at the first auth.
+    if "protocol banner" not in str(err) and "No existing session" not in str(err):
+        return HostUnreachable(f"ssh to {host.display} failed: {err}")
+    port = host.port or ssh.port or connection.port
+    return HostUnreachable(
+        f"ssh to {host.display} failed: no SSH server answered on port {port} "
+        f"within {ssh.timeout:g}s",
+        hint=f"check that port {port} is sshd's (ssh -p {port} {host.name}); a busy sshd "
+        "drops new connections (MaxStartups): retry, or raise --ssh-timeout",
+    )
+
+
 class SshLink(Link):
     def __init__(self, host: Host, connection, channel):
         super().__init__(host)
@@ -148,30 +235,9 @@ class SshLink(Link):
 
     @classmethod
     def start(cls, host: Host, argv: Sequence[str], ssh: SshOptions) -> SshLink:
-        import fabric
         import paramiko
 
-        config = (
-            fabric.Config(runtime_ssh_path=ssh.config_file) if ssh.config_file else fabric.Config()
-        )
-        connect_kwargs = {
-            "look_for_keys": True,
-            "allow_agent": True,
-            "banner_timeout": ssh.timeout,
-            "auth_timeout": ssh.timeout,
-            "channel_timeout": ssh.timeout,
-        }
-        if ssh.identity:
-            connect_kwargs["key_filename"] = [ssh.identity]
-        connection = fabric.Connection(
-            host.name,
-            user=host.user,
-            port=host.port or ssh.port,
-            config=config,
-            connect_timeout=ssh.timeout,
-            connect_kwargs=connect_kwargs,
-        )
-        where = host.display
+        connection = _connection(host, ssh)
         _check_host_keys(connection, ssh.accept_new_hosts)
         try:
             connection.open()
@@ -179,67 +245,13 @@ class SshLink(Link):
             transport.set_keepalive(5)
             channel = transport.open_session(timeout=ssh.timeout)
             channel.exec_command(remote_command(argv))
-        except paramiko.BadHostKeyException as err:
-            connection.close()
-            raise HostUnreachable(
-                f"ssh to {where} refused: its host key changed ({err.key.get_name()} "
-                f"{err.key.get_fingerprint().hex()}, known_hosts has "
-                f"{err.expected_key.get_fingerprint().hex()})",
-                hint="if the host was reinstalled, remove the old key: ssh-keygen -R "
-                f"{err.hostname}; otherwise someone may be intercepting the connection",
-            ) from err
         except HostUnreachable:
             connection.close()
             raise
-        except _UnknownHostKey as err:
+        except (_UnknownHostKey, paramiko.SSHException, OSError, EOFError, ValueError) as err:
             connection.close()
-            known = _user_known_hosts(connection.ssh_config)
-            raise HostUnreachable(
-                f"ssh to {where} refused: its host key ({err.key.get_name()} "
-                f"{fingerprint(err.key)}) is not in known_hosts, so nothing proves the host "
-                "is the one meant",
-                hint=f"check the fingerprint with the host's admin, then rerun with "
-                f"--accept-new-hosts to record it in {known}, or add it yourself: "
-                f"ssh-keyscan {err.hostname} >> {known}",
-            ) from None
-        except paramiko.AuthenticationException as err:
-            connection.close()
-            raise HostUnreachable(
-                f"ssh to {where} failed: authentication refused ({err})",
-                hint="check the user and key (-I/--identity, --ssh-config); zlaunch never prompts",
-            ) from err
-        except TimeoutError as err:
-            connection.close()
-            raise HostUnreachable(
-                f"ssh to {where} timed out after {ssh.timeout:g}s",
-                hint="check the address and that sshd runs there; --ssh-timeout sets the limit",
-            ) from err
-        except paramiko.ssh_exception.NoValidConnectionsError as err:
-            connection.close()
-            reasons = sorted({e.strerror or str(e) for e in err.errors.values()})
-            ports = sorted({addr[1] for addr in err.errors})
-            raise HostUnreachable(
-                f"ssh to {where} failed: cannot connect to port "
-                f"{', '.join(map(str, ports))} ({'; '.join(reasons)})",
-                hint="check that sshd listens there (hostfile port=, --ssh-port, ssh config Port)",
-            ) from err
-        except paramiko.SSHException as err:
-            connection.close()
-            # The handshake never completed: paramiko says so as a banner error, or (when its
-            # start timeout and banner timeout race) as "No existing session" at the first auth.
-            if "protocol banner" not in str(err) and "No existing session" not in str(err):
-                raise HostUnreachable(f"ssh to {where} failed: {err}") from err
-            port = host.port or ssh.port or connection.port
-            raise HostUnreachable(
-                f"ssh to {where} failed: no SSH server answered on port {port} "
-                f"within {ssh.timeout:g}s",
-                hint=f"check that port {port} is sshd's (ssh -p {port} {host.name}); a busy sshd "
-                "drops new connections (MaxStartups): retry, or raise --ssh-timeout",
-            ) from err
-        except (OSError, EOFError, ValueError) as err:
-            connection.close()
-            text = str(err) or type(err).__name__
-            raise HostUnreachable(f"ssh to {where} failed: {text}") from err
+            cause = None if isinstance(err, _UnknownHostKey) else err
+            raise _unreachable(err, host, ssh, connection) from cause
         return cls(host, connection, channel)
 
     def _write(self, data: bytes) -> None:

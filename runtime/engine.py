@@ -17,7 +17,6 @@ precision's and optimizer's state through their accessors.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -26,6 +25,7 @@ from .accumulation import Accumulation, AccumulationError
 from .client_optimizer import build_lr_scheduler, optimizer_factory, param_groups_of
 from .comm import Communicator
 from .dist_env import DistEnv
+from .engine_queries import EngineQueries, LiveLossScale
 from .precision import Precision
 from .step_hooks import CheckpointingProfile, StepHook
 from .zero.strategy import ShardingStrategy, StrategyInputs, build_strategy
@@ -33,17 +33,7 @@ from .zero.strategy import ShardingStrategy, StrategyInputs, build_strategy
 __all__ = ["Engine", "AccumulationError", "LiveLossScale"]
 
 
-class LiveLossScale(float):
-    """The current loss scale. Works as a value (``engine.loss_scale``) and, for scripts written
-    for DeepSpeed, as a call (``engine.loss_scale()``). Unlike DeepSpeed, whose
-    ``loss_scale()`` returns the *configured* static scale (0 under dynamic scaling), this is
-    always the scale the last backward actually used (1.0 without fp16)."""
-
-    def __call__(self) -> float:
-        return float(self)
-
-
-class Engine(torch.nn.Module):
+class Engine(EngineQueries, torch.nn.Module):
     def __init__(
         self,
         *,
@@ -71,20 +61,7 @@ class Engine(torch.nn.Module):
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
         self.accumulation = Accumulation(self.gradient_accumulation_steps)
         self._place_module()
-        groups = param_groups_of(module, optimizer, model_parameters)
-        self.sharding: ShardingStrategy = build_strategy(
-            StrategyInputs(
-                module=module,
-                groups=groups,
-                config=config,
-                comm=self.comm,
-                precision=self.precision,
-                device=self.device,
-                make_optimizer=optimizer_factory(optimizer, config.optimizer),
-                model_parallel=self.model_parallel,
-                global_rank=self.global_rank,
-            )
-        )
+        self.sharding: ShardingStrategy = self._build_sharding(optimizer, model_parameters)
         self.optimizer = self.sharding.optimizer
         self.lr_scheduler = build_lr_scheduler(
             lr_scheduler, config.scheduler, self.optimizer.optimizer
@@ -103,6 +80,20 @@ class Engine(torch.nn.Module):
         # strategy broadcasts the parameters once it has laid them out.
         for buffer in self.module.buffers():
             self.comm.broadcast(buffer.data, src=0)
+
+    def _build_sharding(self, optimizer, model_parameters) -> ShardingStrategy:
+        inputs = StrategyInputs(
+            module=self.module,
+            groups=param_groups_of(self.module, optimizer, model_parameters),
+            config=self.config,
+            comm=self.comm,
+            precision=self.precision,
+            device=self.device,
+            make_optimizer=optimizer_factory(optimizer, self.config.optimizer),
+            model_parallel=self.model_parallel,
+            global_rank=self.global_rank,
+        )
+        return build_strategy(inputs)
 
     def _build_observers(self) -> None:
         from .metrics import StepMetrics
@@ -206,26 +197,6 @@ class Engine(torch.nn.Module):
         boundaries and for a skipped non-finite step)."""
         return self.accumulation.step_applied
 
-    def set_train_batch_size(self, train_batch_size: int) -> None:
-        """Change the global batch size by changing gradient_accumulation_steps (the micro
-        batch stays); it must be a multiple of micro batch * world size."""
-        per_step = self.train_micro_batch_size_per_gpu() * self.dp_world_size
-        if (
-            isinstance(train_batch_size, bool)
-            or not isinstance(train_batch_size, int)
-            or train_batch_size < 1
-            or train_batch_size % per_step
-        ):
-            raise ValueError(
-                f"train_batch_size {train_batch_size!r} must be a positive multiple of "
-                f"train_micro_batch_size_per_gpu * world size = {per_step}"
-            )
-        self.config = dataclasses.replace(
-            self.config,
-            train_batch_size=train_batch_size,
-            gradient_accumulation_steps=train_batch_size // per_step,
-        )
-
     # ------------------------------------------------------------------ step metrics
     def log_metrics(self, values: dict, step: int | None = None) -> None:
         """Send the script's own metrics (name -> number) from rank 0, like the step metrics."""
@@ -239,40 +210,6 @@ class Engine(torch.nn.Module):
         """comms_logger: this rank's collectives by kind and message size (count, bytes,
         latency, algbw/busbw); printed on rank 0 when `show` (DeepSpeed's log_summary)."""
         return self.insight.comms_summary(show)
-
-    # ------------------------------------------------------------------ queries
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
-
-    def train_batch_size(self) -> int:
-        return self.config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
-
-    def get_lr(self) -> list[float]:
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def get_mom(self) -> list:
-        """Per group, the momentum as DeepSpeed reports it: ``betas`` for Adam-like
-        optimizers, ``momentum`` for SGD/RMSprop, 0.0 where the group has neither."""
-        key = "betas" if "betas" in self.optimizer.param_groups[0] else "momentum"
-        return [g.get(key, 0.0) for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self) -> float | None:
-        """Norm of the last step's gradients over all ranks, before clipping."""
-        return self.optimizer.last_grad_norm
-
-    @property
-    def loss_scale(self) -> LiveLossScale:
-        return LiveLossScale(self.precision.loss_scale)
-
-    @property
-    def zero_stage(self) -> int:
-        return self.config.zero_optimization.stage
-
-    def zero_optimization_stage(self) -> int:
-        return self.zero_stage
 
     def named_master_shards(self) -> Iterable[tuple[int, torch.Tensor]]:
         """(group index, fp32 master tensor) for what this rank owns."""

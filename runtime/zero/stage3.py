@@ -44,7 +44,6 @@ from .stage3_grads import Stage3GradReducer
 from .stage3_hooks import install_hooks, tensors_in
 from .stage3_live import LiveUnits, SavedInUnit
 from .stage3_prefetch import FetchPlanner
-from .stage3_sequence import CollectiveSequence
 from .stage3_units import Unit
 
 __all__ = ["Stage3Coordinator", "Phase"]
@@ -75,17 +74,15 @@ class Stage3Coordinator:
         self.module = module
         self.units = units
         self.comm = comm
-        self.sequence = CollectiveSequence(comm, units)
-        self.grads = Stage3GradReducer(
-            layout, comm, self.sequence, grad_dtype, device, bool(zero.overlap_comm)
-        )
         self.planner = FetchPlanner(
             [u.numel for u in units],
             int(zero.stage3_prefetch_bucket_size),
             int(zero.stage3_max_reuse_distance),
         )
-        self.live = LiveUnits(
-            units, comm, self.sequence, self.planner, int(zero.stage3_max_live_parameters)
+        self.live = LiveUnits(units, comm, self.planner, int(zero.stage3_max_live_parameters))
+        self.sequence = self.live.sequence
+        self.grads = Stage3GradReducer(
+            layout, comm, self.sequence, grad_dtype, device, bool(zero.overlap_comm)
         )
         self.phase = Phase.IDLE
         self.shard_written: list[Callable[[Unit], None]] = []

@@ -38,17 +38,11 @@ class SavedInUnit:
 
 
 class LiveUnits:
-    def __init__(
-        self,
-        units: list[Unit],
-        comm: Communicator,
-        sequence: CollectiveSequence,
-        planner: FetchPlanner,
-        max_live: int,
-    ):
+    def __init__(self, units: list[Unit], comm: Communicator, planner: FetchPlanner, max_live: int):
+        self.sequence = CollectiveSequence(comm, units)
+        """Every gather is recorded: the ranks' collectives must pair up."""
         self.units = units
         self.comm = comm
-        self.sequence = sequence
         self.planner = planner
         self.max_live = max_live
         self.numel = sum(u.numel for u in units if not u.persistent and u.gathered)

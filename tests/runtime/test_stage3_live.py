@@ -159,7 +159,9 @@ def _live(max_live, n_layers=3):
         units.append(u)
     planner = FetchPlanner([u.numel for u in units], 0, 0)
     comm = CopyComm()
-    return LiveUnits(units, comm, NoSequence(), planner, max_live), units, comm
+    live = LiveUnits(units, comm, planner, max_live)
+    live.sequence = NoSequence()
+    return live, units, comm
 
 
 def test_fetch_counts_live_elements_and_makes_room_oldest_first():

@@ -68,3 +68,24 @@ def test_shared_variable_names_are_spelled_once():
     assert elsewhere == {}
     for name in ("ZLAUNCH_EVENTS_FD", "ZLAUNCH_CONFIG", "ZLAUNCH_SAVE_ON", "ZLAUNCH_BATCH"):
         assert f'"{name}"' in protocol
+
+
+AGENT_SIDE = ("agent.py", "agent_workers.py", "agent_output.py", "agent_upstream.py",
+              "worker_boot.py", "netinfo.py")  # fmt: skip
+
+
+def test_the_agent_side_imports_only_the_standard_library_and_itself():
+    # The agent and the worker boot run on every node, under whatever Python is there: the
+    # controller's dependencies (click, rich, fabric) may not be installed.
+    own = {"zlaunch", "zlaunch.protocol"} | {f"zlaunch.{name[:-3]}" for name in AGENT_SIDE}
+    found = {}
+    for name in AGENT_SIDE:
+        used = _imports(REPO / "zlaunch" / name)
+        other = {
+            n
+            for n in used - own
+            if n.split(".")[0] not in sys.stdlib_module_names and n != "__future__"
+        }
+        if other:
+            found[name] = sorted(other)
+    assert found == {}

@@ -143,14 +143,14 @@ class OutputPump:
                 if not unfinished:
                     size, pipe.dropping_event = pipe.dropping_event, 0
                     text = f"event of {size} bytes dropped (limit {MAX_EVENT_BYTES})"
-                    events.append({"kind": "invalid", "text": text})
+                    events.append({"kind": protocol.INVALID_EVENT, "text": text})
                 continue
             if not raw.strip():
                 continue
             try:
                 events.append(json.loads(raw))
             except ValueError:
-                events.append({"kind": "invalid", "text": protocol.line_text(raw)})
+                events.append({"kind": protocol.INVALID_EVENT, "text": protocol.line_text(raw)})
         return events
 
     def _close(self, fd: int) -> None:

@@ -67,6 +67,8 @@ __all__ = [
     "STACKS_SIGNAL_ENV",
     "STACKS_READY",
     "RUNTIME_READY",
+    "METRICS_EVENT",
+    "INVALID_EVENT",
     "PEAK_TFLOPS_ENV",
     "RUN_ID_ENV",
     "ATTEMPT_ENV",
@@ -129,6 +131,8 @@ STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.S
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
 RUNTIME_READY = "runtime_ready"  # event kind: runtime.initialize finished (hang watch arms)
+METRICS_EVENT = "metrics"  # event kind: one row of step metrics (runtime/metrics.py)
+INVALID_EVENT = "invalid"  # event kind the agent puts in place of a line that was not an event
 COLLECTIVE_TIMEOUT_ENV = "ZLAUNCH_COLLECTIVE_TIMEOUT"  # seconds, for init_process_group
 CAUSE_NO_HEARTBEAT = "no_heartbeat"  # ERROR frame "cause": the agent stopped, cut off
 BATCH_ENV = "ZLAUNCH_BATCH"  # "TRAIN_BATCH,MICRO,GAS" after a restart on another world size

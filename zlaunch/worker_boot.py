@@ -13,6 +13,7 @@ nothing changes for other Python processes. Stdlib only; the script sees the ``s
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import runpy
 import signal
@@ -33,7 +34,7 @@ def arm_stacks(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     fd = environ.get(EVENTS_FD_ENV, "")
     if fd.isdigit():
         try:
-            os.write(int(fd), b'{"kind": "' + STACKS_READY.encode() + b'"}\n')
+            os.write(int(fd), json.dumps({"kind": STACKS_READY}).encode() + b"\n")
         except OSError:
             pass
     return True

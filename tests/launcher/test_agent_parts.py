@@ -206,3 +206,92 @@ def test_worker_group_reaps_an_exit_once():
     worker.proc.stdout.close()
     worker.proc.stderr.close()
     os.close(next(fd for fd, stream in worker.pipes.items() if stream == EVENTS))
+
+
+class AgentInProcess:
+    """An Agent whose stdout is a pipe read here; its loop does not run."""
+
+    def __init__(self):
+        from zlaunch.agent import Agent
+
+        self.stdin_r, self.stdin_w = os.pipe()
+        self.out_r, self.out_w = os.pipe()
+        self.agent = Agent(stdin_fd=self.stdin_r, stdout_fd=self.out_w)
+        self.reader = protocol.FrameReader()
+        os.set_blocking(self.out_r, False)
+
+    def sent(self) -> list[protocol.Frame]:
+        try:
+            return list(self.reader.feed(os.read(self.out_r, 1 << 20)))
+        except BlockingIOError:
+            return []
+
+
+    def close(self) -> None:
+        self.agent.sel.close()
+        for fd in (self.stdin_r, self.stdin_w, self.out_r, self.out_w):
+            os.close(fd)
+        os.close(self.agent.signal_r)
+        os.close(self.agent.signal_w)
+
+
+@pytest.fixture
+def local_agent():
+    agent = AgentInProcess()
+    yield agent
+    agent.close()
+
+
+def test_an_unreadable_spec_stops_the_agent_at_once(local_agent):
+    from zlaunch.agent import AgentPhase
+
+    agent = local_agent.agent
+    before = time.monotonic()
+    for _ in agent.frames.feed(b'{"t": "spec", "grace": 1}\n'):
+        pass
+    assert agent.phase is AgentPhase.STOPPING and agent.kill_at <= time.monotonic()
+    assert agent.kill_at >= before
+    errors = [f.msg for f in local_agent.sent()]
+    assert "unreadable frame" in errors[0] and "'heartbeat_timeout'" in errors[0]
+    assert errors[1] == "stopping workers: the spec could not be read"
+    assert agent._finished(time.monotonic())  # nothing was started: nothing to wait for
+
+
+def test_a_spec_after_a_stop_starts_nothing(local_agent):
+    from zlaunch.agent import AgentPhase
+
+    agent = local_agent.agent
+    agent._handle(protocol.Stop(2.0))
+    argv = [sys.executable, "-c", "pass"]
+    agent._handle(protocol.Spec(grace=1.0, heartbeat_timeout=5.0, workers=[
+        protocol.WorkerSpec(0, 0, argv)]))  # fmt: skip
+    assert agent.phase is AgentPhase.STOPPING and not len(agent.workers)
+    assert local_agent.sent() == []
+
+
+@pytest.mark.parametrize(
+    ("graces", "kill_within"),
+    [((5.0, 1.0), 1.0), ((1.0, 5.0), 1.0), ((0.0, 5.0), 0.0)],
+)
+def test_a_second_stop_may_bring_the_kill_closer_never_push_it_back(
+    local_agent, graces, kill_within
+):
+    agent = local_agent.agent
+    start = time.monotonic()
+    for grace in graces:
+        agent._handle(protocol.Stop(grace))
+    assert start + kill_within <= agent.kill_at <= time.monotonic() + kill_within
+
+
+def test_an_empty_spec_is_a_finished_node(local_agent):
+    from zlaunch.agent import AgentPhase
+
+    agent = local_agent.agent
+    agent._handle(protocol.Spec(grace=1.0, heartbeat_timeout=5.0, workers=[]))
+    assert agent.phase is AgentPhase.STOPPING and agent.kill_at is None
+    assert agent._finished(time.monotonic())
+
+
+def test_heartbeats_are_echoed(local_agent):
+    local_agent.agent._handle(protocol.Heartbeat())
+    assert local_agent.sent() == [protocol.Heartbeat()]

@@ -145,7 +145,7 @@ def test_env_values_reach_the_worker_byte_for_byte(agent, tmp_path):
     assert record["env"]["HOSTILE"] == hostile
     assert record["sid"] == record["pid"] == record["pgid"]  # its own session
     assert record["ppid"] == agent.proc.pid
-    assert "ZLAUNCH_EVENTS_FD" in record["env"]
+    assert protocol.EVENTS_FD_ENV in record["env"]
 
 
 def test_signal_death_is_reported_as_signal(agent, tmp_path):

@@ -75,21 +75,7 @@ class Agent:
     def stopping(self) -> bool:
         return self.phase in (AgentPhase.STOPPING, AgentPhase.KILLED)
 
-    # ---- hello and spec -----------------------------------------------------------------------
-
-    def hello(self) -> protocol.Hello:
-        addr = client_addr = None
-        conn = os.environ.get("SSH_CONNECTION", "").split()
-        if len(conn) == 4:
-            client_addr, addr = _plain_ip(conn[0]), _plain_ip(conn[2])
-        return protocol.Hello(
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            python=sys.executable,
-            addr=addr,
-            client_addr=client_addr,
-            port=_free_port(addr),
-        )
+    # ---- the spec -------------------------------------------------------------------------
 
     def start_workers(self, spec: protocol.Spec) -> None:
         self.phase = AgentPhase.RUNNING
@@ -231,7 +217,7 @@ class Agent:
 
     def run(self) -> int:
         self._install()
-        self._send(self.hello())
+        self._send(hello())
         while not self._finished(time.monotonic()):
             self._turn(time.monotonic())
         self._send(protocol.Bye())
@@ -297,6 +283,22 @@ class Agent:
         signals, self.pending_signals = self.pending_signals, []
         for signum in signals:
             self.stop(self.grace, f"agent received {signal.Signals(signum).name}")
+
+
+def hello() -> protocol.Hello:
+    """Where this agent runs: over SSH, the addresses of both ends of the connection."""
+    addr = client_addr = None
+    conn = os.environ.get("SSH_CONNECTION", "").split()
+    if len(conn) == 4:
+        client_addr, addr = _plain_ip(conn[0]), _plain_ip(conn[2])
+    return protocol.Hello(
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        python=sys.executable,
+        addr=addr,
+        client_addr=client_addr,
+        port=_free_port(addr),
+    )
 
 
 def _plain_ip(addr: str) -> str:

@@ -295,3 +295,23 @@ def test_an_empty_spec_is_a_finished_node(local_agent):
 def test_heartbeats_are_echoed(local_agent):
     local_agent.agent._handle(protocol.Heartbeat())
     assert local_agent.sent() == [protocol.Heartbeat()]
+
+
+@pytest.mark.parametrize(
+    ("ssh_connection", "client_addr", "addr"),
+    [
+        (None, None, None),
+        ("10.0.0.1 51000 10.0.0.2 22", "10.0.0.1", "10.0.0.2"),
+        ("::ffff:10.0.0.1 51000 ::ffff:10.0.0.2 22", "10.0.0.1", "10.0.0.2"),
+    ],
+)
+def test_hello_says_both_ends_of_the_ssh_connection(monkeypatch, ssh_connection, client_addr, addr):
+    from zlaunch.agent import hello
+
+    if ssh_connection is None:
+        monkeypatch.delenv("SSH_CONNECTION", raising=False)
+    else:
+        monkeypatch.setenv("SSH_CONNECTION", ssh_connection)
+    frame = hello()
+    assert (frame.client_addr, frame.addr) == (client_addr, addr)
+    assert frame.pid == os.getpid() and 1 <= frame.port <= 65535

@@ -252,10 +252,10 @@ class Attempt:
             if not isinstance(event, dict):
                 continue
             kind = event.get("kind")
-            engine_step = kind == "metrics" and event.get("source") == "engine"
+            engine_step = kind == protocol.METRICS_EVENT and event.get("source") == "engine"
             if kind == protocol.RUNTIME_READY or engine_step:
                 self.hang.progress(time.monotonic())  # set-up done, or a step boundary
-            if kind == "metrics" and self.plan is not None:
+            if kind == protocol.METRICS_EVENT and self.plan is not None:
                 row = {"time": time.time(), "rank": rank, "host": host}
                 row.update(event)
                 self.recorder.metrics(row)

@@ -123,41 +123,10 @@ def _log_line(text: str) -> None:
 
 
 def format_line(event: dict[str, Any]) -> str:
-    """One event as one human line: ``step 10/100 | loss 2.3041 | lr 0.001 | ...``."""
-    if event.get("source") == "user":
-        values = " | ".join(f"{k} {_short(v)}" for k, v in event.items() if k not in _META)
-        return f"step {event.get('step')} | {values}"
-    step = f"step {event['step']}"
-    if event.get("total_steps"):
-        step += f"/{event['total_steps']}"
-    parts = [
-        step,
-        f"loss {_short(event['loss'])}",
-        f"lr {_short(event['lr'])}",
-        f"grad norm {_short(event['grad_norm'])}",
-        f"loss scale {event['loss_scale']:g}",
-        f"skipped {event['skipped_steps']}",
-        f"step {event['step_time'] * 1000:.1f} ms",
-        f"{event['samples_per_s']:.1f} samples/s",
-    ]
-    if event.get("tokens_per_s") is not None:
-        parts.append(f"{event['tokens_per_s']:.0f} tokens/s")
-    parts.append(f"{event['memory_kind']} {event['memory_bytes'] / 2**20:.0f} MiB")
-    parts.append(f"comm {event['comm_bytes'] / 2**20:.1f} MiB")
-    if event.get("tflops") is not None:
-        mfu = event.get("mfu")
-        parts.append(
-            f"{event['tflops']:.3g} TFLOP/s" + (f" MFU {mfu * 100:.3g}%" if mfu is not None else "")
-        )
-    if event.get("time_forward") is not None:
-        parts.append(
-            "fwd {:.1f} bwd {:.1f} (reduce wait {:.1f}) step {:.1f} gather wait {:.1f} ms".format(
-                *(event[k] * 1000 for k in _BREAKDOWN)
-            )
-        )
-        if event.get("straggler"):
-            parts.append(f"slowest {event['straggler']}")
-    return " | ".join(parts)
+    """One event as one human line: ``step 10/100 | loss 2.304 | lr 0.001 | ...``."""
+    from .metrics_format import format_line as shared_format_line
+
+    return shared_format_line(event)
 
 
 _BREAKDOWN = (

@@ -1,79 +1,32 @@
-"""The wall-clock split and MFU of a metrics event, for the live view, the plain view and plot.
+"""The wall-clock split and MFU of a metrics event, drawn: a coloured bar for the live panel.
 
 The runtime (runtime.profiling) reports per optimizer step: ``time_forward``,
 ``time_backward``, ``time_reduce_wait`` (inside backward), ``time_allgather_wait`` (inside
 forward and backward), ``time_step``, the same for the slowest rank, the ``straggler``, and
-``tflops`` / ``mfu`` / ``peak_source``. `split` turns the five times into parts that add up
-to the measured total, waits taken out of the phase that holds them. rich is imported only
-by `renderables`.
+``tflops`` / ``mfu`` / ``peak_source``. The split into parts that add up to the measured step,
+and its text, are `runtime.metrics_format`'s (re-exported here for the plot and the views);
+this module gives each part a colour. rich is imported only by `renderables`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from runtime.metrics_format import PARTS as LABELS
+from runtime.metrics_format import breakdown_text, mfu_text, split
+
 __all__ = ["PARTS", "BreakdownPanel", "split", "breakdown_text", "renderables"]
 
-# (key in split(), label, rich colour)
-PARTS = (
-    ("forward", "fwd", "blue"),
-    ("backward", "bwd", "dark_orange"),
-    ("reduce_wait", "reduce wait", "red"),
-    ("allgather_wait", "gather wait", "magenta"),
-    ("step", "step", "green"),
-)
+_COLOURS = {
+    "forward": "blue",
+    "backward": "dark_orange",
+    "reduce_wait": "red",
+    "allgather_wait": "magenta",
+    "step": "green",
+}
+PARTS = tuple((key, label, _COLOURS[key]) for key, label in LABELS)
+"""(key in split(), label, rich colour) of each part, in the order they are shown."""
 BAR_WIDTH = 40
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def split(event: dict[str, Any], prefix: str = "") -> dict[str, float] | None:
-    """Seconds per part (PARTS order), adding up to forward + backward + step; None when the
-    event has no breakdown. The all-gather wait is not split between forward and backward by
-    the runtime, so it comes out of backward first, then forward."""
-    keys = ("forward", "backward", "reduce_wait", "allgather_wait", "step")
-    values = {k: event.get(f"{prefix}time_{k}") for k in keys}
-    if not all(_number(v) for v in values.values()):
-        return None
-    backward = max(values["backward"] - values["reduce_wait"], 0.0)
-    gather = values["allgather_wait"]
-    from_backward = min(gather, backward)
-    forward = max(values["forward"] - (gather - from_backward), 0.0)
-    return {
-        "forward": forward,
-        "backward": backward - from_backward,
-        "reduce_wait": max(values["reduce_wait"], 0.0),
-        "allgather_wait": max(gather, 0.0),
-        "step": max(values["step"], 0.0),
-    }
-
-
-def _mfu_text(event: dict[str, Any]) -> str | None:
-    tflops = event.get("tflops")
-    if not _number(tflops):
-        return None
-    text = f"{tflops:.3g} TFLOP/s per device"
-    if _number(event.get("mfu")):
-        text = f"MFU {event['mfu'] * 100:.3g}%  " + text
-    if event.get("peak_source"):
-        text += f"  (peak: {event['peak_source']})"
-    return text
-
-
-def breakdown_text(event: dict[str, Any]) -> str | None:
-    """One plain line: the split in ms, the straggler, MFU; None when there is nothing."""
-    parts = split(event)
-    pieces = []
-    if parts is not None:
-        pieces.append(" ".join(f"{label} {parts[k] * 1000:.1f}ms" for k, label, _ in PARTS))
-        if event.get("straggler"):
-            pieces.append(f"slowest {event['straggler']}")
-    mfu = _mfu_text(event)
-    if mfu:
-        pieces.append(mfu)
-    return "  ".join(pieces) or None
 
 
 def _bar_cells(parts: dict[str, float], width: int) -> list[tuple[str, int]]:
@@ -112,7 +65,7 @@ def renderables(event: dict[str, Any]) -> list[Any]:
             if total is not None:
                 line.append(f"  {total:.1f} ms per step vs rank 0 {sum(parts.values()) * 1000:.1f}")
             out.append(line)
-    mfu = _mfu_text(event)
+    mfu = mfu_text(event)
     if mfu:
         out.append(Text(mfu))
     return out

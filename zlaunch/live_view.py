@@ -26,7 +26,10 @@ import sys
 import time
 from typing import IO, Any
 
-from zlaunch.console import Console, is_terminal, rank_ranges
+from runtime.metrics_format import META_KEYS, format_line
+from zlaunch.console import Console, is_terminal
+from zlaunch.live_breakdown import BreakdownPanel
+from zlaunch.live_panel import progress_lines, render_panel
 
 __all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
 
@@ -38,76 +41,11 @@ PANEL_INTERVAL = 0.5
 PLAIN_PROGRESS_INTERVAL = 5.0
 QUIET_AFTER = 30.0
 """An alive rank with no output for this long is named in the panel (a hang shows early)."""
-MAX_BARS_SHOWN = 8
-MAX_HOSTS_SHOWN = 8
-BAR_WIDTH = 30  # leaves room for "step N/M  P%  ETA  elapsed" on an 80-column terminal
-
-_META = ("kind", "source", "step", "time", "rank", "host")
-
-
-def _num(value: Any, spec: str = ".4g") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return format(value, spec)
-    return str(value)
-
-
-def _bytes(value: Any) -> str:
-    if not isinstance(value, (int, float)):
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{int(value)} B"
-
-
-def _rate(value: Any) -> str:
-    if not isinstance(value, (int, float)):
-        return "-"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    if value >= 1e4:
-        return f"{value / 1e3:.1f}k"
-    return f"{value:.1f}"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(max(0, seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
 def format_metrics(event: dict[str, Any]) -> str:
-    """One metrics event as one plain line."""
-    if event.get("source") == "user":
-        values = "  ".join(f"{k} {_num(v)}" for k, v in event.items() if k not in _META)
-        return f"step {event.get('step')}  {values}"
-    step = f"step {event.get('step')}"
-    if event.get("total_steps"):
-        step += f"/{event['total_steps']}"
-    parts = [
-        step,
-        f"loss {_num(event.get('loss'))}",
-        f"lr {_num(event.get('lr'), '.3g')}",
-        f"grad_norm {_num(event.get('grad_norm'))}",
-        f"loss_scale {_num(event.get('loss_scale'), 'g')}",
-        f"skipped {_num(event.get('skipped_steps'))}",
-    ]
-    if isinstance(event.get("step_time"), (int, float)):
-        parts.append(f"step_time {event['step_time'] * 1000:.1f}ms")
-    parts.append(f"samples/s {_rate(event.get('samples_per_s'))}")
-    if event.get("tokens_per_s") is not None:
-        parts.append(f"tokens/s {_rate(event.get('tokens_per_s'))}")
-    parts.append(f"mem {_bytes(event.get('memory_bytes'))}")
-    parts.append(f"comm {_bytes(event.get('comm_bytes'))}")
-    from zlaunch.live_breakdown import breakdown_text  # issue 18: step split, straggler, MFU
-
-    if (insight := breakdown_text(event)) is not None:
-        parts.append(insight)
-    return "  ".join(parts)
+    """One metrics event as one plain line (the ranks' line, fields two spaces apart)."""
+    return format_line(event, sep="  ")
 
 
 class JobView:
@@ -132,8 +70,6 @@ class JobView:
         """rank -> (host, latest state) of a line it redraws with carriage returns (tqdm)."""
         self.last_output: dict[int, float] = {}
         """rank -> monotonic time of its last output (a hang shows as silence)."""
-        from zlaunch.live_breakdown import BreakdownPanel  # issue 18: split, straggler, MFU
-
         self.breakdown = BreakdownPanel()
 
     def start(self, run_id: str, expected: dict[str, int]) -> None:
@@ -177,7 +113,7 @@ class JobView:
 
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         if event.get("source") == "user":
-            self.user.update({k: v for k, v in event.items() if k not in _META})
+            self.user.update({k: v for k, v in event.items() if k not in META_KEYS})
         else:
             self.latest = event
             self.latest_at = time.monotonic()
@@ -382,121 +318,12 @@ class LiveView(JobView):
 
     def _panel(self) -> Any:
         from rich.console import Group
-        from rich.panel import Panel
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
 
-        event = self.latest or {}
-        step, total = event.get("step"), event.get("total_steps")
-        bar = Table.grid(padding=(0, 1))
-        bar.add_column(width=BAR_WIDTH)
-        bar.add_column()
-        elapsed = _duration(time.monotonic() - self.started_at)
-        if total:
-            done = min(step or 0, total)
-            label = (
-                f"step {step}/{total}  {100 * done / total:.0f}%  ETA {_duration(self.eta())}"
-                f"  elapsed {elapsed}"
-            )
-            bar.add_row(ProgressBar(total=total, completed=done, width=BAR_WIDTH), Text(label))
-        else:
-            waiting = "no step metrics yet" if step is None else f"step {step}"
-            bar.add_row(
-                ProgressBar(total=None, width=BAR_WIDTH), Text(f"{waiting}  elapsed {elapsed}")
-            )
-
-        grid = Table.grid(padding=(0, 2))
-        for _ in range(4):
-            grid.add_column()
-        if event:
-            grid.add_row(
-                f"loss [bold]{_num(event.get('loss'))}[/]",
-                f"lr {_num(event.get('lr'), '.3g')}",
-                f"grad norm {_num(event.get('grad_norm'))}",
-                f"loss scale {_num(event.get('loss_scale'), 'g')}",
-            )
-            step_ms = event.get("step_time")
-            grid.add_row(
-                f"step time {step_ms * 1000:.1f} ms"
-                if isinstance(step_ms, float)
-                else "step time -",
-                f"samples/s {_rate(event.get('samples_per_s'))}",
-                f"tokens/s {_rate(event.get('tokens_per_s'))}",
-                f"skipped {_num(event.get('skipped_steps'))}",
-            )
-            grid.add_row(
-                f"mem {_bytes(event.get('memory_bytes'))}",
-                f"peak {_bytes(event.get('memory_peak_bytes'))}",
-                f"comm {_bytes(event.get('comm_bytes'))}",
-                f"samples {_num(event.get('samples'))}",
-            )
-        parts: list[Any] = [bar, grid]
-        parts.extend(self.breakdown.rows(event))  # issue 18: step split, straggler, MFU
-        if self.user:
-            parts.append(Text("  ".join(f"{k} {_num(v)}" for k, v in self.user.items())))
-        hosts = Text("ranks alive: ")
-        health = self.health()
-        if len(health) > MAX_HOSTS_SHOWN:
-            # Many hosts: a count, then only the hosts that are not complete.
-            full = sum(1 for _, alive, expected in health if alive == expected)
-            total = sum(alive for _, alive, _ in health)
-            hosts.append(f"{total}/{sum(e for _, _, e in health)} on {len(health)} hosts, ")
-            hosts.append(f"{full} complete  ")
-            health = [h for h in health if h[1] != h[2]][:MAX_HOSTS_SHOWN]
-        for host, alive, expected in health:
-            style = "green" if alive == expected else ("red" if alive == 0 else "yellow")
-            if self.status not in ("running", "starting") and alive == 0:
-                style = "dim"
-            hosts.append(f"{host} {alive}/{expected}", style=style)
-            hosts.append("  ")
-        failed = sorted(r for r, c in self.exits.items() if c != 0 and r not in self.stopped)
-        if failed:
-            hosts.append(f"failed ranks: {rank_ranges(failed)}  ", style="bold red")
-        if self.stopped:
-            hosts.append(f"stopped ranks: {rank_ranges(sorted(self.stopped))}  ", style="dim")
-        if self.lost:
-            hosts.append(f"lost ranks: {rank_ranges(self.lost)}", style="bold red")
-        parts.append(hosts)
-        if (
-            self.latest_at is not None
-            and self.status == "running"
-            and time.monotonic() - self.latest_at >= 10
-        ):
-            parts.append(
-                Text(f"last step {_duration(time.monotonic() - self.latest_at)} ago", style="dim")
-            )
-        quiet = self.quiet_ranks(time.monotonic()) if self.status == "running" else []
-        if quiet:
-            longest = max(silence for _, silence in quiet)
-            parts.append(
-                Text(
-                    f"no output from ranks {rank_ranges(r for r, _ in quiet)} for "
-                    f"{_duration(min(s for _, s in quiet))}+ (longest {_duration(longest)}): "
-                    "`zlaunch stacks` shows where they are",
-                    style="yellow",
-                )
-            )
-        panel = Panel(
-            Group(*parts),
-            title=f"zlaunch {self.run_id}".strip(),
-            subtitle=self.status,
-            title_align="left",
-            subtitle_align="right",
-        )
+        panel = render_panel(self)
         if not self.bars or self.closed:
             return panel
-        # One line per rank redrawing a progress bar, under its prefix, just above the panel.
-        rows = []
-        for rank in sorted(self.bars)[:MAX_BARS_SHOWN]:
-            host, text = self.bars[rank]
-            row = Text(f"[{host}:{rank}] ", style="bold")
-            row.append(Text.from_ansi(text))
-            row.no_wrap, row.overflow = True, "ellipsis"
-            rows.append(row)
-        if len(self.bars) > MAX_BARS_SHOWN:
-            rows.append(Text(f"... and {len(self.bars) - MAX_BARS_SHOWN} more ranks", style="dim"))
-        return Group(*rows, panel)
+        # Ranks redrawing a progress line (tqdm) show it just above the panel.
+        return Group(*progress_lines(self.bars), panel)
 
 
 def _quiet_terminal_input() -> Any:

@@ -51,7 +51,7 @@ def test_sink_with_a_closed_fd_warns_and_logs_instead(caplog):
         sink.emit(EVENT)
     assert caplog.messages == [
         "step 20/100 | loss 2.346 | lr 0.0003 | grad norm - | loss scale 65536 | skipped 1 | "
-        "step 125.0 ms | 256.0 samples/s | 32768 tokens/s | cuda 3072 MiB | comm 5.0 MiB"
+        "step time 125.0 ms | samples/s 256.0 | tokens/s 32.8k | cuda 3.0 GiB | comm 5.0 MiB"
     ]
 
 
@@ -73,8 +73,8 @@ def test_plain_view_prints_one_escape_free_line_per_event():
     view.metrics(0, "node1", EVENT)
     line = err.getvalue()
     assert line == (
-        "zlaunch: step 20/100  loss 2.346  lr 0.0003  grad_norm -  loss_scale 65536  skipped 1"
-        "  step_time 125.0ms  samples/s 256.0  tokens/s 32.8k  mem 3.0 GiB  comm 5.0 MiB\n"
+        "zlaunch: step 20/100  loss 2.346  lr 0.0003  grad norm -  loss scale 65536  skipped 1"
+        "  step time 125.0 ms  samples/s 256.0  tokens/s 32.8k  cuda 3.0 GiB  comm 5.0 MiB\n"
     )
     assert view.latest is EVENT
     assert format_metrics({"source": "user", "step": 3, "acc": 0.5, "kind": "metrics"}) == (

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from . import group_teardown
 from .collective_timeout import CollectiveTimeoutError, collective_timeout_seconds
+from .errors import UsageError
 
 __all__ = [
     "DistEnv",
@@ -60,7 +61,7 @@ PORT_BASE, PORT_SPAN = 15000, 17000
 DEFAULT_PORT = 29500
 
 
-class DistInitError(RuntimeError):
+class DistInitError(UsageError):
     """The distributed environment is missing or inconsistent."""
 
 
@@ -115,9 +116,9 @@ def discover_world(
     if _present(env, "RANK", "WORLD_SIZE"):
         return _from_env(env)
     if _present(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
-        return _from_openmpi(env, mpi_master)
+        return _from_mpi(env, _OPENMPI, mpi_master)
     if _present(env, "PMI_RANK", "PMI_SIZE") and not _slurm_agrees_with_pmi(env):
-        return _from_pmi(env, mpi_master)
+        return _from_mpi(env, _PMI, mpi_master)
     if _present(env, "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_PROCID", "SLURM_NTASKS"):
         return _from_slurm(env)
     return World(
@@ -165,67 +166,75 @@ def _from_env(env: Mapping[str, str]) -> World:
     )
 
 
-def _from_openmpi(env: Mapping[str, str], mpi_master: Callable[[], str | None] | None) -> World:
-    size = _int(env, "OMPI_COMM_WORLD_SIZE")
-    rank = _int(env, "OMPI_COMM_WORLD_RANK")
-    local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-    local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
-    what = "Open MPI (mpirun)"
-    if size is None:
-        raise DistInitError(
-            f"{what}: OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not, so the "
-            "world size is unknown; start the script with mpirun, or set RANK and WORLD_SIZE"
-        )
-    if size == 1 and rank in (None, 0):
-        return World(Launcher.OPENMPI, 0, 1, 0, note=f"{what}: one process")
-    _require(what, size, "OMPI_COMM_WORLD_SIZE", rank=("OMPI_COMM_WORLD_RANK", rank))
-    _require(what, size, "OMPI_COMM_WORLD_SIZE", rank=("OMPI_COMM_WORLD_LOCAL_RANK", local_rank))
-    assert rank is not None and local_rank is not None
-    _check_rank(rank, size, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
-    one_node = local_size == size
-    addr = _mpi_master_addr(env, what, one_node, "OMPI_COMM_WORLD_LOCAL_SIZE", mpi_master)
-    port, port_from = _port(env, "OMPI_MCA_ess_base_jobid")
-    return World(
-        Launcher.OPENMPI,
-        rank,
-        size,
-        local_rank,
-        addr,
-        port,
-        note=f"{what}: rank {rank} of {size}, local rank {local_rank}, master {addr}:{port} "
-        f"({port_from})",
-    )
+@dataclass(frozen=True)
+class _MpiVars:
+    """Where an MPI launcher puts a process's place in the job."""
+
+    launcher: Launcher
+    program: str
+    rank: str
+    size: str
+    local_rank: str
+    local_size: str
+    job: str | None
+    """A job id the rendezvous port is derived from, when the launcher sets one."""
+    local_rank_optional: bool
+    """Without a local rank, ranks all on one node use their rank (MPICH leaves it out)."""
 
 
-def _from_pmi(env: Mapping[str, str], mpi_master: Callable[[], str | None] | None) -> World:
-    size = _int(env, "PMI_SIZE")
-    rank = _int(env, "PMI_RANK")
-    local_rank = _int(env, "MPI_LOCALRANKID")
-    local_size = _int(env, "MPI_LOCALNRANKS")
-    what = "MPICH/PMI (mpiexec)"
+_OPENMPI = _MpiVars(
+    Launcher.OPENMPI,
+    "mpirun",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    job="OMPI_MCA_ess_base_jobid",
+    local_rank_optional=False,
+)
+_PMI = _MpiVars(
+    Launcher.PMI,
+    "mpiexec",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    job=None,
+    local_rank_optional=True,
+)
+
+
+def _from_mpi(
+    env: Mapping[str, str], names: _MpiVars, mpi_master: Callable[[], str | None] | None
+) -> World:
+    what = names.launcher.value
+    size, rank = _int(env, names.size), _int(env, names.rank)
+    local_rank = _int(env, names.local_rank)
     if size is None:
         raise DistInitError(
-            f"{what}: PMI_RANK is set but PMI_SIZE is not, so the world size is unknown; start "
-            "the script with mpiexec, or set RANK and WORLD_SIZE"
+            f"{what}: {names.rank} is set but {names.size} is not, so the world size is "
+            f"unknown; start the script with {names.program}, or set RANK and WORLD_SIZE"
         )
     if size == 1 and rank in (None, 0):
-        return World(Launcher.PMI, 0, 1, 0, note=f"{what}: one process")
-    _require(what, size, "PMI_SIZE", rank=("PMI_RANK", rank))
+        return World(names.launcher, 0, 1, 0, note=f"{what}: one process")
+    _require(what, size, names.size, rank=(names.rank, rank))
+    if not names.local_rank_optional:
+        _require(what, size, names.size, rank=(names.local_rank, local_rank))
     assert rank is not None
-    _check_rank(rank, size, "PMI_RANK", "PMI_SIZE")
-    one_node = local_size == size
+    _check_rank(rank, size, names.rank, names.size)
+    one_node = _int(env, names.local_size) == size
     if local_rank is None:
         if not one_node:
             raise DistInitError(
-                f"{what}: PMI_RANK={rank} of PMI_SIZE={size} but MPI_LOCALRANKID is not set, so "
-                "this rank's device on its node is unknown; set LOCAL_RANK (or use mpiexec "
-                "from MPICH/Intel MPI, which sets MPI_LOCALRANKID)"
+                f"{what}: {names.rank}={rank} of {names.size}={size} but {names.local_rank} is "
+                "not set, so this rank's device on its node is unknown; set LOCAL_RANK (or use "
+                f"mpiexec from MPICH/Intel MPI, which sets {names.local_rank})"
             )
         local_rank = rank
-    addr = _mpi_master_addr(env, what, one_node, "MPI_LOCALNRANKS", mpi_master)
-    port, port_from = _port(env, None)
+    addr = _mpi_master_addr(env, what, one_node, names.local_size, mpi_master)
+    port, port_from = _port(env, names.job)
     return World(
-        Launcher.PMI,
+        names.launcher,
         rank,
         size,
         local_rank,
@@ -239,32 +248,13 @@ def _from_pmi(env: Mapping[str, str], mpi_master: Callable[[], str | None] | Non
 def _from_slurm(env: Mapping[str, str]) -> World:
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "?"
     what = f"Slurm job {job}"
-    in_step = _present(env, "SLURM_STEP_ID", "SLURM_STEPID")
     size_var = next(
         (n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") if env.get(n)), None
     )
     size = _int(env, size_var) if size_var else None
-    nodes = (
-        _int(env, "SLURM_STEP_NUM_NODES")
-        or _int(env, "SLURM_JOB_NUM_NODES")
-        or _int(env, "SLURM_NNODES")
-    )
     rank = _int(env, "SLURM_PROCID")
-    if not in_step:
-        # A salloc shell or a batch script: one process, whatever the allocation holds.
-        many = (size or 1) > 1 or (nodes or 1) > 1
-        if many:
-            held = f"{size_var}={size}" if size_var and (size or 1) > 1 else f"{nodes} nodes"
-            raise DistInitError(
-                f"{what} holds {held}, but this process is not a task of srun (no SLURM_STEP_ID"
-                f"{'' if rank is not None else ', no SLURM_PROCID'}), so its rank is unknown: "
-                "this is the allocation's shell or batch script, which runs one copy. Start "
-                "the script with `srun python ...` (one task per rank) or with `zlaunch`; to "
-                "run one process here on purpose, set WORLD_SIZE=1"
-            )
-        return World(
-            Launcher.SLURM, 0, 1, 0, note=f"{what}: allocation shell, not a step: one process"
-        )
+    if not _present(env, "SLURM_STEP_ID", "SLURM_STEPID"):
+        return _slurm_outside_a_step(env, what, size_var, size, rank)
     if size is None:
         raise DistInitError(
             f"{what}: SLURM_STEP_NUM_TASKS and SLURM_NTASKS are not set, so the number of "
@@ -272,47 +262,14 @@ def _from_slurm(env: Mapping[str, str]) -> World:
         )
     if size == 1 and rank in (None, 0):
         return World(Launcher.SLURM, 0, 1, 0, note=f"{what}: one task")
-    _require(what, size, size_var or "SLURM_NTASKS", rank=("SLURM_PROCID", rank))
+    size_var = size_var or "SLURM_NTASKS"
+    _require(what, size, size_var, rank=("SLURM_PROCID", rank))
     local_rank = _int(env, "SLURM_LOCALID")
-    _require(what, size, size_var or "SLURM_NTASKS", rank=("SLURM_LOCALID", local_rank))
+    _require(what, size, size_var, rank=("SLURM_LOCALID", local_rank))
     assert rank is not None and local_rank is not None
-    _check_rank(rank, size, "SLURM_PROCID", size_var or "SLURM_NTASKS")
-    addr = env.get("MASTER_ADDR")
-    addr_from = "MASTER_ADDR"
-    if not addr:
-        list_var = next(
-            (
-                n
-                for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-                if env.get(n)
-            ),
-            None,
-        )
-        if list_var is None:
-            raise DistInitError(
-                f"{what}: task {rank} of {size}, but SLURM_STEP_NODELIST and "
-                "SLURM_JOB_NODELIST are not set, so rank 0's host is unknown; set MASTER_ADDR"
-            )
-        from runtime.slurm_hostlist import HostlistError, first_host
-
-        try:
-            addr = first_host(env[list_var])
-        except HostlistError as exc:
-            raise DistInitError(f"{what}: {list_var}: {exc}; set MASTER_ADDR") from None
-        addr_from = f"first host of {list_var}"
-    if env.get("MASTER_PORT"):
-        port, port_from = _int(env, "MASTER_PORT"), "MASTER_PORT"
-    else:
-        job_id = _int(env, "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID")
-        if job_id is None:
-            raise DistInitError(
-                f"{what}: SLURM_JOB_ID is not set, so no port can be derived from it; set "
-                "MASTER_PORT"
-            )
-        step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
-        port = slurm_port(job_id, int(step) if step.isdigit() else 0)
-        port_from = "from SLURM_JOB_ID and SLURM_STEP_ID"
-    assert port is not None
+    _check_rank(rank, size, "SLURM_PROCID", size_var)
+    addr, addr_from = _slurm_master_addr(env, what, f"task {rank} of {size}")
+    port, port_from = _slurm_master_port(env, what)
     return World(
         Launcher.SLURM,
         rank,
@@ -323,6 +280,64 @@ def _from_slurm(env: Mapping[str, str]) -> World:
         note=f"{what}: task {rank} of {size}, local {local_rank}; master {addr} ({addr_from}), "
         f"port {port} ({port_from})",
     )
+
+
+def _slurm_outside_a_step(
+    env: Mapping[str, str], what: str, size_var: str | None, size: int | None, rank: int | None
+) -> World:
+    """A salloc shell or a batch script: one process, whatever the allocation holds, and an
+    error when the allocation holds more (N copies would each train alone)."""
+    nodes = (
+        _int(env, "SLURM_STEP_NUM_NODES")
+        or _int(env, "SLURM_JOB_NUM_NODES")
+        or _int(env, "SLURM_NNODES")
+    )
+    if (size or 1) > 1 or (nodes or 1) > 1:
+        held = f"{size_var}={size}" if size_var and (size or 1) > 1 else f"{nodes} nodes"
+        raise DistInitError(
+            f"{what} holds {held}, but this process is not a task of srun (no SLURM_STEP_ID"
+            f"{'' if rank is not None else ', no SLURM_PROCID'}), so its rank is unknown: "
+            "this is the allocation's shell or batch script, which runs one copy. Start "
+            "the script with `srun python ...` (one task per rank) or with `zlaunch`; to "
+            "run one process here on purpose, set WORLD_SIZE=1"
+        )
+    return World(Launcher.SLURM, 0, 1, 0, note=f"{what}: allocation shell, not a step: one process")
+
+
+def _slurm_master_addr(env: Mapping[str, str], what: str, task: str) -> tuple[str, str]:
+    """Rank 0's host (MASTER_ADDR, else the first host of the step's node list) and where it
+    came from."""
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"], "MASTER_ADDR"
+    names = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    list_var = next((n for n in names if env.get(n)), None)
+    if list_var is None:
+        raise DistInitError(
+            f"{what}: {task}, but SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are not set, so "
+            "rank 0's host is unknown; set MASTER_ADDR"
+        )
+    from runtime.slurm_hostlist import HostlistError, first_host
+
+    try:
+        return first_host(env[list_var]), f"first host of {list_var}"
+    except HostlistError as exc:
+        raise DistInitError(f"{what}: {list_var}: {exc}; set MASTER_ADDR") from None
+
+
+def _slurm_master_port(env: Mapping[str, str], what: str) -> tuple[int, str]:
+    """MASTER_PORT, else `slurm_port` of the job and step ids."""
+    port = _int(env, "MASTER_PORT")
+    if port is not None:
+        return port, "MASTER_PORT"
+    job_id = _int(env, "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID")
+    if job_id is None:
+        raise DistInitError(
+            f"{what}: SLURM_JOB_ID is not set, so no port can be derived from it; set MASTER_PORT"
+        )
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
+    return slurm_port(
+        job_id, int(step) if step.isdigit() else 0
+    ), "from SLURM_JOB_ID and SLURM_STEP_ID"
 
 
 def _slurm_agrees_with_pmi(env: Mapping[str, str]) -> bool:

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from ..errors import InvalidValueError
+
 __all__ = [
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
@@ -49,7 +51,7 @@ def set_z3_leaf_modules(
     marked = [m for m in model.modules() if _matches(m, classes)]
     if not marked:
         names = ", ".join(c if isinstance(c, str) else c.__name__ for c in classes)
-        raise ValueError(f"set_z3_leaf_modules: no module of the model is a {names}")
+        raise InvalidValueError(f"set_z3_leaf_modules: no module of the model is a {names}")
     for m in marked:
         setattr(m, _MARK, True)
     return marked
@@ -99,7 +101,9 @@ def find_expert_leaves(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
             continue
         if len({type(c) for c in children}) != 1 or not any(True for _ in m.parameters()):
             continue
-        if isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict)) and not _is_called_container(m):
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict)) and not _is_called_container(
+            m
+        ):
             parent_name, parent = parents.get(id(m), (None, None))
             if parent is None:
                 continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator
+from ..errors import UsageError
 from .stage3_units import Unit
 
 __all__ = ["CollectiveSequence", "RankMismatchError", "VERIFIED_PASSES"]
@@ -28,7 +29,7 @@ _MOD = (1 << 61) - 1
 _KINDS = ("fetch", "reduce")
 
 
-class RankMismatchError(RuntimeError):
+class RankMismatchError(UsageError):
     """The ranks ran different modules, so their stage-3 collectives do not pair up."""
 
 

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from ..comm import Communicator, Handle
+from ..errors import InvalidValueError
 from .param_offload import ShardStore
 from .partition import FlatGroup, FlatLayout, ParamSpec, plan_layout
 
@@ -193,7 +194,7 @@ class Unit:
         slot = self.group.slots[i]
         flat = value.reshape(-1)
         if flat.numel() != slot.numel:
-            raise ValueError(f"{slot.name}: {flat.numel()} values for {slot.numel} elements")
+            raise InvalidValueError(f"{slot.name}: {flat.numel()} values for {slot.numel} elements")
         lo, hi = self.group.shard_range(rank)
         a, b = max(lo, slot.offset), min(hi, slot.end)
         if a < b:
@@ -269,7 +270,7 @@ def plan_units(
     units.extend((pg, UnitPlan(ps, True)) for pg, ps in sorted(persistent.items()))
     missing = [p for params in param_groups for p in params if id(p) not in assigned]
     if missing:
-        raise ValueError(
+        raise InvalidValueError(
             f"{len(missing)} optimizer parameter(s) are not parameters of the model; build the "
             "optimizer from model.parameters()"
         )

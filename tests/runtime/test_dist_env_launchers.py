@@ -389,3 +389,27 @@ def test_slurm_task_without_its_rank_stops_with_the_error():
     )
     assert run.returncode == 2
     assert "SLURM_PROCID is not set" in run.stdout
+
+
+def test_mpi_launchers_read_one_shape_of_variables():
+    """Open MPI and MPICH/PMI differ only in their variable names, and in PMI's local rank
+    being optional on one node; the derived port needs Open MPI's job id."""
+    ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            "OMPI_MCA_ess_base_jobid": "7"}  # fmt: skip
+    pmi = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4"}
+    assert where(discover_world(ompi)) == (Launcher.OPENMPI, 3, 4, 3, "127.0.0.1", PORT_BASE + 7)
+    assert where(discover_world(pmi)) == (Launcher.PMI, 3, 4, 3, "127.0.0.1", 29500)
+    ompi.pop("OMPI_COMM_WORLD_LOCAL_RANK")
+    with pytest.raises(DistInitError, match="OMPI_COMM_WORLD_LOCAL_RANK is not set"):
+        discover_world(ompi)
+    pmi.pop("MPI_LOCALRANKID")
+    assert discover_world(pmi).local_rank == 3
+
+
+def test_launch_errors_are_user_errors_that_callers_catch_as_runtime_errors():
+    from runtime.errors import UsageError
+
+    with pytest.raises(UsageError):
+        discover_world({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "4"})
+    assert issubclass(DistInitError, RuntimeError)

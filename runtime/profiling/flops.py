@@ -158,44 +158,66 @@ def format_table(
     for depth in sorted({r.depth for r in shown if r.depth > 0}):
         at = sorted((r for r in shown if r.depth == depth), key=lambda r: -r.flops)
         top.append((depth, at[:top_modules]))
+    table = _Table(head, top, top_modules, shown if detailed else None, total, step_s)
     if rich is None:
         rich = sys.stdout.isatty()
     if rich:
         try:
-            from rich.console import Group
-            from rich.table import Table
+            return table.rich()
         except ImportError:
-            rich = False
-    if rich:
-        parts: list = []
-        summary = Table(title=f"top {top_modules} module(s) by FLOPs per depth")
+            pass
+    return table.plain()
+
+
+def _label(row: ModuleRow) -> str:
+    """The module's own name, indented by its depth, with its class."""
+    name = row.name.rsplit(".", 1)[-1] if row.depth else row.name
+    return "  " * row.depth + f"{name} ({row.kind})"
+
+
+@dataclass
+class _Table:
+    """What `format_table` shows, ready to be drawn as text or with rich."""
+
+    head: str
+    top: list[tuple[int, list[ModuleRow]]]
+    top_modules: int
+    detail: list[ModuleRow] | None
+    """Every module shown, in tree order; None without the per-module table."""
+    total_flops: int
+    step_s: float
+
+    def plain(self) -> str:
+        lines = [self.head, "", f"top {self.top_modules} module(s) by FLOPs per depth:"]
+        for depth, picked in self.top:
+            names = ", ".join(f"{r.name} {_num(r.flops)}" for r in picked)
+            lines.append(f"  depth {depth}: {names}")
+        if self.detail is not None:
+            labels = [_label(r) for r in self.detail]
+            width = max([len(x) for x in labels] + [6])
+            lines += ["", f"{'module':<{width}}  " + "  ".join(f"{h:>15}" for h in _HEADERS)]
+            for label, r in zip(labels, self.detail, strict=True):
+                cols = _columns(r, self.total_flops, self.step_s)
+                lines.append(f"{label:<{width}}  " + "  ".join(f"{c:>15}" for c in cols))
+        return "\n".join(lines)
+
+    def rich(self) -> object:
+        """ImportError without rich."""
+        from rich.console import Group
+        from rich.table import Table
+
+        summary = Table(title=f"top {self.top_modules} module(s) by FLOPs per depth")
         for col in ["depth", "module", *_HEADERS]:
             summary.add_column(col, justify="left" if col == "module" else "right")
-        for depth, picked in top:
+        for depth, picked in self.top:
             for r in picked:
-                summary.add_row(str(depth), r.name, *_columns(r, total, step_s))
-        parts.append(summary)
-        if detailed:
+                summary.add_row(str(depth), r.name, *_columns(r, self.total_flops, self.step_s))
+        parts: list = [summary]
+        if self.detail is not None:
             tree = Table(title="per module")
             for col in ["module", *_HEADERS]:
                 tree.add_column(col, justify="left" if col == "module" else "right")
-            for r in shown:
-                label = "  " * r.depth + (r.name.rsplit(".", 1)[-1] if r.depth else r.name)
-                tree.add_row(f"{label} ({r.kind})", *_columns(r, total, step_s))
+            for r in self.detail:
+                tree.add_row(_label(r), *_columns(r, self.total_flops, self.step_s))
             parts.append(tree)
-        return Group(head, *parts)
-    lines = [head, "", f"top {top_modules} module(s) by FLOPs per depth:"]
-    for depth, picked in top:
-        names = ", ".join(f"{r.name} {_num(r.flops)}" for r in picked)
-        lines.append(f"  depth {depth}: {names}")
-    if detailed:
-        labels = [
-            "  " * r.depth + (r.name.rsplit(".", 1)[-1] if r.depth else r.name) + f" ({r.kind})"
-            for r in shown
-        ]
-        width = max([len(x) for x in labels] + [6])
-        lines += ["", f"{'module':<{width}}  " + "  ".join(f"{h:>15}" for h in _HEADERS)]
-        for label, r in zip(labels, shown, strict=True):
-            cols = _columns(r, total, step_s)
-            lines.append(f"{label:<{width}}  " + "  ".join(f"{c:>15}" for c in cols))
-    return "\n".join(lines)
+        return Group(self.head, *parts)

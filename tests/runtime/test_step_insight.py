@@ -520,3 +520,31 @@ def test_comms_logger_verbose_lines_prof_ops_and_summary_table(caplog):
     table = format_summary(logger.summary())
     assert "all_reduce" in table and "1.00 MiB" in table and "busbw GB/s" in table
     assert bus_factor("broadcast", 4) == 1.0 and bus_factor("all_gather", 4) == 0.75
+
+
+def test_the_rich_table_shows_the_rows_of_the_plain_one():
+    import io
+
+    from rich.console import Console as RichConsole
+
+    from runtime.profiling.flops import ModuleRow, format_table
+
+    rows = [
+        ModuleRow("(model)", 0, "M", 10, 100, 0.01),
+        ModuleRow("a", 1, "L", 4, 60, 0.004),
+        ModuleRow("a.x", 2, "L", 4, 60, 0.004),
+    ]
+    plain = format_table(rows, step=3, step_s=0.02, rich=False)
+    assert plain.splitlines()[:4] == [
+        "flops profiler: step 3 | params 10 | FLOPs 100 (fwd+bwd, this rank) | step 20.0 ms"
+        " | 5e-09 TFLOP/s",
+        "",
+        "top 1 module(s) by FLOPs per depth:",
+        "  depth 1: a 60",
+    ]
+    assert "    x (L)" in plain
+    screen = RichConsole(record=True, width=200, file=io.StringIO())
+    screen.print(format_table(rows, step=3, step_s=0.02, rich=True))
+    drawn = screen.export_text()
+    assert "flops profiler: step 3" in drawn and "per module" in drawn
+    assert "(model) (M)" in drawn and "    x (L)" in drawn and "60.0%" in drawn

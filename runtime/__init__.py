@@ -97,12 +97,7 @@ def initialize(
     env = init_distributed(dist_init_required)
     loaded = _keep_global_batch(loaded, env.rank)
     _show_config_notes(notes, source, env.rank)
-    if mpu is not None:
-        from .parallel_groups import check_mpu
-
-        check_mpu(mpu, env.world_size)
-    dp_size = mpu.get_data_parallel_world_size() if mpu is not None else env.world_size
-    resolved = loaded.resolve(dp_size, _hidden_size(model))
+    resolved = loaded.resolve(_data_parallel_size(mpu, env), _hidden_size(model))
     _configure_activation_checkpointing(loaded, resolved, mpu)
     engine = Engine(
         module=model,
@@ -118,6 +113,16 @@ def initialize(
     _apply_launch_options(engine)
     _announce_ready()
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _data_parallel_size(mpu: Any, env: Any) -> int:
+    """The ranks batch sizes count: the mpu's data-parallel group (checked first), or all."""
+    if mpu is None:
+        return env.world_size
+    from .parallel_groups import check_mpu
+
+    check_mpu(mpu, env.world_size)
+    return mpu.get_data_parallel_world_size()
 
 
 def _configure_activation_checkpointing(loaded: Any, resolved: Any, mpu: Any) -> None:

@@ -307,18 +307,8 @@ def write_checkpoint(
     tag = validate_tag(tag)
     save_dir = os.path.abspath(save_dir)
     final = os.path.join(save_dir, tag)
-
-    error: BaseException | None = None
-    lock: _SaveLock | None = None
     token = secrets.randbits(31) if rank == 0 and share is not None else 0
-    if rank == 0:
-        try:
-            os.makedirs(save_dir, mode=PRIVATE_DIR, exist_ok=True)
-            lock = _SaveLock(save_dir)
-            _remove_leftovers(save_dir)
-            os.mkdir(_partial_path(save_dir, tag, token), PRIVATE_DIR)
-        except Exception as err:  # noqa: BLE001 - every rank must reach agree()
-            error = _as_error(err, f"cannot start saving {final}")
+    lock, error = _start(save_dir, tag, token, final) if rank == 0 else (None, None)
     try:
         if not agree(error is None):
             raise error or CheckpointError(f"rank 0 could not start saving {final}")
@@ -327,7 +317,7 @@ def write_checkpoint(
         partial = _partial_path(save_dir, tag, token)
         try:
             _write_rank(partial, tag, rank, world_size, pieces, extra or {}, rank_state)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001 - every rank must reach agree()
             text = err.strerror if isinstance(err, OSError) and err.strerror else err
             error = CheckpointError(f"rank {rank}: writing its shard in {partial} failed: {text}")
         if not agree(error is None):
@@ -337,19 +327,38 @@ def write_checkpoint(
                 f"another rank failed to write its shard of {tag}; nothing was committed and "
                 f"{os.path.join(save_dir, LATEST)} is unchanged"
             )
-
         if rank == 0:
-            try:
-                _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest)
-            except Exception as err:  # noqa: BLE001
-                error = _as_error(err, f"committing checkpoint {final} failed")
-                shutil.rmtree(partial, ignore_errors=True)
+            commit = (save_dir, tag, partial, final, world_size, manifest_fields, save_latest)
+            error = _try_commit(*commit)
         if not agree(error is None):
             raise error or CheckpointError(f"rank 0 failed to commit {final}")
         return final
     finally:
         if lock is not None:
             lock.release()
+
+
+def _start(save_dir: str, tag: str, token: int, final: str):
+    """Rank 0 (step 1): ``(lock, error)``; the lock, once taken, is released by the caller."""
+    lock: _SaveLock | None = None
+    try:
+        os.makedirs(save_dir, mode=PRIVATE_DIR, exist_ok=True)
+        lock = _SaveLock(save_dir)
+        _remove_leftovers(save_dir)
+        os.mkdir(_partial_path(save_dir, tag, token), PRIVATE_DIR)
+    except Exception as err:  # noqa: BLE001 - every rank must reach agree()
+        return lock, _as_error(err, f"cannot start saving {final}")
+    return lock, None
+
+
+def _try_commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest):
+    """Rank 0 (step 3): the error committing met (the partial directory removed), or None."""
+    try:
+        _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest)
+    except Exception as err:  # noqa: BLE001 - every rank must reach agree()
+        shutil.rmtree(partial, ignore_errors=True)
+        return _as_error(err, f"committing checkpoint {final} failed")
+    return None
 
 
 def _partial_path(save_dir: str, tag: str, token: int) -> str:

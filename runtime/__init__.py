@@ -87,11 +87,12 @@ def initialize(
     from . import stacks
     from .dist_env import init_distributed
     from .engine import Engine
+    from .errors import InvalidValueError
 
     stacks.install()  # `zlaunch stacks` can see this rank from now on, rendezvous included
 
     if model is None:
-        raise ValueError("initialize() needs model=")
+        raise InvalidValueError("initialize() needs model=")
     source = _config_source(args, config)
     loaded, notes = _load_config(source)
     env = init_distributed(dist_init_required)
@@ -223,17 +224,18 @@ def init_distributed(
     import torch.distributed as dist
 
     from .dist_env import init_distributed as init
+    from .errors import InvalidValueError
 
     if dist.is_initialized():
         return
     expected = "nccl" if torch.cuda.is_available() else "gloo"
     if dist_backend is not None and str(dist_backend).lower() != expected:
-        raise ValueError(
+        raise InvalidValueError(
             f"dist_backend={dist_backend!r}: this runtime uses {expected!r} on this machine; "
             "leave dist_backend out"
         )
     if init_method is not None or rank != -1 or world_size != -1:
-        raise ValueError(
+        raise InvalidValueError(
             "init_method, rank and world_size come from the launcher's environment (RANK, "
             "WORLD_SIZE, MASTER_ADDR, MASTER_PORT); leave them out"
         )

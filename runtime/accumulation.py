@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+from .errors import InvalidTypeError, UsageError
+
 __all__ = ["Accumulation", "AccumulationError"]
 
 
-class AccumulationError(RuntimeError):
+class AccumulationError(UsageError):
     """backward() was called again without the step() that must follow it."""
 
 
@@ -87,5 +89,5 @@ class Accumulation:
 
     def set_boundary(self, is_boundary: bool) -> None:
         if not isinstance(is_boundary, bool):
-            raise TypeError(f"is_boundary must be True or False, got {is_boundary!r}")
+            raise InvalidTypeError(f"is_boundary must be True or False, got {is_boundary!r}")
         self._boundary_override = is_boundary

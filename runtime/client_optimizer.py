@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .errors import InvalidValueError
+
 __all__ = ["param_groups_of", "optimizer_factory", "build_lr_scheduler"]
 
 ParamGroups = list[tuple[dict, list[torch.nn.Parameter]]]
@@ -41,7 +43,7 @@ def param_groups_of(module: torch.nn.Module, optimizer: Any, model_parameters: A
                 keep.append(p)
         groups.append((opts, keep))
     if not any(params for _, params in groups):
-        raise ValueError("the model has no trainable parameters (none requires grad)")
+        raise InvalidValueError("the model has no trainable parameters (none requires grad)")
     return groups
 
 
@@ -61,7 +63,7 @@ def optimizer_factory(
         if callable(client):
             return client(param_groups)
         if optimizer_config is None:
-            raise ValueError(
+            raise InvalidValueError(
                 'no optimizer: add an "optimizer" block to the config, or pass optimizer= '
                 "to runtime.initialize"
             )

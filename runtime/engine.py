@@ -26,6 +26,7 @@ from .client_optimizer import build_lr_scheduler, optimizer_factory, param_group
 from .comm import Communicator
 from .dist_env import DistEnv
 from .engine_queries import EngineQueries, LiveLossScale
+from .errors import UnsupportedError
 from .precision import Precision
 from .step_hooks import CheckpointingProfile, StepHook
 from .zero.strategy import ShardingStrategy, StrategyInputs, build_strategy
@@ -263,7 +264,7 @@ class Engine(EngineQueries, torch.nn.Module):
         nothing is written and False is returned, as in DeepSpeed.
         """
         if self.mpu is not None:
-            raise NotImplementedError(
+            raise UnsupportedError(
                 "save_16bit_model with an mpu: each model-parallel rank holds a different part "
                 "of the weights and there is no merge of tensor-parallel shards here; use "
                 "save_checkpoint (one part per model-parallel rank, mp_rank_NN/)"

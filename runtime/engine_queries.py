@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .errors import InvalidValueError
+
 __all__ = ["EngineQueries", "LiveLossScale"]
 
 
@@ -67,7 +69,7 @@ class EngineQueries:
             or train_batch_size < 1
             or train_batch_size % per_step
         ):
-            raise ValueError(
+            raise InvalidValueError(
                 f"train_batch_size {train_batch_size!r} must be a positive multiple of "
                 f"train_micro_batch_size_per_gpu * world size = {per_step}"
             )

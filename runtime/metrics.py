@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from .errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["StepMetrics", "EventSink", "EVENTS_FD_ENV", "TOTAL_STEPS_ENV", "METRIC_FIELDS"]
 
 log = logging.getLogger("runtime.metrics")
@@ -209,7 +211,7 @@ class StepMetrics:
 
     def set_total_steps(self, total: int | None) -> None:
         if total is not None and (isinstance(total, bool) or int(total) <= 0):
-            raise ValueError(f"set_total_steps: a positive number of steps, got {total!r}")
+            raise InvalidValueError(f"set_total_steps: a positive number of steps, got {total!r}")
         self._total_steps = None if total is None else int(total)
 
     @property
@@ -293,7 +295,7 @@ class StepMetrics:
     def log_metrics(self, values: dict[str, Any], step: int | None = None) -> None:
         """A script's own values, sent by rank 0 like the step metrics."""
         if not isinstance(values, dict) or not values:
-            raise TypeError("log_metrics expects a non-empty dict of name -> number")
+            raise InvalidTypeError("log_metrics expects a non-empty dict of name -> number")
         if self.rank != 0:
             return
         clean: dict[str, Any] = {}
@@ -301,7 +303,7 @@ class StepMetrics:
             if torch.is_tensor(value):
                 value = value.detach().float().mean().item()
             if not isinstance(key, str) or key in _META:
-                raise ValueError(f"log_metrics: bad metric name {key!r}")
+                raise InvalidValueError(f"log_metrics: bad metric name {key!r}")
             clean[key] = value
         event = {
             "kind": "metrics",

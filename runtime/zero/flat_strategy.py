@@ -14,6 +14,7 @@ import logging
 
 import torch
 
+from ..errors import InvalidValueError
 from .buckets import GradReducer, ReduceMode
 from .flat import FlatBuffer, flatten_params_into
 from .optimizer import ZeroOptimizer
@@ -57,7 +58,7 @@ def _param_specs(module, groups) -> tuple[list[ParamSpec], dict[str, torch.nn.Pa
     for pg, (_, params) in enumerate(groups):
         for p in sorted(params, key=lambda q: order[id(q)], reverse=True):
             if id(p) not in names:
-                raise ValueError(
+                raise InvalidValueError(
                     "an optimizer parameter is not a parameter of the model; build the "
                     "optimizer from model.parameters()"
                 )

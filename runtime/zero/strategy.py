@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from ..comm import Communicator
+from ..errors import InvalidTypeError
 from ..precision import Precision
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
 from .partition import FlatLayout
@@ -143,7 +144,7 @@ def single_dtype(params: list[torch.nn.Parameter]) -> torch.dtype:
     """The one dtype of the trained parameters (several: the user must cast the model)."""
     dtypes = {p.dtype for p in params}
     if len(dtypes) > 1:
-        raise TypeError(
+        raise InvalidTypeError(
             f"trainable parameters have several dtypes ({sorted(map(str, dtypes))}); "
             "cast the model to one dtype, or enable fp16/bf16 in the config"
         )

@@ -4,14 +4,15 @@
 
 - ``LiveView`` when stdout is a terminal: a rich ``Live`` panel (progress bar with step/total
   and ETA when the total is known, the latest step metrics, throughput, the script's own
-  metrics, and ranks alive/expected per host). Every rank line and controller note is printed
+  metrics, and ranks alive/expected per host; drawn by `live_panel`). Every rank line and controller note is printed
   *through the same rich console* above the panel, by the one thread that owns the console, so
   the panel is erased and redrawn around each batch and nothing is ever garbled. The view takes
   over the plain console's output streams, so ``Console`` keeps its formatting (prefixes,
   colors) and this module only decides where the bytes go.
 - ``PlainView`` otherwise (pipes, files, ``TERM=dumb``, ``ZLAUNCH_LIVE=0``): no panel, no
   cursor movement; each metrics event becomes one plain ``zlaunch: step ...`` line on stderr
-  (escape-free when stderr is not a terminal, like every note).
+  (escape-free when stderr is not a terminal, like every note), the line ranks log too
+  (`runtime.metrics_format`).
 
 The launcher calls ``start(run_id, expected)`` once the plan is known, ``rank_started`` /
 ``rank_exited`` / ``metrics`` as frames arrive, ``tick()`` from its loop, and ``close()``

@@ -50,6 +50,8 @@ __all__ = ["Stage3Coordinator", "Phase"]
 
 
 class Phase(enum.Enum):
+    """Where the model is in a training pass (a forward inside backward is recomputation)."""
+
     IDLE = "idle"
     FORWARD = "forward"
     BACKWARD = "backward"
@@ -105,7 +107,7 @@ class Stage3Coordinator:
     def _in_backward(self) -> bool:
         return self.phase is Phase.BACKWARD or _autograd_running()
 
-    # ------------------------------------------------------------------ give back
+    # ------------------------------------------------------------------ after a module ran
     def _after_use(self, u: Unit, keep: bool) -> None:
         """A module using ``u`` returned: release it unless something still needs it."""
         if u.users > 0 or u.persistent:
@@ -125,6 +127,7 @@ class Stage3Coordinator:
         self.live.release_all()
 
     # ------------------------------------------------------------------ forward hooks
+    # (`stage3_hooks.HookHandlers`: registered by `install_hooks`)
     def begin_pass(self, module, args) -> None:
         self._saved_hooks.append(
             torch.autograd.graph.saved_tensors_hooks(self.live.tag_saved, self._unpack)

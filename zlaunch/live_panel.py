@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.metrics_format import human_bytes, number, rate
 from zlaunch.console import rank_ranges
+from zlaunch.run_records import RunStatus
 
 if TYPE_CHECKING:
     from zlaunch.live_view import JobView
@@ -99,7 +100,7 @@ def _ranks_line(view: JobView) -> Any:
         health = [h for h in health if h[1] != h[2]][:MAX_HOSTS_SHOWN]
     for host, alive, expected in health:
         style = "green" if alive == expected else ("red" if alive == 0 else "yellow")
-        if view.status not in ("running", "starting") and alive == 0:
+        if view.status not in (RunStatus.RUNNING, RunStatus.STARTING) and alive == 0:
             style = "dim"
         hosts.append(f"{host} {alive}/{expected}", style=style)
         hosts.append("  ")
@@ -117,7 +118,7 @@ def _silence_notes(view: JobView) -> list[Any]:
     """While running: how long since the last step, and which ranks have gone quiet."""
     from rich.text import Text
 
-    if view.status != "running":
+    if view.status != RunStatus.RUNNING:
         return []
     now, notes = time.monotonic(), []
     if view.latest_at is not None and now - view.latest_at >= SLOW_STEP_NOTE:

@@ -31,6 +31,7 @@ from runtime.metrics_format import META_KEYS, format_line
 from zlaunch.console import Console, is_terminal
 from zlaunch.live_breakdown import BreakdownPanel
 from zlaunch.live_panel import progress_lines, render_panel
+from zlaunch.run_records import RunStatus
 
 __all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
 
@@ -66,7 +67,7 @@ class JobView:
         self.latest_at: float | None = None
         self.user: dict[str, Any] = {}
         self.started_at = time.monotonic()
-        self.status = "starting"
+        self.status = RunStatus.STARTING
         self.bars: dict[int, tuple[str, str]] = {}
         """rank -> (host, latest state) of a line it redraws with carriage returns (tqdm)."""
         self.last_output: dict[int, float] = {}
@@ -76,7 +77,7 @@ class JobView:
     def start(self, run_id: str, expected: dict[str, int]) -> None:
         self.run_id = run_id
         self.expected = dict(expected)
-        self.status = "running"
+        self.status = RunStatus.RUNNING
 
     def rank_started(self, rank: int, host: str) -> None:
         self.alive[rank] = host
@@ -85,7 +86,7 @@ class JobView:
         self.alive.pop(rank, None)
         self.bars.pop(rank, None)
         self.exits[rank] = code
-        if code != 0 and self.status not in ("starting", "running"):
+        if code != 0 and self.status not in (RunStatus.STARTING, RunStatus.RUNNING):
             self.stopped.add(rank)  # ended by zlaunch's stop, not a failure of its own
 
     def rank_lost(self, rank: int, host: str) -> None:
@@ -119,7 +120,7 @@ class JobView:
             self.latest = event
             self.latest_at = time.monotonic()
 
-    def set_status(self, status: str) -> None:
+    def set_status(self, status: RunStatus) -> None:
         self.status = status
 
     def tick(self) -> None:
@@ -279,7 +280,7 @@ class LiveView(JobView):
         if event.get("report", True) is not False or due:
             self._redraw()
 
-    def set_status(self, status: str) -> None:
+    def set_status(self, status: RunStatus) -> None:
         super().set_status(status)
         self._redraw()
 

@@ -79,18 +79,35 @@ def fourth_panel(scales: list[float]) -> tuple[str, str]:
 def command(run: str | None, log_dir: str | None, output: str | None) -> None:
     """Plot loss, lr, throughput and loss scale of RUN (default: the latest) against step,
     and the wall-clock split and MFU when the run reports them."""
+    plt = _pyplot()
+    rundir = open_run(log_dir, run)
+    rows = _step_rows(rundir)
+    output = output or f"{rundir.run_id}.png"
+    fig = _figure(plt, rundir.run_id, rows)
+    fig.tight_layout()
+    directory = os.path.dirname(os.path.abspath(output))
+    os.makedirs(directory, exist_ok=True)
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    click.echo(f"zlaunch: wrote {output} ({len(rows)} steps of run {rundir.run_id})")
+
+
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise UsageError(
             "zlaunch plot needs matplotlib, which is not installed",
             hint="pip install 'zlaunch[plot]'",
         ) from None
-    rundir = open_run(log_dir, run)
+    return plt
+
+
+def _step_rows(rundir) -> list[dict]:
+    """The run's step-metrics rows by step; UsageError when there are none or one is bad."""
     try:
         rows = engine_rows(rundir.metrics())
     except ValueError as err:
@@ -100,15 +117,19 @@ def command(run: str | None, log_dir: str | None, output: str | None) -> None:
             f"run {rundir.run_id} has no step metrics yet",
             hint="metrics come from runtime.initialize engines, every steps_per_print steps",
         )
-    rows.sort(key=lambda r: r["step"])
-    output = output or f"{rundir.run_id}.png"
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def _figure(plt, run_id: str, rows: list[dict]):
+    """Loss, lr, throughput and the fourth panel; the split and MFU when reported."""
+    from matplotlib.ticker import MaxNLocator
 
     split_steps, split = split_series(rows)
     mfu_steps, mfu = series(rows, "mfu")
     tflops_steps, tflops = series(rows, "tflops")
     insight = bool(split_steps or tflops)
     fig, axes = plt.subplots(3 if insight else 2, 2, figsize=(11, 10 if insight else 7))
-    fig.suptitle(f"zlaunch run {rundir.run_id}")
+    fig.suptitle(f"zlaunch run {run_id}")
     scales = series(rows, "loss_scale")[1]
     fourth = fourth_panel(scales)
     scaled = fourth[0] == "loss_scale"
@@ -141,12 +162,7 @@ def command(run: str | None, log_dir: str | None, output: str | None) -> None:
     if insight:
         _plot_split(axes[2][0], split_steps, split, rows, MaxNLocator)
         _plot_mfu(axes[2][1], mfu_steps, mfu, tflops_steps, tflops, rows, MaxNLocator)
-    fig.tight_layout()
-    directory = os.path.dirname(os.path.abspath(output))
-    os.makedirs(directory, exist_ok=True)
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
-    click.echo(f"zlaunch: wrote {output} ({len(rows)} steps of run {rundir.run_id})")
+    return fig
 
 
 def _plot_split(ax, steps, parts, rows, locator) -> None:

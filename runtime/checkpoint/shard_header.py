@@ -17,18 +17,9 @@ from .storage import _EXTRA_PREFIX, MANIFEST
 __all__ = ["MAX_HEADER_BYTES", "check_shard_header"]
 
 # safetensors dtype names -> the torch names the manifest uses.
-_HEADER_DTYPES = {
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F64": "float64",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
+_HEADER_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+_HEADER_DTYPES.update({"I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8"})
+_HEADER_DTYPES.update({"U8": "uint8", "BOOL": "bool"})
 # A header larger than this is not one this runtime wrote (safetensors caps it at 100 MB too).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 

@@ -19,7 +19,7 @@ from .buckets import GradReducer, ReduceMode
 from .flat import FlatBuffer, flatten_params_into
 from .optimizer import ZeroOptimizer
 from .partition import ParamSpec, plan_layout
-from .strategy import LayoutState, StrategyInputs, single_dtype
+from .strategy import StrategyBase, StrategyInputs, single_dtype
 
 __all__ = ["FlatStrategy", "build_flat_strategy"]
 
@@ -41,7 +41,7 @@ _REDUCE_MODES = {
 }
 
 
-class FlatStrategy(LayoutState):
+class FlatStrategy(StrategyBase):
     """Stages 0-2: the flat parameter buffer, its gradient reducer and the optimizer."""
 
     def __init__(self, params: FlatBuffer, reducer: GradReducer, optimizer: ZeroOptimizer):

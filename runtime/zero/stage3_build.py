@@ -20,7 +20,7 @@ from .partition import FlatLayout
 from .stage3 import Stage3Coordinator
 from .stage3_optimizer import Stage3Optimizer
 from .stage3_units import Unit, param_shape, plan_frozen_units, plan_units
-from .strategy import LayoutState, StrategyInputs, single_dtype
+from .strategy import StrategyBase, StrategyInputs, single_dtype
 
 log = logging.getLogger("runtime.zero.stage3")
 
@@ -81,7 +81,7 @@ def _log_leaves(leaves: dict, comm: Communicator) -> None:
         )
 
 
-class Stage3Strategy(LayoutState):
+class Stage3Strategy(StrategyBase):
     """Stage 3: per-module units whose shards live in a store, fetched when modules run."""
 
     def __init__(self, store: ShardStore, coordinator: Stage3Coordinator, optimizer):

@@ -93,7 +93,7 @@ class ShardingStrategy(Protocol):
         """Write replaced master weights (a checkpoint load) into the parameters."""
 
 
-class LayoutState:
+class StrategyBase:
     """What both strategies share: the backward brackets and the checkpoint accessors, which
     read the layout and the optimizer."""
 

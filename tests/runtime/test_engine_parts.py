@@ -7,7 +7,6 @@ import types
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import runtime
 from runtime.accumulation import Accumulation, AccumulationError
@@ -15,14 +14,7 @@ from runtime.client_optimizer import build_lr_scheduler, optimizer_factory, para
 from runtime.zero.flat_strategy import FlatStrategy
 from runtime.zero.stage3_build import Stage3Strategy
 from runtime.zero.strategy import TrainedParam
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_process_group():
-    was = dist.is_initialized()
-    yield
-    if not was and dist.is_initialized():
-        dist.destroy_process_group()
+from tests.runtime.test_engine_api import single_process_group  # noqa: F401 - autouse fixture
 
 
 # --------------------------------------------------------------------------- accumulation

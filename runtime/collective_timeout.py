@@ -30,9 +30,7 @@ def _positive(name: str, raw: str, scale: float, unit: str) -> float:
     except ValueError:
         value = math.nan
     if not 0 < value < math.inf:
-        raise CollectiveTimeoutError(
-            f"{name}={raw[:40]!r}: expected a positive number of {unit}"
-        )
+        raise CollectiveTimeoutError(f"{name}={raw[:40]!r}: expected a positive number of {unit}")
     return value
 
 

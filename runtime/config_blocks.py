@@ -106,7 +106,6 @@ class OptimizerConfig:
         object.__setattr__(self, "params", dict(self.params))
 
 
-
 @dataclass(frozen=True)
 class OffloadConfig:
     """`zero_optimization.offload_optimizer` / `offload_param`: keep state in CPU memory."""
@@ -132,9 +131,7 @@ class OffloadConfig:
         check_field(self, "device", as_choice, ("none", "cpu"))
         check_field(self, "pin_memory", as_bool)
         if self.nvme_path is not None and not isinstance(self.nvme_path, str):
-            raise ConfigError(
-                f"must be a path string, got {describe(self.nvme_path)}", "nvme_path"
-            )
+            raise ConfigError(f"must be a path string, got {describe(self.nvme_path)}", "nvme_path")
         check_field(self, "buffer_count", as_int, 0)
         check_field(self, "buffer_size", as_int, 0)
         check_field(self, "max_in_cpu", as_int, 0)
@@ -209,7 +206,6 @@ class ZeroConfig:
         check_field(self, "stage3_gather_16bit_weights_on_model_save", as_bool)
 
 
-
 @dataclass(frozen=True)
 class ActivationCheckpointingConfig:
     """`activation_checkpointing`: how runtime.checkpointing keeps the inputs of checkpointed
@@ -246,5 +242,3 @@ class ActivationCheckpointingConfig:
                 "contiguous_memory_optimization to false",
                 "contiguous_memory_optimization",
             )
-
-

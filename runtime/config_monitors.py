@@ -82,7 +82,9 @@ class CommsLoggerConfig:
             check_field(self, name, as_bool)
         ops = self.prof_ops
         if not isinstance(ops, (list, tuple)) or not all(isinstance(o, str) for o in ops):
-            raise ConfigError(f"must be a list of collective names, got {describe(ops)}", "prof_ops")
+            raise ConfigError(
+                f"must be a list of collective names, got {describe(ops)}", "prof_ops"
+            )
         for op in ops:
             if op not in COMM_OP_NAMES:
                 hint = did_you_mean(op, COMM_OP_NAMES)
@@ -182,5 +184,3 @@ class WandbConfig:
                     'WANDB_MODE=offline to log without network), or set "enabled": false',
                     "enabled",
                 )
-
-

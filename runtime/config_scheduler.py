@@ -150,5 +150,3 @@ class SchedulerConfig:
     def full_params(self) -> dict[str, Any]:
         """Every parameter of the schedule: the given ones over the defaults."""
         return {**SCHEDULER_PARAMS[self.type], **self.params}
-
-

@@ -205,5 +205,3 @@ def resolve_batch(config: Config, world: int) -> tuple[int, int, int]:
             "change one of them, or leave one of the three keys out so that it is derived"
         )
     return tb, mb, gas
-
-

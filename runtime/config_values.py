@@ -153,7 +153,7 @@ def as_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
 
 
 def did_you_mean(key: str, valid: Any) -> str:
-    """"did you mean 'x'?" for the entry of `valid` nearest to `key`, or "" when none is close."""
+    """ "did you mean 'x'?" for the entry of `valid` nearest to `key`, or "" when none is close."""
     if len(key) > MAX_KEY_CHARS:  # nothing valid is that long; difflib would take seconds
         return ""
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
@@ -163,4 +163,3 @@ def did_you_mean(key: str, valid: Any) -> str:
 def check_field(obj: Any, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     """Validate and normalise one field of a frozen dataclass in `__post_init__`."""
     object.__setattr__(obj, name, fn(name, getattr(obj, name), *args, **kwargs))
-

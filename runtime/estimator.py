@@ -203,7 +203,9 @@ def estimate_all(
 ) -> list[Estimate]:
     """Every valid (stage, offload) combination for `nodes` x `gpus_per_node` ranks."""
     if nodes < 1 or gpus_per_node < 1:
-        raise InvalidValueError(f"nodes and gpus per node must be >= 1, got {nodes}, {gpus_per_node}")
+        raise InvalidValueError(
+            f"nodes and gpus per node must be >= 1, got {nodes}, {gpus_per_node}"
+        )
     world = nodes * gpus_per_node
     rows = []
     for stage in (0, 1, 2, 3):
@@ -248,11 +250,15 @@ def count_safetensors_parameters(path: str | os.PathLike) -> int:
             raise InvalidValueError(f"{os.fspath(path)}: not a safetensors file (too short)")
         (length,) = struct.unpack("<Q", head)
         if length > 100_000_000:
-            raise InvalidValueError(f"{os.fspath(path)}: not a safetensors file (header size {length})")
+            raise InvalidValueError(
+                f"{os.fspath(path)}: not a safetensors file (header size {length})"
+            )
         try:
             header = json.loads(handle.read(length))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            raise InvalidValueError(f"{os.fspath(path)}: not a safetensors file (bad header)") from None
+            raise InvalidValueError(
+                f"{os.fspath(path)}: not a safetensors file (bad header)"
+            ) from None
     total = 0
     for name, info in header.items():
         if name == "__metadata__":

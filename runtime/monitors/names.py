@@ -29,11 +29,7 @@ _META = ("kind", "source", "step")
 
 
 def _number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def scalars(event: dict[str, Any]) -> list[tuple[str, float]]:

@@ -1,7 +1,8 @@
 """The contract between controller, agent and workers lives in one stdlib-only module.
 
-* ``zlaunch/protocol.py`` imports only the standard library, so workers and agents can import
-  it anywhere;
+* ``zlaunch/protocol.py`` (the shared names) and ``zlaunch/frames.py`` (the frames between
+  controller and agents) import only the standard library and each other, so workers and agents
+  can import them anywhere;
 * the runtime imports nothing of zlaunch but that module (the Slurm hostlist grammar lives in
   the runtime, torch-free, and the controller imports it from there);
 * every ``ZLAUNCH_*`` variable that crosses a process boundary is named in protocol.py only:
@@ -15,6 +16,8 @@ import ast
 import re
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED_IN_RUNTIME = {"zlaunch.protocol"}
@@ -34,13 +37,14 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_protocol_imports_only_the_standard_library():
+@pytest.mark.parametrize("module,allowed", [("protocol", set()), ("frames", {"zlaunch.protocol"})])
+def test_the_contract_imports_only_the_standard_library(module, allowed):
     third_party = {
         name
-        for name in _imports(REPO / "zlaunch" / "protocol.py")
+        for name in _imports(REPO / "zlaunch" / f"{module}.py")
         if name.split(".")[0] not in sys.stdlib_module_names and name != "__future__"
     }
-    assert third_party == set()
+    assert third_party == allowed
 
 
 def test_runtime_imports_only_the_protocol_of_zlaunch():
@@ -71,7 +75,7 @@ def test_shared_variable_names_are_spelled_once():
 
 
 AGENT_SIDE = ("agent.py", "agent_workers.py", "agent_output.py", "agent_upstream.py",
-              "worker_boot.py", "netinfo.py")  # fmt: skip
+              "worker_boot.py", "netinfo.py", "frames.py")  # fmt: skip
 
 
 def test_the_agent_side_imports_only_the_standard_library_and_itself():

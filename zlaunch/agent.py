@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 from zlaunch.agent_output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
 from zlaunch.agent_upstream import Upstream
 from zlaunch.agent_workers import StartFailed, Worker, WorkerGroup, start_worker
@@ -58,7 +58,7 @@ class Agent:
         self.output = OutputPump(self.sel, self._send)
         self.upstream = Upstream(stdout_fd, self.sel, self._upstream_lost, self.output.pause)
         self.stdin_open = True
-        self.frames = protocol.FrameReader(on_bad=self._bad_frame)
+        self.frames = frames.FrameReader(on_bad=self._bad_frame)
         self.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT
         self.grace = 5.0
         self.last_heard = time.monotonic()
@@ -68,7 +68,7 @@ class Agent:
         self.signal_r, self.signal_w = os.pipe()
         self.pending_signals: list[int] = []
 
-    def _send(self, frame: protocol.Frame) -> None:
+    def _send(self, frame: frames.Frame) -> None:
         self.upstream.send(frame)
 
     @property
@@ -77,7 +77,7 @@ class Agent:
 
     # ---- the spec -------------------------------------------------------------------------
 
-    def start_workers(self, spec: protocol.Spec) -> None:
+    def start_workers(self, spec: frames.Spec) -> None:
         self.phase = AgentPhase.RUNNING
         self.grace = spec.grace
         self.heartbeat_timeout = spec.heartbeat_timeout
@@ -96,20 +96,20 @@ class Agent:
         try:
             iface = interface_for(master)
         except OSError as err:
-            self._send(protocol.Error(f"no route to master {master}: {err}"))
+            self._send(frames.Error(f"no route to master {master}: {err}"))
             return {}
         return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface} if iface else {}
 
-    def _spawn(self, entry: protocol.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
+    def _spawn(self, entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
         try:
             worker = start_worker(entry, cwd, node_env)
         except StartFailed as err:
-            self._send(protocol.Error(str(err)))
-            self._send(protocol.Exited.of_returncode(entry.rank, None, err.code))
+            self._send(frames.Error(str(err)))
+            self._send(frames.Exited.of_returncode(entry.rank, None, err.code))
             return
         self.workers.add(worker)
         self.output.watch(worker)
-        self._send(protocol.Started(worker.rank, worker.pid))
+        self._send(frames.Started(worker.rank, worker.pid))
 
     # ---- workers ending -------------------------------------------------------------------
 
@@ -119,7 +119,7 @@ class Agent:
         # Everything the worker wrote before it died is in the pipes now: send it first, so
         # the controller has the last lines when it hears of the exit.
         self.output.drain(worker.rank)
-        self._send(protocol.Exited.of_returncode(worker.rank, worker.pid, worker.returncode))
+        self._send(frames.Exited.of_returncode(worker.rank, worker.pid, worker.returncode))
         if self.workers.all_exited():
             self.all_exited_at = time.monotonic()
 
@@ -134,7 +134,7 @@ class Agent:
         self.workers.signal_groups(signal.SIGKILL if grace == 0 else signal.SIGTERM)
         if why:
             # with a cause, the controller tells a cut-off node from a failure
-            self._send(protocol.Error(f"stopping workers: {why}", cause))
+            self._send(frames.Error(f"stopping workers: {why}", cause))
 
     def _kill_remaining(self) -> None:
         self.workers.kill_remaining()
@@ -180,24 +180,24 @@ class Agent:
         self._close_stdin()
         self.stop(min(self.grace, UPSTREAM_LOST_GRACE), why)
 
-    def _bad_frame(self, err: protocol.ProtocolError) -> None:
+    def _bad_frame(self, err: frames.ProtocolError) -> None:
         """A frame from the controller that could not be read. Before the spec it can only
         have been the spec: without it there is nothing to run, so give up at once."""
-        self._send(protocol.Error(f"unreadable frame from the controller: {err}"))
+        self._send(frames.Error(f"unreadable frame from the controller: {err}"))
         if self.phase is AgentPhase.AWAITING_SPEC:
             self.stop(0.0, "the spec could not be read")
 
-    def _handle(self, frame: protocol.Frame) -> None:
-        if isinstance(frame, protocol.Spec) and self.phase is AgentPhase.AWAITING_SPEC:
+    def _handle(self, frame: frames.Frame) -> None:
+        if isinstance(frame, frames.Spec) and self.phase is AgentPhase.AWAITING_SPEC:
             self.start_workers(frame)
-        elif isinstance(frame, protocol.Stop):
+        elif isinstance(frame, frames.Stop):
             self.stop(frame.grace, "")
-        elif isinstance(frame, protocol.Signal):  # --save-on, stacks: to the worker, not its group
+        elif isinstance(frame, frames.Signal):  # --save-on, stacks: to the worker, not its group
             self.workers.signal_processes(frame.sig, frame.ranks)
-        elif isinstance(frame, protocol.Heartbeat):
+        elif isinstance(frame, frames.Heartbeat):
             # Echoed, so the controller hears from this agent at least every heartbeat
             # interval and can tell a silent node (link down, partition) from a quiet one.
-            self._send(protocol.Heartbeat())
+            self._send(frames.Heartbeat())
 
     def _heartbeat_missed(self, now: float) -> bool:
         silence = now - self.last_heard
@@ -220,7 +220,7 @@ class Agent:
         self._send(hello())
         while not self._finished(time.monotonic()):
             self._turn(time.monotonic())
-        self._send(protocol.Bye())
+        self._send(frames.Bye())
         self.upstream.flush_blocking()
         return 0
 
@@ -285,13 +285,13 @@ class Agent:
             self.stop(self.grace, f"agent received {signal.Signals(signum).name}")
 
 
-def hello() -> protocol.Hello:
+def hello() -> frames.Hello:
     """Where this agent runs: over SSH, the addresses of both ends of the connection."""
     addr = client_addr = None
     conn = os.environ.get("SSH_CONNECTION", "").split()
     if len(conn) == 4:
         client_addr, addr = _plain_ip(conn[0]), _plain_ip(conn[2])
-    return protocol.Hello(
+    return frames.Hello(
         hostname=socket.gethostname(),
         pid=os.getpid(),
         python=sys.executable,

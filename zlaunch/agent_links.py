@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from zlaunch import protocol
+from zlaunch import frames
 from zlaunch.hostfile import Host
 from zlaunch.options import LaunchOptions
 from zlaunch.transport import Link, agent_argv, open_links
@@ -63,7 +63,7 @@ class AgentLinks:
     def _read(self, index: int, link: Link) -> None:
         # A frame that cannot be read is reported and skipped: the agent and its ranks are
         # fine, and dropping them for one bad frame would stop the whole job.
-        reader = protocol.FrameReader(
+        reader = frames.FrameReader(
             on_bad=lambda err: self.queue.put(("garbled", index, str(err)))
         )
         while True:
@@ -80,7 +80,7 @@ class AgentLinks:
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
 
     def _heartbeat(self) -> None:
-        beat = protocol.encode(protocol.Heartbeat())
+        beat = frames.encode(frames.Heartbeat())
         while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
             self.send_all(beat, parallel=False)
 

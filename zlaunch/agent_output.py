@@ -1,7 +1,7 @@
 """Worker pipes -> frames: output lines as OUT frames, structured events as EVENT frames.
 
 One read becomes one frame, so the order of a stream's lines survives. A line without a
-newline is held back until it ends or grows to protocol.MAX_PIECE_BYTES (then it goes as a
+newline is held back until it ends or grows to frames.MAX_PIECE_BYTES (then it goes as a
 piece, ``partial``); a line redrawn with carriage returns (a progress bar) is forwarded at most
 every PROGRESS_INTERVAL, so the controller shows its latest state live. Events are JSON
 objects, one a line; what does not parse is forwarded as an ``invalid`` event rather than
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 from zlaunch.agent_workers import EVENTS, Worker
 
 __all__ = ["OutputPump", "READ_SIZE", "PROGRESS_INTERVAL", "MAX_EVENT_BYTES"]
@@ -27,7 +27,7 @@ READ_SIZE = 256 * 1024
 # newline: the controller shows its latest state live; every byte still reaches the rank log.
 PROGRESS_INTERVAL = 0.2
 # One structured event longer than this is dropped (reported as an "invalid" event): events
-# are small JSON objects, and a frame must stay below protocol.MAX_FRAME_BYTES.
+# are small JSON objects, and a frame must stay below frames.MAX_FRAME_BYTES.
 MAX_EVENT_BYTES = 1024 * 1024
 
 
@@ -39,8 +39,8 @@ class _Pipe:
     def __init__(self, rank: int, stream: str):
         self.rank = rank
         self.stream = stream
-        limit = MAX_EVENT_BYTES if stream == EVENTS else protocol.MAX_PIECE_BYTES
-        self.splitter = protocol.LineSplitter(limit)
+        limit = MAX_EVENT_BYTES if stream == EVENTS else frames.MAX_PIECE_BYTES
+        self.splitter = frames.LineSplitter(limit)
         self.progress_sent = 0.0
         """When its carriage-return tail was last forwarded."""
         self.dropping_event = 0
@@ -54,7 +54,7 @@ class OutputPump:
     workers then block on their full pipes instead of the agent buffering without bound.
     """
 
-    def __init__(self, sel: selectors.BaseSelector, send: Callable[[protocol.Frame], None]):
+    def __init__(self, sel: selectors.BaseSelector, send: Callable[[frames.Frame], None]):
         self._sel = sel
         self._send = send
         self._pipes: dict[int, _Pipe] = {}
@@ -126,12 +126,12 @@ class OutputPump:
     def _forward(self, pipe: _Pipe, lines: list[bytes], partial: bool) -> None:
         """Send one read's lines; ``partial``: the last one has no newline (yet)."""
         if pipe.stream != EVENTS:
-            text = [protocol.line_text(raw) for raw in lines]
-            self._send(protocol.Out(pipe.rank, pipe.stream, text, partial))
+            text = [frames.line_text(raw) for raw in lines]
+            self._send(frames.Out(pipe.rank, pipe.stream, text, partial))
             return
         events = self._events(pipe, lines, partial)
         if events:
-            self._send(protocol.Event(pipe.rank, events))
+            self._send(frames.Event(pipe.rank, events))
 
     @staticmethod
     def _events(pipe: _Pipe, lines: list[bytes], partial: bool) -> list[Any]:
@@ -150,7 +150,7 @@ class OutputPump:
             try:
                 events.append(json.loads(raw))
             except ValueError:
-                events.append({"kind": protocol.INVALID_EVENT, "text": protocol.line_text(raw)})
+                events.append({"kind": protocol.INVALID_EVENT, "text": frames.line_text(raw)})
         return events
 
     def _close(self, fd: int) -> None:

@@ -15,7 +15,7 @@ import selectors
 import time
 from collections.abc import Callable
 
-from zlaunch import protocol
+from zlaunch import frames
 
 __all__ = ["Upstream", "MAX_PENDING_OUTPUT"]
 
@@ -47,10 +47,10 @@ class Upstream:
         self.ok = True
         """The controller's end is still there; frames sent after it is gone are dropped."""
 
-    def send(self, frame: protocol.Frame) -> None:
+    def send(self, frame: frames.Frame) -> None:
         if not self.ok:
             return
-        self._buffer += protocol.encode(frame)
+        self._buffer += frames.encode(frame)
         self.flush()
 
     def flush(self) -> None:

@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 
 __all__ = ["Worker", "WorkerGroup", "StartFailed", "start_worker", "boot_argv", "EVENTS"]
 
@@ -136,7 +136,7 @@ class StartFailed(Exception):
         self.code = code
 
 
-def start_worker(entry: protocol.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> Worker:
+def start_worker(entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> Worker:
     """Start one worker of the spec in its own session; StartFailed if it cannot start."""
     env = {**os.environ, **node_env, **entry.env}
     events_r, events_w = os.pipe()

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 from zlaunch.console_writer import BackgroundWriter, TextWriter
 from zlaunch.run_records import Failure, FailureReport
 
@@ -123,7 +123,7 @@ class Console:
         if self.ranks is not None and rank not in self.ranks:
             return
         prefix = self._prefix(host, rank, stream)
-        data = b"".join(prefix + protocol.line_bytes(line) + b"\n" for line in lines)
+        data = b"".join(prefix + frames.line_bytes(line) + b"\n" for line in lines)
         try:
             self.out.write(data)
             self.out.flush()

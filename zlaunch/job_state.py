@@ -24,7 +24,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 from zlaunch.console import rank_ranges
 from zlaunch.run_records import REASON_HANG, Failure, RankPhase, RankRow, RunStatus
 
@@ -342,7 +342,7 @@ class RankTable:
         if state is None:
             return None
         state.signal = event.signal
-        state.exit_code = protocol.exit_code_of(event.code, event.signal)
+        state.exit_code = frames.exit_code_of(event.code, event.signal)
         state.phase = RankPhase.EXITED
         state.exit_step = self.last_step
         if event.pid:

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 from zlaunch.agent_links import AgentLinks
 from zlaunch.console import Console
 from zlaunch.elastic import options_after_loss
@@ -109,7 +109,7 @@ class Attempt:
             attempt=number,
         )
         self.links = AgentLinks(self.hosts, self._trace)
-        self.hellos: list[protocol.Hello | None] = [None] * len(self.hosts)
+        self.hellos: list[frames.Hello | None] = [None] * len(self.hosts)
         self.view: JobView = PlainView(console)
         self.output = RankOutput(console, self.view)
         self.plan: Plan | None = None
@@ -162,7 +162,7 @@ class Attempt:
                 late = [self.hosts[i].display for i, h in enumerate(self.hellos) if h is None]
                 raise LaunchError(f"no answer from the agent on {', '.join(late)}")
             kind, index, payload = self.links.next(min(remaining, POLL))
-            if kind == "frame" and isinstance(payload, protocol.Hello):
+            if kind == "frame" and isinstance(payload, frames.Hello):
                 self.hellos[index] = payload
             elif kind == "garbled":
                 self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
@@ -218,27 +218,27 @@ class Attempt:
 
     # ---- frames and timers become events ---------------------------------------------------
 
-    def _on_frame(self, index: int, frame: protocol.Frame) -> None:
-        if isinstance(frame, protocol.Out):
+    def _on_frame(self, index: int, frame: frames.Frame) -> None:
+        if isinstance(frame, frames.Out):
             self.output.lines(frame.rank, frame.stream, frame.lines, frame.partial)
             self._record_ranks(output_only=True)
-        elif isinstance(frame, protocol.Event):
+        elif isinstance(frame, frames.Event):
             self._on_events(frame.rank, frame.events)
-        elif isinstance(frame, protocol.Started):
+        elif isinstance(frame, frames.Started):
             if frame.rank in self.machine.ranks:
                 self.view.rank_started(frame.rank, self.output.hosts[frame.rank])
                 self._handle(RankStarted(frame.rank, frame.pid))
-        elif isinstance(frame, protocol.Exited):
+        elif isinstance(frame, frames.Exited):
             self._on_exit(frame)
-        elif isinstance(frame, protocol.Error):
+        elif isinstance(frame, frames.Error):
             self.console.note(f"{self.hosts[index].display}: {frame.msg}", error=True)
             if frame.cause == protocol.CAUSE_NO_HEARTBEAT:
                 # The node no longer hears the controller: for --min-nodes it is lost.
                 self._handle(AgentCutOff(index))
-        elif isinstance(frame, protocol.Bye):
+        elif isinstance(frame, frames.Bye):
             self._handle(AgentFinished(index))
 
-    def _on_exit(self, frame: protocol.Exited) -> None:
+    def _on_exit(self, frame: frames.Exited) -> None:
         if frame.rank not in self.machine.ranks:
             return
         self._trace(f"rank {frame.rank} exited with {frame.exit_code}")
@@ -325,15 +325,15 @@ class Attempt:
                 self.recorder.status(action.status)
             self.view.set_status(action.status)
         elif isinstance(action, Stop):
-            self.links.send_all(protocol.encode(protocol.Stop(action.grace)))
+            self.links.send_all(frames.encode(frames.Stop(action.grace)))
         elif isinstance(action, SignalRanks):
-            self.links.send_all(protocol.encode(protocol.Signal(action.sig)), parallel=False)
+            self.links.send_all(frames.encode(frames.Signal(action.sig)), parallel=False)
         elif isinstance(action, RequestStacks):
             ranks = [r for node_ranks in action.by_node.values() for r in node_ranks]
             self.output.stack_dumps.expect(ranks, time.monotonic())
             sig = int(protocol.STACKS_SIGNAL)
             for index, node_ranks in action.by_node.items():
-                self.links.send(index, protocol.encode(protocol.Signal(sig, list(node_ranks))))
+                self.links.send(index, frames.encode(frames.Signal(sig, list(node_ranks))))
         elif isinstance(action, CaptureStacks):
             self.output.capture = StackCapture(action.ranks, time.monotonic())
         elif isinstance(action, DropAgent):
@@ -458,7 +458,7 @@ class Job:
             )
 
 
-def rendezvous(options: LaunchOptions, hellos: list[protocol.Hello]) -> tuple[str, int]:
+def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str, int]:
     """MASTER_ADDR and MASTER_PORT: the first host, as the others reach it, and the port its
     agent found free (or what the user gave)."""
     hosts, first = options.hosts, hellos[0]

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 from zlaunch.console import Console
 from zlaunch.console_noise import NoiseFilter
 from zlaunch.console_progress import ProgressTracker
@@ -53,7 +53,7 @@ class RankOutput:
         log = self.logs.get(rank)
         if log is None:
             return
-        data = b"\n".join(protocol.line_bytes(line) for line in lines)
+        data = b"\n".join(frames.line_bytes(line) for line in lines)
         log.write(data if partial else data + b"\n")  # the log keeps the worker's bytes
         self.tails[rank].extend(lines[-TAIL_LINES:])
         shown, bar, ended = self.progress.feed(rank, stream, lines, partial)

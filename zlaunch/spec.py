@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from zlaunch import protocol
+from zlaunch import frames
 from zlaunch.errors import UsageError
 from zlaunch.plan import NodePlan, shared_env
 
@@ -20,16 +20,16 @@ __all__ = ["shared_env", "node_spec", "encode_spec"]
 
 def node_spec(
     node: NodePlan, *, master_addr: str, grace: float, heartbeat_timeout: float
-) -> protocol.Spec:
+) -> frames.Spec:
     common = shared_env([w.env for w in node.workers])
-    return protocol.Spec(
+    return frames.Spec(
         cwd=node.cwd,
         master_addr=master_addr,
         grace=grace,
         heartbeat_timeout=heartbeat_timeout,
         env=common,
         workers=[
-            protocol.WorkerSpec(
+            frames.WorkerSpec(
                 rank=w.rank,
                 local_rank=w.local_rank,
                 argv=list(w.argv),
@@ -40,9 +40,9 @@ def node_spec(
     )
 
 
-def encode_spec(spec: protocol.Spec, host: str, limit: int = protocol.MAX_FRAME_BYTES) -> bytes:
+def encode_spec(spec: frames.Spec, host: str, limit: int = frames.MAX_FRAME_BYTES) -> bytes:
     """The spec as a frame; UsageError (exit 2) naming the biggest variables when too long."""
-    data = protocol.encode(spec)
+    data = frames.encode(spec)
     if len(data) <= limit:
         return data
     sizes: dict[str, int] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.hardening.helpers import assert_usage_error, write_script, zlaunch
-from zlaunch import protocol
+from zlaunch import frames
 from zlaunch.envfile import parse_env_options, parse_env_text
 from zlaunch.errors import UsageError
 
@@ -57,30 +57,30 @@ def test_agent_output_frames_stay_far_below_the_limit_whatever_the_bytes():
     # Worst case of one read: the piece limit plus a whole read, every byte escaped.
     from zlaunch.agent_output import READ_SIZE
 
-    worst = bytes([0x80]) * (protocol.MAX_PIECE_BYTES + READ_SIZE)
-    frame = protocol.Out(0, "o", [protocol.line_text(worst)], partial=True)
-    assert len(protocol.encode(frame)) < protocol.MAX_FRAME_BYTES // 2
+    worst = bytes([0x80]) * (frames.MAX_PIECE_BYTES + READ_SIZE)
+    frame = frames.Out(0, "o", [frames.line_text(worst)], partial=True)
+    assert len(frames.encode(frame)) < frames.MAX_FRAME_BYTES // 2
 
 
 def test_a_frame_over_the_limit_is_dropped_alone_and_reported_without_its_bytes():
     bad: list[str] = []
-    reader = protocol.FrameReader(on_bad=lambda err: bad.append(str(err)), limit=1000)
+    reader = frames.FrameReader(on_bad=lambda err: bad.append(str(err)), limit=1000)
     secret = "hunter2" * 400
     data = (
-        protocol.encode(protocol.Heartbeat())
-        + protocol.encode(
-            protocol.Spec(grace=1.0, heartbeat_timeout=1.0, env={"X": secret}, workers=[])
+        frames.encode(frames.Heartbeat())
+        + frames.encode(
+            frames.Spec(grace=1.0, heartbeat_timeout=1.0, env={"X": secret}, workers=[])
         )
         + b"{not json "
         + secret.encode()
         + b"\n"
-        + protocol.encode(protocol.Bye())
+        + frames.encode(frames.Bye())
     )
-    frames = []
+    got = []
     for i in range(0, len(data), 333):
-        frames.extend(reader.feed(data[i : i + 333]))
-    frames.extend(reader.finish())
-    assert frames == [protocol.Heartbeat(), protocol.Bye()]
+        got.extend(reader.feed(data[i : i + 333]))
+    got.extend(reader.finish())
+    assert got == [frames.Heartbeat(), frames.Bye()]
     assert len(bad) == 2 and not any("hunter2" in b for b in bad)
     assert "bytes dropped" in bad[0]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from runtime.checkpoint import CheckpointError
 from runtime.checkpoint.reader import CheckpointReader
 from tests.hardening.helpers import assert_usage_error, write_script, zlaunch
-from zlaunch import protocol
+from zlaunch import frames
 from zlaunch.commands.run import parse_ranks, validate_config
 from zlaunch.envfile import parse_env_options, parse_env_text
 from zlaunch.errors import ConfigError, HostfileError, UsageError
@@ -115,21 +115,21 @@ FRAMES = st.recursive(
                           st.just(b"\n"), st.just(b"[" * 5000)), max_size=20))  # fmt: skip
 def test_frame_reader_drops_bad_frames_and_keeps_the_rest(chunks):
     bad = []
-    reader = protocol.FrameReader(on_bad=bad.append, limit=4096)
-    frames = []
+    reader = frames.FrameReader(on_bad=bad.append, limit=4096)
+    got = []
     for chunk in chunks:
-        frames.extend(reader.feed(chunk))
-    frames.extend(reader.finish())
-    assert all(isinstance(f, tuple(protocol.FRAME_TYPES.values())) for f in frames)
-    assert all(isinstance(e, protocol.ProtocolError) for e in bad)
+        got.extend(reader.feed(chunk))
+    got.extend(reader.finish())
+    assert all(isinstance(f, tuple(frames.FRAME_TYPES.values())) for f in got)
+    assert all(isinstance(e, frames.ProtocolError) for e in bad)
 
 
 @FAST
 @given(st.binary(max_size=300))
 def test_decode_raises_only_protocol_errors(data):
     try:
-        protocol.decode(data)
-    except protocol.ProtocolError as err:
+        frames.decode(data)
+    except frames.ProtocolError as err:
         assert str(len(data)) in str(err)
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.launcher import fake_worker
-from zlaunch import protocol
+from zlaunch import frames, protocol
 
 FAKE = fake_worker.__file__
 
@@ -40,14 +40,14 @@ class AgentUnderTest:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
-        reader = protocol.FrameReader()
+        reader = frames.FrameReader()
         while chunk := os.read(self.proc.stdout.fileno(), 65536):
             for frame in reader.feed(chunk):
                 self.frames.put(frame)
         self.frames.put(None)
 
     def send(self, frame):
-        self.proc.stdin.write(protocol.encode(frame))
+        self.proc.stdin.write(frames.encode(frame))
         self.proc.stdin.flush()
 
     def next(self, kind=None, timeout=15.0):
@@ -64,7 +64,7 @@ class AgentUnderTest:
         while True:
             frame = self.next(timeout=timeout)
             seen.append(frame)
-            if isinstance(frame, protocol.Bye):
+            if isinstance(frame, frames.Bye):
                 return seen
 
     def close(self):
@@ -81,13 +81,13 @@ def agent():
 
 
 def spec(workers, heartbeat_timeout=30.0):
-    return protocol.Spec(
+    return frames.Spec(
         cwd="/",
         master_addr="127.0.0.1",
         grace=5.0,
         heartbeat_timeout=heartbeat_timeout,
         workers=[
-            protocol.WorkerSpec(r, r, argv, {"RANK": str(r), **env})
+            frames.WorkerSpec(r, r, argv, {"RANK": str(r), **env})
             for r, (argv, env) in enumerate(workers)
         ],
     )
@@ -98,7 +98,7 @@ def py(code):
 
 
 def test_hello_then_workers_run_and_every_line_and_exit_is_forwarded(agent, tmp_path):
-    hello = agent.next(protocol.Hello)
+    hello = agent.next(frames.Hello)
     assert hello.pid == agent.proc.pid and hello.python == sys.executable
     assert hello.addr is None and 1 <= hello.port <= 65535
     code = (
@@ -110,20 +110,20 @@ def test_hello_then_workers_run_and_every_line_and_exit_is_forwarded(agent, tmp_
         "sys.exit(int(os.environ['RANK']) * 3)\n"
     )
     agent.send(spec([(py(code), {"SECRET": "a b $(x) \n"}), (py(code), {"SECRET": "s"})]))
-    frames = agent.until_bye()
+    seen = agent.until_bye()
     out = {0: [], 1: []}
     err = {0: [], 1: []}
     exits, events, started = {}, {}, {}
-    for f in frames:
-        if isinstance(f, protocol.Out):
+    for f in seen:
+        if isinstance(f, frames.Out):
             (out if f.stream == protocol.STDOUT else err)[f.rank].extend(f.lines)
-        elif isinstance(f, protocol.Exited):
+        elif isinstance(f, frames.Exited):
             exits[f.rank] = (f.code, f.signal)
             # the exit is reported after the rank's last output
             assert len(out[f.rank]) == 6
-        elif isinstance(f, protocol.Event):
+        elif isinstance(f, frames.Event):
             events[f.rank] = f.events
-        elif isinstance(f, protocol.Started):
+        elif isinstance(f, frames.Started):
             started[f.rank] = f.pid
     assert out[0][:5] == [f"out 0 {i}" for i in range(5)]
     assert out[0][5] == "lo lo 'a b $(x) \\n'" and out[1][5] == "lo lo 's'"
@@ -135,7 +135,7 @@ def test_hello_then_workers_run_and_every_line_and_exit_is_forwarded(agent, tmp_
 
 
 def test_env_values_reach_the_worker_byte_for_byte(agent, tmp_path):
-    agent.next(protocol.Hello)
+    agent.next(frames.Hello)
     hostile = "$(touch /tmp/pwned); echo ';' \"q\" 'q' \n second line ünï"
     agent.send(
         spec([([sys.executable, FAKE, "--record-dir", str(tmp_path)], {"HOSTILE": hostile})])
@@ -149,31 +149,31 @@ def test_env_values_reach_the_worker_byte_for_byte(agent, tmp_path):
 
 
 def test_signal_death_is_reported_as_signal(agent, tmp_path):
-    agent.next(protocol.Hello)
+    agent.next(frames.Hello)
     argv = [sys.executable, FAKE, "--record-dir", str(tmp_path), "--signal", "KILL"]
     agent.send(spec([(argv, {})]))
-    exited = agent.next(protocol.Exited)
+    exited = agent.next(frames.Exited)
     assert exited.code is None and exited.signal == signal.SIGKILL
-    agent.next(protocol.Bye)
+    agent.next(frames.Bye)
 
 
 def test_missing_program_is_an_error_and_exit_127(agent):
-    agent.next(protocol.Hello)
+    agent.next(frames.Hello)
     agent.send(spec([(["/nonexistent/program"], {})]))
-    error = agent.next(protocol.Error)
+    error = agent.next(frames.Error)
     assert "rank 0" in error.msg and "/nonexistent/program" in error.msg
-    exited = agent.next(protocol.Exited)
+    exited = agent.next(frames.Exited)
     assert exited.code == 127
-    agent.next(protocol.Bye)
+    agent.next(frames.Bye)
 
 
 def _hanging_workers(agent, tmp_path, n=2, ignore_sigterm=False, heartbeat_timeout=30.0):
-    agent.next(protocol.Hello)
+    agent.next(frames.Hello)
     argv = [sys.executable, FAKE, "--record-dir", str(tmp_path), "--hang"]
     if ignore_sigterm:
         argv.append("--ignore-sigterm")
     agent.send(spec([(argv, {})] * n, heartbeat_timeout))
-    pids = [agent.next(protocol.Started).pid for _ in range(n)]
+    pids = [agent.next(frames.Started).pid for _ in range(n)]
     deadline = time.monotonic() + 20
     while not all((tmp_path / f"rank-{r}.json").exists() for r in range(n)):
         assert time.monotonic() < deadline, "workers did not start"
@@ -204,36 +204,36 @@ def test_missed_heartbeat_kills_the_workers(agent, tmp_path):
     start = time.monotonic()
     assert _wait_gone(pids, 6.0), "workers survived a lost heartbeat"
     assert time.monotonic() - start >= 0.5  # it waited for the heartbeat to be missed
-    assert "no heartbeat" in agent.next(protocol.Error).msg
+    assert "no heartbeat" in agent.next(frames.Error).msg
     assert agent.proc.wait(timeout=5) == 0
 
 
 def test_heartbeats_keep_it_alive(agent, tmp_path):
     pids = _hanging_workers(agent, tmp_path, n=1, heartbeat_timeout=1.0)
     for _ in range(6):
-        agent.send(protocol.Heartbeat())
+        agent.send(frames.Heartbeat())
         time.sleep(0.3)
     assert all(_alive(p) for p in pids)
-    agent.send(protocol.Stop(2.0))
+    agent.send(frames.Stop(2.0))
     assert _wait_gone(pids, 5.0)
-    agent.next(protocol.Bye)
+    agent.next(frames.Bye)
 
 
 def test_stop_terms_then_kills_after_grace(agent, tmp_path):
     pids = _hanging_workers(agent, tmp_path, ignore_sigterm=True)
     start = time.monotonic()
-    agent.send(protocol.Stop(1.0))
+    agent.send(frames.Stop(1.0))
     assert _wait_gone(pids, 5.0)
     elapsed = time.monotonic() - start
     assert 0.9 <= elapsed < 3.0, elapsed
     assert (tmp_path / "rank-0.sigterm").exists()  # TERM came first
-    exits = [agent.next(protocol.Exited) for _ in pids]
+    exits = [agent.next(frames.Exited) for _ in pids]
     assert {e.signal for e in exits} == {signal.SIGKILL}
-    agent.next(protocol.Bye)
+    agent.next(frames.Bye)
 
 
 def test_stop_reaches_grandchildren_in_the_worker_group(agent, tmp_path):
-    agent.next(protocol.Hello)
+    agent.next(frames.Hello)
     code = (
         "import subprocess,sys,time\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -241,11 +241,11 @@ def test_stop_reaches_grandchildren_in_the_worker_group(agent, tmp_path):
         "time.sleep(600)\n"
     )
     agent.send(spec([(py(code), {})]))
-    worker = agent.next(protocol.Started).pid
-    grandchild = int(agent.next(protocol.Out).lines[0])
-    agent.send(protocol.Stop(2.0))
+    worker = agent.next(frames.Started).pid
+    grandchild = int(agent.next(frames.Out).lines[0])
+    agent.send(frames.Stop(2.0))
     assert _wait_gone([worker, grandchild], 5.0)
-    agent.next(protocol.Bye)
+    agent.next(frames.Bye)
 
 
 def test_sigterm_to_the_agent_stops_its_workers(agent, tmp_path):

@@ -8,79 +8,79 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zlaunch import protocol
+from zlaunch import frames, protocol
 
-WORKER = protocol.WorkerSpec(rank=1, local_rank=0, argv=["python", "-u", "t.py"], env={"A": "b"})
+WORKER = frames.WorkerSpec(rank=1, local_rank=0, argv=["python", "-u", "t.py"], env={"A": "b"})
 # One frame of every kind, and its exact bytes on the wire (the JSON keys the agent and the
 # controller of another zlaunch version read).
 FRAMES = [
     (
-        protocol.Hello("n1", 42, "/usr/bin/python3", "10.0.0.2", "10.0.0.1", 29500),
+        frames.Hello("n1", 42, "/usr/bin/python3", "10.0.0.2", "10.0.0.1", 29500),
         b'{"t":"hello","hostname":"n1","pid":42,"python":"/usr/bin/python3",'
         b'"addr":"10.0.0.2","client_addr":"10.0.0.1","port":29500}',
     ),
-    (protocol.Out(3, "e", ["a", ""]), b'{"t":"out","r":3,"s":"e","l":["a",""]}'),
-    (protocol.Out(3, "o", ["a"], True), b'{"t":"out","r":3,"s":"o","l":["a"],"p":true}'),
-    (protocol.Started(2, 99), b'{"t":"started","r":2,"pid":99}'),
-    (protocol.Exited(2, 99, 3, None), b'{"t":"exited","r":2,"pid":99,"code":3,"signal":null}'),
-    (protocol.Exited(2, None, None, 9), b'{"t":"exited","r":2,"pid":null,"code":null,"signal":9}'),
-    (protocol.Event(0, [{"kind": "metrics", "step": 1}, 5]), b'{"t":"event","r":0,"e":[{"kind":"metrics","step":1},5]}'),
-    (protocol.Error("no route"), b'{"t":"error","msg":"no route"}'),
-    (protocol.Error("cut off", protocol.CAUSE_NO_HEARTBEAT), b'{"t":"error","msg":"cut off","cause":"no_heartbeat"}'),
-    (protocol.Bye(), b'{"t":"bye"}'),
+    (frames.Out(3, "e", ["a", ""]), b'{"t":"out","r":3,"s":"e","l":["a",""]}'),
+    (frames.Out(3, "o", ["a"], True), b'{"t":"out","r":3,"s":"o","l":["a"],"p":true}'),
+    (frames.Started(2, 99), b'{"t":"started","r":2,"pid":99}'),
+    (frames.Exited(2, 99, 3, None), b'{"t":"exited","r":2,"pid":99,"code":3,"signal":null}'),
+    (frames.Exited(2, None, None, 9), b'{"t":"exited","r":2,"pid":null,"code":null,"signal":9}'),
+    (frames.Event(0, [{"kind": "metrics", "step": 1}, 5]), b'{"t":"event","r":0,"e":[{"kind":"metrics","step":1},5]}'),
+    (frames.Error("no route"), b'{"t":"error","msg":"no route"}'),
+    (frames.Error("cut off", protocol.CAUSE_NO_HEARTBEAT), b'{"t":"error","msg":"cut off","cause":"no_heartbeat"}'),
+    (frames.Bye(), b'{"t":"bye"}'),
     (
-        protocol.Spec(cwd="/w", master_addr="n1", grace=5.0, heartbeat_timeout=15.0, env={"S": "1"}, workers=[WORKER]),
+        frames.Spec(cwd="/w", master_addr="n1", grace=5.0, heartbeat_timeout=15.0, env={"S": "1"}, workers=[WORKER]),
         b'{"t":"spec","cwd":"/w","master_addr":"n1","grace":5.0,"heartbeat_timeout":15.0,"env":{"S":"1"},'
         b'"workers":[{"rank":1,"local_rank":0,"argv":["python","-u","t.py"],"env":{"A":"b"}}]}',
     ),
-    (protocol.Heartbeat(), b'{"t":"hb"}'),
-    (protocol.Stop(2.5), b'{"t":"stop","grace":2.5}'),
-    (protocol.Signal(10), b'{"t":"signal","sig":10}'),
-    (protocol.Signal(37, [0, 2]), b'{"t":"signal","sig":37,"ranks":[0,2]}'),
+    (frames.Heartbeat(), b'{"t":"hb"}'),
+    (frames.Stop(2.5), b'{"t":"stop","grace":2.5}'),
+    (frames.Signal(10), b'{"t":"signal","sig":10}'),
+    (frames.Signal(37, [0, 2]), b'{"t":"signal","sig":37,"ranks":[0,2]}'),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("frame", "wire"), FRAMES, ids=lambda f: getattr(f, "KIND", None))
 def test_every_kind_round_trips_through_its_exact_wire_bytes(frame, wire):
-    assert protocol.encode(frame) == wire + b"\n"
-    assert protocol.decode(wire) == frame
-    assert type(protocol.decode(wire)) is type(frame)
+    assert frames.encode(frame) == wire + b"\n"
+    assert frames.decode(wire) == frame
+    assert type(frames.decode(wire)) is type(frame)
 
 
 def test_every_kind_is_in_the_table():
-    assert {type(frame).KIND for frame, _ in FRAMES} == set(protocol.FRAME_TYPES)
+    assert {type(frame).KIND for frame, _ in FRAMES} == set(frames.FRAME_TYPES)
 
 
 def test_frame_round_trip_is_one_line():
-    frame = protocol.Out(3, protocol.STDERR, ["a", "", "ü ∑ \t x"])
-    data = protocol.encode(frame)
+    frame = frames.Out(3, protocol.STDERR, ["a", "", "ü ∑ \t x"])
+    data = frames.encode(frame)
     assert data.endswith(b"\n") and data.count(b"\n") == 1
-    assert protocol.decode(data) == frame
+    assert frames.decode(data) == frame
 
 
 def test_non_utf8_output_survives_byte_for_byte():
     raw = b"\xff\xfe bad \xc3 utf8 \x00 nul \xe2\x82\xac"
-    frame = protocol.Out(0, "o", [protocol.line_text(raw)])
-    back = protocol.decode(protocol.encode(frame))
-    assert protocol.line_bytes(back.lines[0]) == raw
+    frame = frames.Out(0, "o", [frames.line_text(raw)])
+    back = frames.decode(frames.encode(frame))
+    assert frames.line_bytes(back.lines[0]) == raw
 
 
 def test_optional_fields_may_be_absent_and_unknown_keys_are_ignored():
-    spec = protocol.decode(b'{"t":"spec","grace":1,"heartbeat_timeout":2,"workers":'
+    spec = frames.decode(b'{"t":"spec","grace":1,"heartbeat_timeout":2,"workers":'
                            b'[{"rank":0,"local_rank":0,"argv":["x"]}],"later":1}')  # fmt: skip
-    assert spec == protocol.Spec(grace=1.0, heartbeat_timeout=2.0, workers=[
-        protocol.WorkerSpec(0, 0, ["x"])])  # fmt: skip
+    assert spec == frames.Spec(grace=1.0, heartbeat_timeout=2.0, workers=[
+        frames.WorkerSpec(0, 0, ["x"])])  # fmt: skip
     assert isinstance(spec.grace, float)
-    assert protocol.decode(b'{"t":"signal","sig":2,"ranks":null}') == protocol.Signal(2)
+    assert frames.decode(b'{"t":"signal","sig":2,"ranks":null}') == frames.Signal(2)
 
 
 @pytest.mark.parametrize(
     ("exited", "code", "signal", "exit_code"),
     [
-        (protocol.Exited.of_returncode(1, 7, 0), 0, None, 0),
-        (protocol.Exited.of_returncode(1, 7, 3), 3, None, 3),
-        (protocol.Exited.of_returncode(1, 7, -9), None, 9, 137),
-        (protocol.Exited.of_returncode(1, None, 127), 127, None, 127),
+        (frames.Exited.of_returncode(1, 7, 0), 0, None, 0),
+        (frames.Exited.of_returncode(1, 7, 3), 3, None, 3),
+        (frames.Exited.of_returncode(1, 7, -9), None, 9, 137),
+        (frames.Exited.of_returncode(1, None, 127), 127, None, 127),
     ],
 )
 def test_exited_from_a_popen_return_code(exited, code, signal, exit_code):
@@ -89,8 +89,8 @@ def test_exited_from_a_popen_return_code(exited, code, signal, exit_code):
 
 @pytest.mark.parametrize("bad", [b"not json", b"[1, 2]", b'{"x": 1}', b'{"t": 5}'])
 def test_malformed_frames_raise_protocol_error(bad):
-    with pytest.raises(protocol.ProtocolError):
-        protocol.decode(bad)
+    with pytest.raises(frames.ProtocolError):
+        frames.decode(bad)
 
 
 @pytest.mark.parametrize(
@@ -126,8 +126,8 @@ def test_malformed_frames_raise_protocol_error(bad):
 )  # fmt: skip
 def test_decode_names_the_kind_and_the_field_that_is_wrong(wire, names):
     data = json.dumps(wire).encode()
-    with pytest.raises(protocol.ProtocolError) as err:
-        protocol.decode(data)
+    with pytest.raises(frames.ProtocolError) as err:
+        frames.decode(data)
     for name in names:
         assert name in str(err.value)
     assert f"({len(data)} bytes)" in str(err.value)
@@ -136,8 +136,8 @@ def test_decode_names_the_kind_and_the_field_that_is_wrong(wire, names):
 def test_decode_errors_never_show_the_values():
     data = json.dumps({"t": "spec", "grace": 1, "heartbeat_timeout": 1, "env": {"K": "hunter2"},
                        "workers": [{"rank": 0, "local_rank": "hunter2", "argv": []}]}).encode()  # fmt: skip
-    with pytest.raises(protocol.ProtocolError) as err:
-        protocol.decode(data)
+    with pytest.raises(frames.ProtocolError) as err:
+        frames.decode(data)
     assert "hunter2" not in str(err.value)
 
 
@@ -151,30 +151,30 @@ _JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
     max_leaves=8,
 )
-_WORKERS = st.lists(st.builds(protocol.WorkerSpec, _INT, _INT, st.lists(_TEXT), _ENV), max_size=3)
+_WORKERS = st.lists(st.builds(frames.WorkerSpec, _INT, _INT, st.lists(_TEXT), _ENV), max_size=3)
 _NUMBER = st.floats(allow_nan=False, allow_infinity=False)
 ANY_FRAME = st.one_of(
-    st.builds(protocol.Hello, _TEXT, _INT, _TEXT, _OPT_TEXT, _OPT_TEXT, _INT),
-    st.builds(protocol.Out, _INT, st.sampled_from("oe"), st.lists(_TEXT), st.booleans()),
-    st.builds(protocol.Started, _INT, _INT),
-    st.builds(protocol.Exited, _INT, _OPT_INT, _OPT_INT, _OPT_INT),
-    st.builds(protocol.Event, _INT, st.lists(_JSON, max_size=3)),
-    st.builds(protocol.Error, _TEXT, _OPT_TEXT),
-    st.builds(protocol.Bye),
-    st.builds(protocol.Spec, cwd=_OPT_TEXT, master_addr=_OPT_TEXT, grace=_NUMBER,
+    st.builds(frames.Hello, _TEXT, _INT, _TEXT, _OPT_TEXT, _OPT_TEXT, _INT),
+    st.builds(frames.Out, _INT, st.sampled_from("oe"), st.lists(_TEXT), st.booleans()),
+    st.builds(frames.Started, _INT, _INT),
+    st.builds(frames.Exited, _INT, _OPT_INT, _OPT_INT, _OPT_INT),
+    st.builds(frames.Event, _INT, st.lists(_JSON, max_size=3)),
+    st.builds(frames.Error, _TEXT, _OPT_TEXT),
+    st.builds(frames.Bye),
+    st.builds(frames.Spec, cwd=_OPT_TEXT, master_addr=_OPT_TEXT, grace=_NUMBER,
               heartbeat_timeout=_NUMBER, env=_ENV, workers=_WORKERS),
-    st.builds(protocol.Heartbeat),
-    st.builds(protocol.Stop, _NUMBER),
-    st.builds(protocol.Signal, _INT, st.none() | st.lists(_INT, max_size=3)),
+    st.builds(frames.Heartbeat),
+    st.builds(frames.Stop, _NUMBER),
+    st.builds(frames.Signal, _INT, st.none() | st.lists(_INT, max_size=3)),
 )  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
 @given(ANY_FRAME)
 def test_any_frame_round_trips(frame):
-    data = protocol.encode(frame)
+    data = frames.encode(frame)
     assert data.count(b"\n") == 1
-    assert protocol.decode(data) == frame
+    assert frames.decode(data) == frame
 
 
 def test_line_splitter_never_breaks_or_merges_lines_whatever_the_chunking():
@@ -182,7 +182,7 @@ def test_line_splitter_never_breaks_or_merges_lines_whatever_the_chunking():
     lines = [f"line {i} " + "x" * rng.randint(0, 300) for i in range(2000)]
     stream = "".join(line + "\n" for line in lines).encode() + b"tail without newline"
     for _ in range(5):
-        splitter = protocol.LineSplitter()
+        splitter = frames.LineSplitter()
         got = []
         pos = 0
         while pos < len(stream):
@@ -194,37 +194,37 @@ def test_line_splitter_never_breaks_or_merges_lines_whatever_the_chunking():
 
 
 def test_line_splitter_keeps_empty_lines_and_finish_is_empty_after_newline():
-    splitter = protocol.LineSplitter()
+    splitter = frames.LineSplitter()
     assert splitter.feed(b"a\n\n\nb") == [b"a", b"", b""]
     assert splitter.feed(b"\n") == [b"b"]
     assert splitter.finish() == []
 
 
 def test_frame_reader_handles_frames_split_across_chunks():
-    frames = [protocol.Heartbeat()] + [protocol.Out(i, "o", [str(i)] * i) for i in range(50)]
-    data = b"".join(protocol.encode(f) for f in frames)
-    reader = protocol.FrameReader()
+    sent = [frames.Heartbeat()] + [frames.Out(i, "o", [str(i)] * i) for i in range(50)]
+    data = b"".join(frames.encode(f) for f in sent)
+    reader = frames.FrameReader()
     got = []
     for i in range(0, len(data), 7):
         got.extend(reader.feed(data[i : i + 7]))
     got.extend(reader.finish())
-    assert got == frames
+    assert got == sent
 
 
 @pytest.mark.parametrize(
     ("code", "sig", "expected"), [(0, None, 0), (3, None, 3), (None, 9, 137), (None, 15, 143)]
 )
 def test_exit_code_of_follows_the_shell_convention(code, sig, expected):
-    assert protocol.exit_code_of(code, sig) == expected
+    assert frames.exit_code_of(code, sig) == expected
 
 
 def test_frame_reader_drops_a_mistyped_frame_alone_and_reports_it():
-    bad: list[protocol.ProtocolError] = []
-    reader = protocol.FrameReader(on_bad=bad.append)
+    bad: list[frames.ProtocolError] = []
+    reader = frames.FrameReader(on_bad=bad.append)
     data = (
-        protocol.encode(protocol.Heartbeat())
+        frames.encode(frames.Heartbeat())
         + b'{"t":"exited","r":0,"pid":null,"code":"3","signal":null}\n'
-        + protocol.encode(protocol.Bye())
+        + frames.encode(frames.Bye())
     )
-    assert list(reader.feed(data)) == [protocol.Heartbeat(), protocol.Bye()]
+    assert list(reader.feed(data)) == [frames.Heartbeat(), frames.Bye()]
     assert len(bad) == 1 and "exited" in str(bad[0]) and "'code'" in str(bad[0])

@@ -26,7 +26,8 @@ Beyond that:
 Which module fetches which units, and the registration of the hooks, is `stage3_hooks`; the
 gathering and releasing of units under the live bound is `stage3_live.LiveUnits`.
 
-The engine builds all this with `stage3_build.build_stage3`.
+`stage3_build.build_stage3` builds all this into the `Stage3Strategy` the engine holds (the
+engine asks `zero.strategy.build_strategy`, which picks stage 3 or stages 0-2).
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 import re
 
+from runtime.errors import InvalidValueError
+
 __all__ = ["HostlistError", "MAX_HOSTS", "compress", "expand", "first_host"]
 
 #: Expanding more names than this is refused (a typo like ``n[0-999999999]`` must not eat memory).
@@ -26,7 +28,7 @@ _SEPARATORS = ", \t\n"
 _NUMBER = re.compile(r"[0-9]+")
 
 
-class HostlistError(ValueError):
+class HostlistError(InvalidValueError):
     """A malformed hostlist; the message quotes the list and says what is wrong where."""
 
 

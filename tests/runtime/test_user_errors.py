@@ -3,9 +3,8 @@
 A script (or zlaunch) tells "fix your input" from a runtime bug with one `except UserError`,
 so a `raise ValueError(...)` about something the user wrote would slip past it. This test
 reads every `raise` in runtime/ and refuses the builtin types unless the raise is listed
-below: INTERNAL with the reason it cannot be the user's doing, or NOT_YET_CONVERTED while it
-still waits for its runtime.errors class. Exception classes defined in runtime/ must derive
-from runtime.errors, not from the builtins directly.
+below in INTERNAL, with the reason it cannot be the user's doing. Exception classes defined in
+runtime/ must derive from runtime.errors, not from the builtins directly.
 """
 
 from __future__ import annotations
@@ -33,36 +32,6 @@ INTERNAL = {
     ("runtime/zero/param_offload.py", "ShardStore.shards", "ValueError"): (
         "each rank asks its own store"
     ),
-}
-
-# User-facing raises and exception classes that still use a builtin type.
-NOT_YET_CONVERTED = {
-    ("runtime/__init__.py", "initialize", "ValueError"),
-    ("runtime/__init__.py", "init_distributed", "ValueError"),
-    ("runtime/accumulation.py", "Accumulation.set_boundary", "TypeError"),
-    ("runtime/accumulation.py", "class AccumulationError", "RuntimeError"),
-    ("runtime/client_optimizer.py", "param_groups_of", "ValueError"),
-    ("runtime/client_optimizer.py", "optimizer_factory.make", "ValueError"),
-    ("runtime/dist_env.py", "class DistInitError", "RuntimeError"),
-    ("runtime/engine.py", "class AccumulationError", "RuntimeError"),
-    ("runtime/engine.py", "Engine.__init__", "ValueError"),
-    ("runtime/engine.py", "Engine.__init__", "TypeError"),
-    ("runtime/engine.py", "Engine._param_groups", "ValueError"),
-    ("runtime/engine.py", "Engine._optimizer_factory.make", "ValueError"),
-    ("runtime/engine.py", "Engine.set_gradient_accumulation_boundary", "TypeError"),
-    ("runtime/engine.py", "Engine.set_train_batch_size", "ValueError"),
-    ("runtime/engine.py", "Engine.save_16bit_model", "NotImplementedError"),
-    ("runtime/metrics.py", "StepMetrics.set_total_steps", "ValueError"),
-    ("runtime/metrics.py", "StepMetrics.log_metrics", "TypeError"),
-    ("runtime/metrics.py", "StepMetrics.log_metrics", "ValueError"),
-    ("runtime/slurm_hostlist.py", "class HostlistError", "ValueError"),
-    ("runtime/zero/flat_strategy.py", "_param_specs", "ValueError"),
-    ("runtime/zero/leaf_modules.py", "set_z3_leaf_modules", "ValueError"),
-    ("runtime/zero/stage3_build.py", "build_stage3", "TypeError"),
-    ("runtime/zero/stage3_sequence.py", "class RankMismatchError", "RuntimeError"),
-    ("runtime/zero/stage3_units.py", "Unit.load_values", "ValueError"),
-    ("runtime/zero/stage3_units.py", "plan_units", "ValueError"),
-    ("runtime/zero/strategy.py", "single_dtype", "TypeError"),
 }
 
 
@@ -102,7 +71,7 @@ def test_user_facing_errors_derive_from_user_error():
     refused = [
         f"{path}:{line} {where}: {name}"
         for path, where, name, line in runtime_builtin_uses()
-        if (path, where, name) not in INTERNAL and (path, where, name) not in NOT_YET_CONVERTED
+        if (path, where, name) not in INTERNAL
     ]
     assert not refused, (
         "raise a runtime.errors class (InvalidValueError, InvalidTypeError, UsageError, "

@@ -131,24 +131,7 @@ def format_line(event: dict[str, Any]) -> str:
     return shared_format_line(event)
 
 
-_BREAKDOWN = (
-    "time_forward",
-    "time_backward",
-    "time_reduce_wait",
-    "time_step",
-    "time_allgather_wait",
-)
-
-
 _META = ("kind", "source", "step")
-
-
-def _short(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def _memory(device: torch.device) -> tuple[str, int, int]:

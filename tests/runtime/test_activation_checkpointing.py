@@ -8,10 +8,6 @@ measures it on 4 ranks (and trains through it at stages 0-2).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,7 +15,7 @@ import torch.distributed as dist
 import runtime
 import runtime.checkpointing as ck
 from runtime.config import ConfigError, load_config
-from tests.runtime.mp_utils import REPO
+from tests.runtime.cli_utils import dry_run
 
 D, T, B, BLOCKS = 16, 8, 4, 3
 
@@ -355,19 +351,8 @@ def test_config_block_is_validated():
 
 
 def test_unknown_key_exits_2_before_launch_naming_the_nearest(tmp_path):
-    (tmp_path / "ds.json").write_text(
+    done = dry_run(tmp_path,
         '{"train_batch_size": 2, "activation_checkpointing": {"partition_activation": true}}'
-    )
-    (tmp_path / "train.py").write_text("print('never runs')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-m", "zlaunch", "--dry-run", "train.py", "--config", "ds.json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert done.returncode == 2, done.stderr
     assert "activation_checkpointing.partition_activation" in done.stderr

@@ -16,6 +16,7 @@ import tracemalloc
 import pytest
 
 from runtime.config import ConfigError, load_config
+from tests.runtime.cli_utils import dry_run
 from tests.runtime.mp_utils import REPO
 
 HJSON_TEXT = """{
@@ -318,18 +319,7 @@ def test_zlaunch_exits_2_with_one_message_and_no_traceback(tmp_path, name, text)
 
 
 def test_valid_hjson_config_passes_the_cli(tmp_path):
-    (tmp_path / "ds.json").write_text(HJSON_TEXT)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-m", "zlaunch", "--dry-run", "train.py", "--config", "ds.json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = dry_run(tmp_path, HJSON_TEXT)
     assert done.returncode == 0, done.stderr
 
 

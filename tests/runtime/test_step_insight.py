@@ -23,6 +23,7 @@ import runtime
 from runtime.config import ConfigError, load_config
 from runtime.profiling.comms import bus_factor
 from runtime.profiling.peak import resolve_peak
+from tests.runtime.cli_utils import dry_run
 from tests.runtime.mp_utils import REPO, run_ranks
 
 HERE = "tests/runtime/test_step_insight.py"
@@ -132,18 +133,7 @@ def test_wandb_without_the_package_is_refused_before_launch(monkeypatch):
 
 
 def test_unknown_key_in_a_block_exits_2_before_launch(tmp_path):
-    (tmp_path / "ds.json").write_text('{"train_batch_size": 1, "flops_profiler": {"detaild": 1}}')
-    (tmp_path / "train.py").write_text("print('never runs')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-m", "zlaunch", "--dry-run", "train.py", "--config", "ds.json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = dry_run(tmp_path, '{"train_batch_size": 1, "flops_profiler": {"detaild": 1}}')
     assert done.returncode == 2, done.stderr
     assert "flops_profiler.detaild is not a valid key; did you mean 'detailed'?" in done.stderr
 

@@ -97,16 +97,9 @@ class Attempt:
         self.console = console
         self.recorder = recorder
         self.number = number
-        save_signal = signal.Signals[options.save_on] if options.save_on else None
-        self.save_signal = save_signal
+        self.save_signal = signal.Signals[options.save_on] if options.save_on else None
         self.machine = AttemptMachine(
-            [h.display for h in self.hosts],
-            Policy(
-                grace=options.grace_period,
-                checkpoint_dir=bool(options.checkpoint_dir),
-                save_signal=int(save_signal) if save_signal is not None else None,
-            ),
-            attempt=number,
+            [h.display for h in self.hosts], _policy_of(options), attempt=number
         )
         self.links = AgentLinks(self.hosts, self._trace)
         self.hellos: list[frames.Hello | None] = [None] * len(self.hosts)
@@ -456,6 +449,15 @@ class Job:
                 f"saved checkpoint {_latest_checkpoint(self.first.checkpoint_dir)}; "
                 "continue with the same command plus --resume"
             )
+
+
+def _policy_of(options: LaunchOptions) -> Policy:
+    save_signal = signal.Signals[options.save_on] if options.save_on else None
+    return Policy(
+        grace=options.grace_period,
+        checkpoint_dir=bool(options.checkpoint_dir),
+        save_signal=int(save_signal) if save_signal is not None else None,
+    )
 
 
 def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str, int]:

@@ -28,12 +28,18 @@ HEARTBEAT_INTERVAL = 1.0
 class AgentLinks:
     """One attempt's agents, by node index (the order of ``hosts``)."""
 
-    def __init__(self, hosts: Sequence[Host], trace: Callable[[str], None] = lambda _w: None):
+    def __init__(
+        self,
+        hosts: Sequence[Host],
+        done: Callable[[int], bool],
+        trace: Callable[[str], None] = lambda _w: None,
+    ):
         self.hosts = tuple(hosts)
         self.queue: queue.Queue = queue.Queue()
         self.links: list[Link | None] = [None] * len(self.hosts)
-        self.closed = [False] * len(self.hosts)
-        """Per node: nothing more is sent to it (it said bye, was lost or dropped)."""
+        self._done = done
+        """Per node: whether nothing more is sent to it (it said bye, was lost or dropped);
+        the caller's state machine knows, read from the heartbeat thread too."""
         self.heard: list[float] = []
         """Per node: when its last frame arrived (monotonic); empty until the first frame."""
         self._trace = trace
@@ -63,9 +69,7 @@ class AgentLinks:
     def _read(self, index: int, link: Link) -> None:
         # A frame that cannot be read is reported and skipped: the agent and its ranks are
         # fine, and dropping them for one bad frame would stop the whole job.
-        reader = frames.FrameReader(
-            on_bad=lambda err: self.queue.put(("garbled", index, str(err)))
-        )
+        reader = frames.FrameReader(on_bad=lambda err: self.queue.put(("garbled", index, str(err))))
         while True:
             chunk = link.read(1 << 18)
             if not chunk:
@@ -107,14 +111,12 @@ class AgentLinks:
 
     def send(self, index: int, data: bytes) -> bool:
         link = self.links[index]
-        return link is not None and not self.closed[index] and link.write(data)
+        return link is not None and not self._done(index) and link.write(data)
 
     def send_all(self, data: bytes, *, parallel: bool = True) -> None:
         """Send to every agent still open; in parallel (a stuck connection cannot hold back
         the others), each given up to 2 s."""
-        targets = [
-            i for i, link in enumerate(self.links) if link is not None and not self.closed[i]
-        ]
+        targets = [i for i, link in enumerate(self.links) if link is not None and not self._done(i)]
         if not parallel:
             for index in targets:
                 self.send(index, data)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from zlaunch import frames, protocol
 from zlaunch.console import rank_ranges
-from zlaunch.run_records import REASON_HANG, Failure, RankPhase, RankRow, RunStatus
+from zlaunch.run_records import Failure, RankPhase, RankRow, RunStatus
 
 __all__ = [
     "EXIT_LOST_AGENT",
@@ -52,10 +52,12 @@ __all__ = [
     "Note",
     "SetStatus",
     "RecordRanks",
-    "DropAgent",
     "Ending",
     "Outcome",
     "AttemptMachine",
+    "Policy",
+    "Event",
+    "Action",
     "RankTable",
     "signal_name",
 ]
@@ -255,16 +257,7 @@ class RecordRanks:
     """Rank states changed: rewrite ranks.json, update the view."""
 
 
-@dataclass(frozen=True)
-class DropAgent:
-    """The agent did not finish stopping in time: close its connection."""
-
-    node: int
-
-
-Action = (
-    Stop | SignalRanks | RequestStacks | CaptureStacks | Note | SetStatus | RecordRanks | DropAgent
-)
+Action = Stop | SignalRanks | RequestStacks | CaptureStacks | Note | SetStatus | RecordRanks
 
 
 class Ending:
@@ -390,11 +383,10 @@ class RankTable:
 class AttemptMachine:
     """One attempt of a job: its ranks' phases, its failures, and whether it is stopping."""
 
-    def __init__(self, hosts: Sequence[str], policy: Policy, attempt: int = 0):
+    def __init__(self, hosts: Sequence[str], policy: Policy):
         self.hosts = tuple(hosts)
         """Per node: the host's display name."""
         self.policy = policy
-        self.attempt = attempt
         self.phase = RunStatus.STARTING
         self.ranks = RankTable()
         self.agent_done = [False] * len(self.hosts)
@@ -519,7 +511,6 @@ class AttemptMachine:
                         error=True,
                     )
                 )
-                actions.append(DropAgent(node))
         return actions
 
     def _on_SignalReceived(self, event: SignalReceived, now: float) -> list[Action]:
@@ -691,6 +682,3 @@ def _rank_failure(
         message=message,
         last_lines=tuple(last_lines),
     )
-
-
-__all__ += ["Policy", "Event", "Action", "REASON_HANG"]

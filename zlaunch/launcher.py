@@ -46,7 +46,6 @@ from zlaunch.job_state import (
     AttemptMachine,
     AttemptPlanned,
     CaptureStacks,
-    DropAgent,
     Ending,
     HangDue,
     HangStacksIn,
@@ -98,10 +97,8 @@ class Attempt:
         self.recorder = recorder
         self.number = number
         self.save_signal = signal.Signals[options.save_on] if options.save_on else None
-        self.machine = AttemptMachine(
-            [h.display for h in self.hosts], _policy_of(options), attempt=number
-        )
-        self.links = AgentLinks(self.hosts, self._trace)
+        self.machine = AttemptMachine([h.display for h in self.hosts], _policy_of(options))
+        self.links = AgentLinks(self.hosts, lambda node: self.machine.agent_done[node], self._trace)
         self.hellos: list[frames.Hello | None] = [None] * len(self.hosts)
         self.view: JobView = PlainView(console)
         self.output = RankOutput(console, self.view)
@@ -278,7 +275,7 @@ class Attempt:
                 )
         if self.output.capture is not None:
             if self.output.capture.done(now):
-                self._report_hang(now)
+                self._report_hang()
         elif self.hang.due(now):
             idle = now - self.hang.last
             if self._handle(HangDue(idle, self.options.hang_timeout)):
@@ -286,7 +283,7 @@ class Attempt:
                 self.hang_idle = idle
         self._handle(Tick())
 
-    def _report_hang(self, now: float) -> None:
+    def _report_hang(self) -> None:
         capture, self.output.capture = self.output.capture, None
         live = self.machine.ranks.live()
         failure = hang_failure(
@@ -302,8 +299,6 @@ class Attempt:
 
     def _handle(self, event: Any) -> list[Action]:
         actions = self.machine.handle(event, time.monotonic())
-        for index, done in enumerate(self.machine.agent_done):
-            self.links.closed[index] = self.links.closed[index] or done
         for action in actions:
             self._apply(action)
         return actions
@@ -329,12 +324,12 @@ class Attempt:
                 self.links.send(index, frames.encode(frames.Signal(sig, list(node_ranks))))
         elif isinstance(action, CaptureStacks):
             self.output.capture = StackCapture(action.ranks, time.monotonic())
-        elif isinstance(action, DropAgent):
-            self.links.closed[action.node] = True
 
     def _record_ranks(self, output_only: bool = False) -> None:
+        if output_only and not self.recorder.ranks_due():
+            return  # every output frame comes here: build the rows only when they are written
         rows = self.machine.ranks.rows(self.output.bars, self.output.output_at)
-        self.recorder.ranks(self.number, rows, output_only=output_only)
+        self.recorder.ranks(self.number, rows)
 
 
 class Job:

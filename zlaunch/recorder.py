@@ -116,11 +116,12 @@ class Recorder:
             self._metrics.write(json.dumps(row) + "\n")
             self._metrics.flush()
 
-    def ranks(self, attempt: int, rows: Sequence[RankRow], *, output_only: bool = False) -> None:
-        """ranks.json; ``output_only``: only new output changed, at most once a second."""
+    def ranks_due(self) -> bool:
+        """Whether ranks.json may be rewritten for new output only (at most once a second)."""
+        return time.time() - self._ranks_written >= RANKS_MIN_INTERVAL
+
+    def ranks(self, attempt: int, rows: Sequence[RankRow]) -> None:
         now = time.time()
-        if output_only and now - self._ranks_written < RANKS_MIN_INTERVAL:
-            return
         self._ranks_written = now
         try:
             self.run_dir.write_ranks(RanksFile(attempt, now, tuple(rows)))

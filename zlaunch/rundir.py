@@ -225,9 +225,6 @@ class RunDir:
         with open(os.path.join(self.path, RUN_FILE), encoding="utf-8") as handle:
             return json.load(handle)
 
-    def status(self) -> RunStatus | None:
-        """run.json's status as written (readers want runs_common.effective_status)."""
-        return RunStatus.parse(self.record().get("status"))
 
     def ranks(self) -> RanksFile | None:
         data = self._read_json(RANKS_FILE)

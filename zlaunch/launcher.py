@@ -73,6 +73,7 @@ from zlaunch.recorder import Recorder
 from zlaunch.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
 from zlaunch.run_records import FailureReport, RunStatus
 from zlaunch.spec import encode_spec, node_spec
+from zlaunch.threads import THREADS_ENV, threads_words
 
 __all__ = ["launch", "Job", "Attempt", "HEARTBEAT_TIMEOUT", "AGENT_SILENCE_TIMEOUT"]
 
@@ -171,6 +172,7 @@ class Attempt:
             master_port=master_port,
             run_id=run_id,
             attempt=self.number,
+            usable_cpus=[hello.cpus if hello else None for hello in self.hellos],
         )
         self.plan = plan
         specs = _encode_specs(plan, self.options.grace_period)
@@ -186,7 +188,11 @@ class Attempt:
         self.view.start(run_id, dict(collections.Counter(slot.host for slot in slots)))
         self._handle(AttemptPlanned(tuple(slots)))
         if self.number == 0:  # the run's id and where its logs are, as the ranks start
-            self.console.note(f"run {run_id}  logs {self.recorder.path}{self.recorder.index_error}")
+            threads = _threads_words(self.options, plan, self.hellos)
+            self.console.note(
+                f"run {run_id}  logs {self.recorder.path}{self.recorder.index_error}"
+                + (f"  threads {threads}" if threads else "")
+            )
         for index, spec in enumerate(specs):
             if not self.links.send(index, spec):
                 self._lose_agent(index, "connection closed before the spec was sent")
@@ -470,6 +476,18 @@ def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str,
     else:
         addr = first.addr or hosts[0].name
     return addr, options.master_port or first.port
+
+
+def _threads_words(options: LaunchOptions, plan: Plan, hellos: list[frames.Hello | None]) -> str:
+    """What the start line says of OMP_NUM_THREADS: the default zlaunch set, per node."""
+    if THREADS_ENV in options.env:
+        return ""  # the user's own value: nothing to say
+    per_node = []
+    for node, hello in zip(plan.nodes, hellos, strict=True):
+        value = node.workers[0].env.get(THREADS_ENV) if node.workers else None
+        cpus = hello.cpus if hello and hello.cpus else 0
+        per_node.append((node.host.display, cpus, len(node.workers), value))
+    return threads_words(per_node)
 
 
 def _encode_specs(plan: Plan, grace: float) -> list[bytes]:

@@ -19,6 +19,7 @@ stop's own doing and are not recorded as failures.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import signal
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from zlaunch import frames, protocol
 from zlaunch.console import rank_ranges
 from zlaunch.run_records import Failure, RankPhase, RankRow, RunStatus
+from zlaunch.world_check import GroupReport, alone_warning
 
 __all__ = [
     "EXIT_LOST_AGENT",
@@ -37,6 +39,7 @@ __all__ = [
     "RankStarted",
     "RankExited",
     "StacksReady",
+    "GroupReported",
     "StepReached",
     "AgentCutOff",
     "AgentLost",
@@ -140,6 +143,16 @@ class StacksReady:
 
 
 @dataclass(frozen=True)
+class GroupReported:
+    """The rank's script ended having joined a default process group of ``size`` (0: none)."""
+
+    rank: int
+    size: int
+    accelerate: bool = False
+    accelerate_processes: int | None = None
+
+
+@dataclass(frozen=True)
 class StepReached:
     step: int
 
@@ -200,6 +213,7 @@ Event = (
     | RankStarted
     | RankExited
     | StacksReady
+    | GroupReported
     | StepReached
     | AgentCutOff
     | AgentLost
@@ -276,6 +290,8 @@ class Outcome:
     failures: tuple[Failure, ...] = ()
     stopped_ranks: tuple[int, ...] = ()
     summary: str = ""
+    warnings: tuple[str, ...] = ()
+    """What the job's end must say even when it succeeded (ranks that ran alone)."""
 
     @property
     def status(self) -> RunStatus:
@@ -399,6 +415,8 @@ class AttemptMachine:
         self.sigint_count = 0
         self.save_requested = False
         self.hang_capture = False
+        self.groups: dict[int, GroupReport] = {}
+        """Per rank, the process group its script joined (zlaunch/world_check.py)."""
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -432,6 +450,13 @@ class AttemptMachine:
             return []
         state.stacks = True
         return [RecordRanks()]
+
+    def _on_GroupReported(self, event: GroupReported, now: float) -> list[Action]:
+        if event.rank in self.ranks:
+            self.groups[event.rank] = GroupReport(
+                event.size, event.accelerate, event.accelerate_processes
+            )
+        return []
 
     def _on_StepReached(self, event: StepReached, now: float) -> list[Action]:
         self.ranks.last_step = event.step
@@ -609,6 +634,13 @@ class AttemptMachine:
     def outcome(self, ended_by_scheduler: str | None = None) -> Outcome:
         """How the attempt ended, once every agent is done. ``ended_by_scheduler``: Slurm's
         word that it ended the job (the ranks died of its SIGTERM: not a crash)."""
+        outcome = self._ending(ended_by_scheduler)
+        alone = alone_warning(self.groups, len(self.ranks))
+        if alone is None:
+            return outcome
+        return dataclasses.replace(outcome, warnings=(*outcome.warnings, alone))
+
+    def _ending(self, ended_by_scheduler: str | None) -> Outcome:
         if ended_by_scheduler is not None and (self.failures or self.interrupt is not None):
             return Outcome(
                 Ending.INTERRUPTED,

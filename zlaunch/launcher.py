@@ -47,6 +47,7 @@ from zlaunch.job_state import (
     AttemptPlanned,
     CaptureStacks,
     Ending,
+    GroupReported,
     HangDue,
     HangStacksIn,
     Note,
@@ -260,6 +261,16 @@ class Attempt:
                 self.view.metrics(rank, host, row)
             elif kind == protocol.STACKS_READY:
                 self._handle(StacksReady(rank))
+            elif kind == protocol.PROCESS_GROUP_EVENT and isinstance(event.get("size"), int):
+                processes = event.get("accelerate_processes")
+                self._handle(
+                    GroupReported(
+                        rank,
+                        event["size"],
+                        event.get("accelerate") is True,
+                        processes if isinstance(processes, int) else None,
+                    )
+                )
 
     def _lose_agent(self, index: int, why: str) -> None:
         tail = self.links.stderr_tail(index, 5)
@@ -361,6 +372,7 @@ class Job:
                     if self._after_unreachable(err):
                         continue
                     raise
+                self._warn(outcome)
                 if outcome.ending == Ending.SUCCEEDED:
                     self.recorder.end(RunStatus.SUCCEEDED, 0)
                     self._say_saved(attempt)
@@ -385,6 +397,7 @@ class Job:
                 failures=outcome.failures,
                 stopped_ranks=outcome.stopped_ranks,
                 log_dir=self.recorder.path,
+                warnings=outcome.warnings,
             )
             self.recorder.failure(report)
             self.console.failure_report(report)
@@ -443,6 +456,15 @@ class Job:
             )
         self.recorder.restarting()
         return True
+
+    def _warn(self, outcome: Outcome) -> None:
+        """What the attempt's end must say whatever its outcome: in run.json and in the last
+        lines (a failure's report repeats it in failure.json)."""
+        if not outcome.warnings:
+            return
+        self.recorder.warnings(self.number, outcome.warnings)
+        for text in outcome.warnings:
+            self.console.note(f"warning: {text}", error=True)
 
     def _say_saved(self, attempt: Attempt) -> None:
         if attempt.machine.save_requested and self.first.checkpoint_dir:

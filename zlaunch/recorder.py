@@ -89,6 +89,15 @@ class Recorder:
         attempts.append(_attempt_entry(attempt, options, reason))
         self.run_dir.update(attempts=attempts)
 
+    def warnings(self, attempt: int, texts: Sequence[str]) -> None:
+        """run.json's "warnings": what an attempt's end said beside its outcome."""
+        try:
+            kept = list(self.run_dir.record().get("warnings") or [])
+            kept += [{"attempt": attempt, "text": text} for text in texts]
+            self.run_dir.update(warnings=kept)
+        except (OSError, ValueError):
+            pass
+
     def end(self, status: RunStatus, code: int, error: str | None = None) -> None:
         """The run's end (once: a later call keeps the first end)."""
         try:

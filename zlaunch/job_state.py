@@ -33,12 +33,14 @@ from zlaunch.world_check import GroupReport, alone_warning
 __all__ = [
     "EXIT_LOST_AGENT",
     "STOP_SLACK",
+    "SAVE_ACK_WAIT",
     "RankSlot",
     "RankState",
     "AttemptPlanned",
     "RankStarted",
     "RankExited",
     "StacksReady",
+    "SaveAcknowledged",
     "GroupReported",
     "StepReached",
     "AgentCutOff",
@@ -68,6 +70,8 @@ __all__ = [
 EXIT_LOST_AGENT = 1
 STOP_SLACK = 5.0
 """After a stop, how long past the grace period to wait for agents before dropping them."""
+SAVE_ACK_WAIT = 5.0
+"""After asking the ranks to save, how long before saying that none of them answers."""
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -143,6 +147,13 @@ class StacksReady:
 
 
 @dataclass(frozen=True)
+class SaveAcknowledged:
+    """The rank heard the save signal and will save at its next step (the runtime says so)."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
 class GroupReported:
     """The rank's script ended having joined a default process group of ``size`` (0: none)."""
 
@@ -213,6 +224,7 @@ Event = (
     | RankStarted
     | RankExited
     | StacksReady
+    | SaveAcknowledged
     | GroupReported
     | StepReached
     | AgentCutOff
@@ -414,6 +426,8 @@ class AttemptMachine:
         self.interrupt: int | None = None
         self.sigint_count = 0
         self.save_requested = False
+        self.save_asked_at: float | None = None
+        """When the ranks were asked to save; None once one answered or the silence was said."""
         self.hang_capture = False
         self.groups: dict[int, GroupReport] = {}
         """Per rank, the process group its script joined (zlaunch/world_check.py)."""
@@ -450,6 +464,11 @@ class AttemptMachine:
             return []
         state.stacks = True
         return [RecordRanks()]
+
+    def _on_SaveAcknowledged(self, event: SaveAcknowledged, now: float) -> list[Action]:
+        if event.rank in self.ranks:
+            self.save_asked_at = None  # someone saves: the runtime makes every rank join it
+        return []
 
     def _on_GroupReported(self, event: GroupReported, now: float) -> list[Action]:
         if event.rank in self.ranks:
@@ -523,6 +542,9 @@ class AttemptMachine:
         return self._stop(self.policy.grace, now)
 
     def _on_Tick(self, event: Tick, now: float) -> list[Action]:
+        if self._save_unanswered(now):
+            self.save_asked_at = None
+            return [Note(self._unanswered_save_words(), error=True)]
         if not self.stopping or now - self.stop_started <= self.stop_grace + STOP_SLACK:
             return []
         actions: list[Action] = []
@@ -541,13 +563,14 @@ class AttemptMachine:
     def _on_SignalReceived(self, event: SignalReceived, now: float) -> list[Action]:
         signum = event.signum
         if signum == self.policy.save_signal:  # --save-on: every rank saves, then exits 0
-            return self._forward_save(signum)
+            return self._forward_save(signum, now)
         if signum == protocol.STACKS_SIGNAL:  # `zlaunch stacks`
             return self._request_stacks(_STACKS_WORDS)
         if signum == signal.SIGINT:
             self.sigint_count += 1
             if self._saves_on_ctrl_c():
                 self.save_requested = True
+                self.save_asked_at = now
                 return [
                     Note(
                         "Ctrl-C: every rank saves a checkpoint at its next step, then exits "
@@ -582,13 +605,14 @@ class AttemptMachine:
         actions.append(Stop(grace))
         return actions
 
-    def _forward_save(self, signum: int) -> list[Action]:
+    def _forward_save(self, signum: int, now: float) -> list[Action]:
         name = signal_name(signum)
         if not self.policy.checkpoint_dir:
             return [Note(f"{name} ignored: no --checkpoint-dir to save to", error=True)]
         if self.stopping or self.save_requested:
             return []
         self.save_requested = True
+        self.save_asked_at = now
         return [
             Note(f"{name}: every rank saves a checkpoint at its next step, then exits"),
             SignalRanks(signum),
@@ -604,6 +628,28 @@ class AttemptMachine:
             and self.policy.checkpoint_dir
             and self.policy.save_signal is not None
             and self.phase is RunStatus.RUNNING
+        )
+
+    def _save_unanswered(self, now: float) -> bool:
+        """Asked to save SAVE_ACK_WAIT ago, no rank answered, and the job still runs."""
+        return (
+            self.save_asked_at is not None
+            and not self.stopping
+            and now - self.save_asked_at >= SAVE_ACK_WAIT
+        )
+
+    def _unanswered_save_words(self) -> str:
+        name = signal_name(self.policy.save_signal)
+        again = (
+            f"Ctrl-C again stops every rank without a checkpoint (TERM, then KILL after "
+            f"{self.policy.grace:g} s)"
+            if self.sigint_count
+            else "Ctrl-C stops every rank without a checkpoint"
+        )
+        return (
+            f"no rank answered the save request in {SAVE_ACK_WAIT:g} s: this script does not "
+            f"handle {name} (runtime.initialize jobs do; a script can save on it itself, see "
+            f"README 'Saving from your own script'); training goes on; {again}"
         )
 
     def _no_save_words(self) -> str:

@@ -58,6 +58,7 @@ from zlaunch.job_state import (
     RankStarted,
     RecordRanks,
     RequestStacks,
+    SaveAcknowledged,
     SetStatus,
     SignalRanks,
     SignalReceived,
@@ -261,6 +262,8 @@ class Attempt:
                 self.view.metrics(rank, host, row)
             elif kind == protocol.STACKS_READY:
                 self._handle(StacksReady(rank))
+            elif kind == protocol.SAVE_ACK_EVENT:
+                self._handle(SaveAcknowledged(rank))
             elif kind == protocol.PROCESS_GROUP_EVENT and isinstance(event.get("size"), int):
                 processes = event.get("accelerate_processes")
                 self._handle(

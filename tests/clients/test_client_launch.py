@@ -3,8 +3,12 @@ train alone is said to be one; a job that formed its group is not; losses match 
 
 from __future__ import annotations
 
+import pytest
+
 from tests.clients.launch import clean_env, loss_lines, torchrun, zlaunch
 from zlaunch.world_check import ACCELERATE_CPU_FIX
+
+pytestmark = pytest.mark.multirank  # several torch.distributed processes
 
 
 def _warnings(run: dict) -> list[str]:

@@ -10,7 +10,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.clients.launch import HERE, clean_env
+
+pytestmark = pytest.mark.multirank  # several torch.distributed processes
 
 NOBODY = "no rank answered the save request in 5 s: this script does not handle SIGUSR1"
 

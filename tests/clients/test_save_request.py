@@ -22,13 +22,19 @@ NOBODY = "no rank answered the save request in 5 s: this script does not handle 
 class Running:
     """zlaunch running save_loop.py on 2 ranks; its stderr gathered as it comes."""
 
-    def __init__(self, tmp_path: Path, *script_args: str):
+    def __init__(
+        self,
+        tmp_path: Path,
+        *script_args: str,
+        script: Path = HERE / "save_loop.py",
+        **env_extra: str,
+    ):
         argv = [
             sys.executable, "-m", "zlaunch", "--log-dir", str(tmp_path / "runs"),
             "--nproc_per_node", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
-            str(HERE / "save_loop.py"), *script_args,
+            str(script), *script_args,
         ]  # fmt: skip
-        env = clean_env(ZLAUNCH_LIVE="0")
+        env = clean_env(ZLAUNCH_LIVE="0", **env_extra)
         self.proc = subprocess.Popen(
             argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -87,5 +93,27 @@ def test_a_script_that_answers_saves_and_nothing_is_said(tmp_path):
         steps = {(tmp_path / "ckpt" / f).read_text() for f in os.listdir(tmp_path / "ckpt")}
         assert len(steps) == 1  # both ranks saved at the step they agreed on
         assert not job.said("no rank answered")
+    finally:
+        job.kill()
+
+
+def test_runtime_ranks_answer_so_a_slow_save_is_not_reported_as_unanswered(tmp_path):
+    # The save takes 7 s, beyond the 5 s zlaunch waits for an answer: only the runtime's
+    # acknowledgement keeps the note away.
+    train = HERE.parent / "visibility" / "train_tiny.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    job = Running(
+        tmp_path, str(out), "--steps", "100000", "--sleep", "0.05", script=train,
+        ZLAUNCH_TEST_SLOW_SAVE="7",
+    )  # fmt: skip
+    try:
+        metrics = tmp_path / "runs" / "latest" / "metrics.jsonl"
+        job.wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 120)
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(timeout=90) == 0, job.err
+        job._reader.join(5)
+        assert job.said("saved checkpoint"), job.err
+        assert not job.said("no rank answered"), job.err
     finally:
         job.kill()

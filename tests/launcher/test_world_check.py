@@ -89,3 +89,14 @@ def test_a_joined_job_and_a_report_of_an_unknown_rank_say_nothing():
         _ended().outcome()
     )
     assert _ended().outcome().warnings == ()
+
+
+def test_failure_json_keeps_the_warning_and_reads_back():
+    from zlaunch.run_records import Failure, FailureReport
+
+    root = Failure(host="a", rank=1, local_rank=1, node_rank=0, pid=11, exit_code=3)
+    report = FailureReport("r", 3, "1 failed rank(s) of 2", root, (root,), warnings=("alone",))
+    data = report.to_json()
+    assert data["warnings"] == ["alone"]
+    assert FailureReport.from_json(data).warnings == ("alone",)
+    assert "warnings" not in FailureReport("r", 3, "s", root, (root,)).to_json()

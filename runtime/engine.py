@@ -29,7 +29,8 @@ from .engine_queries import EngineQueries, LiveLossScale
 from .errors import UnsupportedError
 from .precision import Precision
 from .step_hooks import CheckpointingProfile, StepHook
-from .zero.strategy import ShardingStrategy, StrategyInputs, build_strategy
+from .zero.builder import build_strategy
+from .zero.strategy import ShardingStrategy, StrategyInputs
 
 __all__ = ["Engine", "AccumulationError", "LiveLossScale"]
 
@@ -269,6 +270,6 @@ class Engine(EngineQueries, torch.nn.Module):
                 "of the weights and there is no merge of tensor-parallel shards here; use "
                 "save_checkpoint (one part per model-parallel rank, mp_rank_NN/)"
             )
-        from .zero.stage3_save import save_16bit_model
+        from .zero.stage3.save import save_16bit_model
 
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)

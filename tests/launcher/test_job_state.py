@@ -1,5 +1,5 @@
 """The job's lifecycle, transition by transition: events in, actions out, no threads,
-processes or sockets (zlaunch/job_state.py, zlaunch/restart_policy.py)."""
+processes or sockets (zlaunch/launcher/state.py, zlaunch/launcher/restart_policy.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from zlaunch import protocol
-from zlaunch.job_state import (
+from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
+from zlaunch.launcher.state import (
     STOP_SLACK,
     AgentCutOff,
     AgentFinished,
@@ -34,8 +35,7 @@ from zlaunch.job_state import (
     Stop,
     Tick,
 )
-from zlaunch.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
-from zlaunch.run_records import REASON_HANG, Failure, RankPhase, RunStatus
+from zlaunch.rundir.records import REASON_HANG, Failure, RankPhase, RunStatus
 
 HOSTS = ("node1", "node2")
 SLOTS = tuple(RankSlot(rank=r, local_rank=r % 2, host=HOSTS[r // 2], node=r // 2) for r in range(4))

@@ -1,6 +1,6 @@
 """The training blocks of the config: precision, optimizer, ZeRO and its offload, activation
 checkpointing. One frozen dataclass per DeepSpeed block, with DeepSpeed's keys and defaults
-(REFERENCE.md); each field is checked and normalised in `__post_init__`.
+(docs/deepspeed-compat.md); each field is checked and normalised in `__post_init__`.
 """
 
 from __future__ import annotations

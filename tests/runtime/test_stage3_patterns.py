@@ -43,9 +43,9 @@ class Branchy(torch.nn.Module):
 def rank_runs_other_branch(b_out: int, diverge_at: int, zero: dict | None = None) -> dict:
     """Rank 1 takes branch b from step ``diverge_at`` on; what each rank saw."""
     import torch.distributed as dist
-    from runtime.zero.stage3.sequence import RankMismatchError
 
     import runtime
+    from runtime.zero.stage3.sequence import RankMismatchError
 
     model = Branchy(b_out)
     config = dict(CONFIG, zero_optimization={**CONFIG["zero_optimization"], **(zero or {})})
@@ -95,10 +95,9 @@ def test_same_sizes_reported_before_the_step():
 def switch_with_leaves(mode: str) -> dict:
     """Train the zoo's Switch Transformers MoE at stage 3: experts auto-detected ("auto"),
     declared ("declared"), or neither ("none": detection switched off)."""
-    from runtime.zero.stage3.sequence import RankMismatchError
-
     import runtime
     import runtime.zero.leaf_modules as leaf_modules
+    from runtime.zero.stage3.sequence import RankMismatchError
     from tests.zoo import training
     from tests.zoo.models import ZOO
 

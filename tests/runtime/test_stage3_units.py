@@ -4,6 +4,7 @@ class patching and restoring."""
 from __future__ import annotations
 
 import torch
+
 from runtime.zero.stage3.optimizer import plan_sub_groups
 from runtime.zero.stage3.units import plan_units
 

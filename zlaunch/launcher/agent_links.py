@@ -13,16 +13,60 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from zlaunch import frames
 from zlaunch.hostfile import Host
 from zlaunch.options import LaunchOptions
 from zlaunch.transport import Link, agent_argv, open_links
 
-__all__ = ["AgentLinks", "HEARTBEAT_INTERVAL"]
+__all__ = [
+    "AgentLinks",
+    "FrameIn",
+    "Garbled",
+    "HEARTBEAT_INTERVAL",
+    "LinkClosed",
+    "LinkItem",
+    "SignalIn",
+]
 
 HEARTBEAT_INTERVAL = 1.0
+
+
+# What the attempt's one queue carries: from the links' reader threads and the signal handlers.
+
+
+@dataclass(frozen=True)
+class FrameIn:
+    """A frame from node ``node``'s agent."""
+
+    node: int
+    frame: frames.Frame
+
+
+@dataclass(frozen=True)
+class Garbled:
+    """Bytes from node ``node``'s agent that are not a frame (skipped, reported)."""
+
+    node: int
+    why: str
+
+
+@dataclass(frozen=True)
+class LinkClosed:
+    """Node ``node``'s connection ended."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class SignalIn:
+    """A signal reached the controller."""
+
+    signum: int
+
+
+LinkItem = FrameIn | Garbled | LinkClosed | SignalIn
 
 
 class AgentLinks:
@@ -69,16 +113,16 @@ class AgentLinks:
     def _read(self, index: int, link: Link) -> None:
         # A frame that cannot be read is reported and skipped: the agent and its ranks are
         # fine, and dropping them for one bad frame would stop the whole job.
-        reader = frames.FrameReader(on_bad=lambda err: self.queue.put(("garbled", index, str(err))))
+        reader = frames.FrameReader(on_bad=lambda err: self.queue.put(Garbled(index, str(err))))
         while True:
             chunk = link.read(1 << 18)
             if not chunk:
                 break
             for frame in reader.feed(chunk):
-                self.queue.put(("frame", index, frame))
+                self.queue.put(FrameIn(index, frame))
         for frame in reader.finish():
-            self.queue.put(("frame", index, frame))
-        self.queue.put(("eof", index, None))
+            self.queue.put(FrameIn(index, frame))
+        self.queue.put(LinkClosed(index))
 
     def start_heartbeat(self) -> None:
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
@@ -90,15 +134,15 @@ class AgentLinks:
 
     # ---- talking ----------------------------------------------------------------------------
 
-    def next(self, timeout: float) -> tuple[str | None, int | None, Any]:
-        """The next queued item, or (None, None, None) after ``timeout`` seconds."""
+    def next(self, timeout: float) -> LinkItem | None:
+        """The next queued item, or None after ``timeout`` seconds."""
         try:
-            kind, index, payload = self.queue.get(timeout=timeout)
+            item = self.queue.get(timeout=timeout)
         except queue.Empty:
-            return None, None, None
-        if kind in ("frame", "garbled"):
-            self.heard_from(index)
-        return kind, index, payload
+            return None
+        if isinstance(item, (FrameIn, Garbled)):
+            self.heard_from(item.node)
+        return item
 
     def heard_from(self, index: int) -> None:
         if not self.heard:

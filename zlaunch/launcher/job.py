@@ -36,7 +36,8 @@ from zlaunch import frames, protocol
 from zlaunch.console.live_view import JobView, PlainView, open_view
 from zlaunch.console.terminal import Console
 from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed
-from zlaunch.launcher.agent_links import AgentLinks
+from zlaunch.exhaustive import assert_never
+from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
 from zlaunch.launcher.rank_output import RankOutput
@@ -65,7 +66,7 @@ from zlaunch.launcher.state import (
     SignalReceived,
     StacksReady,
     StepReached,
-    Stop,
+    StopRanks,
     Tick,
 )
 from zlaunch.options import LaunchOptions
@@ -151,15 +152,21 @@ class Attempt:
             if remaining <= 0:
                 late = [self.hosts[i].display for i, h in enumerate(self.hellos) if h is None]
                 raise LaunchError(f"no answer from the agent on {', '.join(late)}")
-            kind, index, payload = self.links.next(min(remaining, POLL))
-            if kind == "frame" and isinstance(payload, frames.Hello):
-                self.hellos[index] = payload
-            elif kind == "garbled":
-                self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
-            elif kind == "eof":
-                raise _ended_before_start(self.options, self.links, index)
-            elif kind == "signal":
-                self._handle(SignalReceived(payload))
+            match self.links.next(min(remaining, POLL)):
+                case FrameIn(node, frames.Hello() as hello):
+                    self.hellos[node] = hello
+                case FrameIn():
+                    pass  # nothing but a hello comes before the specs
+                case Garbled(node, why):
+                    self.console.note(f"{self.hosts[node].display}: {why}", error=True)
+                case LinkClosed(node):
+                    raise _ended_before_start(self.options, self.links, node)
+                case SignalIn(signum):
+                    self._handle(SignalReceived(signum))
+                case None:
+                    pass
+                case unexpected:
+                    assert_never(unexpected)
 
     def _send_specs(self) -> None:
         master_addr, master_port = rendezvous(self.options, self.hellos)
@@ -193,40 +200,56 @@ class Attempt:
 
     def _stream(self) -> None:
         while not self.machine.done:
-            kind, index, payload = self.links.next(POLL)
+            item = self.links.next(POLL)
             self.view.tick()  # live view: due line batches and panel refresh
-            if kind == "frame":
-                self._on_frame(index, payload)
-            elif kind == "garbled":
-                self.console.note(f"{self.hosts[index].display}: {payload}", error=True)
-            elif kind == "eof":
-                if not self.machine.agent_done[index]:
-                    self._lose_agent(index, "connection to the agent lost")
-            elif kind == "signal":
-                self._handle(SignalReceived(payload))
+            match item:
+                case FrameIn(node, frame):
+                    self._on_frame(node, frame)
+                case Garbled(node, why):
+                    self.console.note(f"{self.hosts[node].display}: {why}", error=True)
+                case LinkClosed(node):
+                    if not self.machine.agent_done[node]:
+                        self._lose_agent(node, "connection to the agent lost")
+                case SignalIn(signum):
+                    self._handle(SignalReceived(signum))
+                case None:
+                    pass
+                case unexpected:
+                    assert_never(unexpected)
             self._watch(time.monotonic())
 
     # ---- frames and timers become events ---------------------------------------------------
 
     def _on_frame(self, index: int, frame: frames.Frame) -> None:
-        if isinstance(frame, frames.Out):
-            self.output.lines(frame.rank, frame.stream, frame.lines, frame.partial)
-            self._record_ranks(output_only=True)
-        elif isinstance(frame, frames.Event):
-            self._on_events(frame.rank, frame.events)
-        elif isinstance(frame, frames.Started):
-            if frame.rank in self.machine.ranks:
-                self.view.rank_started(frame.rank, self.output.hosts[frame.rank])
-                self._handle(RankStarted(frame.rank, frame.pid))
-        elif isinstance(frame, frames.Exited):
-            self._on_exit(frame)
-        elif isinstance(frame, frames.Error):
-            self.console.note(f"{self.hosts[index].display}: {frame.msg}", error=True)
-            if frame.cause == protocol.CAUSE_NO_HEARTBEAT:
-                # The node no longer hears the controller: for --min-nodes it is lost.
-                self._handle(AgentCutOff(index))
-        elif isinstance(frame, frames.Bye):
-            self._handle(AgentFinished(index))
+        match frame:
+            case frames.Out():
+                self.output.lines(frame.rank, frame.stream, frame.lines, frame.partial)
+                self._record_ranks(output_only=True)
+            case frames.Event():
+                self._on_events(frame.rank, frame.events)
+            case frames.Started():
+                if frame.rank in self.machine.ranks:
+                    self.view.rank_started(frame.rank, self.output.hosts[frame.rank])
+                    self._handle(RankStarted(frame.rank, frame.pid))
+            case frames.Exited():
+                self._on_exit(frame)
+            case frames.Error():
+                self.console.note(f"{self.hosts[index].display}: {frame.msg}", error=True)
+                if frame.cause == protocol.CAUSE_NO_HEARTBEAT:
+                    # The node no longer hears the controller: for --min-nodes it is lost.
+                    self._handle(AgentCutOff(index))
+            case frames.Bye():
+                self._handle(AgentFinished(index))
+            case (
+                frames.Hello()
+                | frames.Spec()
+                | frames.Heartbeat()
+                | frames.Stop()
+                | frames.Signal()
+            ):
+                pass  # a second hello, or a frame only the controller sends: nothing to do
+            case unexpected:
+                assert_never(unexpected)
 
     def _on_exit(self, frame: frames.Exited) -> None:
         if frame.rank not in self.machine.ranks:
@@ -304,26 +327,29 @@ class Attempt:
         return actions
 
     def _apply(self, action: Action) -> None:
-        if isinstance(action, Note):
-            self.console.note(action.text, error=action.error)
-        elif isinstance(action, RecordRanks):
-            self._record_ranks()
-        elif isinstance(action, SetStatus):
-            if action.status is not RunStatus.RUNNING:  # RUNNING is written with the plan
-                self.recorder.status(action.status)
-            self.view.set_status(action.status)
-        elif isinstance(action, Stop):
-            self.links.send_all(frames.encode(frames.Stop(action.grace)))
-        elif isinstance(action, SignalRanks):
-            self.links.send_all(frames.encode(frames.Signal(action.sig)), parallel=False)
-        elif isinstance(action, RequestStacks):
-            ranks = [r for node_ranks in action.by_node.values() for r in node_ranks]
-            self.output.stack_dumps.expect(ranks, time.monotonic())
-            sig = int(protocol.STACKS_SIGNAL)
-            for index, node_ranks in action.by_node.items():
-                self.links.send(index, frames.encode(frames.Signal(sig, list(node_ranks))))
-        elif isinstance(action, CaptureStacks):
-            self.output.capture = StackCapture(action.ranks, time.monotonic())
+        match action:
+            case Note(text, error):
+                self.console.note(text, error=error)
+            case RecordRanks():
+                self._record_ranks()
+            case SetStatus(status):
+                if status is not RunStatus.RUNNING:  # RUNNING is written with the plan
+                    self.recorder.status(status)
+                self.view.set_status(status)
+            case StopRanks(grace):
+                self.links.send_all(frames.encode(frames.Stop(grace)))
+            case SignalRanks(sig):
+                self.links.send_all(frames.encode(frames.Signal(sig)), parallel=False)
+            case RequestStacks(by_node):
+                ranks = [r for node_ranks in by_node.values() for r in node_ranks]
+                self.output.stack_dumps.expect(ranks, time.monotonic())
+                sig = int(protocol.STACKS_SIGNAL)
+                for index, node_ranks in by_node.items():
+                    self.links.send(index, frames.encode(frames.Signal(sig, list(node_ranks))))
+            case CaptureStacks(ranks):
+                self.output.capture = StackCapture(ranks, time.monotonic())
+            case unexpected:
+                assert_never(unexpected)
 
     def _record_ranks(self, output_only: bool = False) -> None:
         if output_only and not self.recorder.ranks_due():
@@ -511,8 +537,7 @@ def _route_signals(queue: Any, save_signal: int | None) -> dict[int, Any]:
     if save_signal is not None:
         wanted.append(save_signal)
     return {
-        signum: signal.signal(signum, lambda s, _f: queue.put(("signal", None, s)))
-        for signum in wanted
+        signum: signal.signal(signum, lambda s, _f: queue.put(SignalIn(s))) for signum in wanted
     }
 
 

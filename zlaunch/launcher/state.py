@@ -20,11 +20,13 @@ stop's own doing and are not recorded as failures.
 from __future__ import annotations
 
 import datetime
+import enum
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from zlaunch import frames, protocol
+from zlaunch.exhaustive import assert_never
 from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import Failure, RankPhase, RankRow, RunStatus
 
@@ -45,7 +47,7 @@ __all__ = [
     "HangDue",
     "HangStacksIn",
     "Tick",
-    "Stop",
+    "StopRanks",
     "SignalRanks",
     "RequestStacks",
     "CaptureStacks",
@@ -56,7 +58,7 @@ __all__ = [
     "Outcome",
     "AttemptMachine",
     "Policy",
-    "Event",
+    "AttemptEvent",
     "Action",
     "RankTable",
     "signal_name",
@@ -195,7 +197,7 @@ class Tick:
     """Time passed (the runner's loop wakes at least four times a second)."""
 
 
-Event = (
+AttemptEvent = (
     AttemptPlanned
     | RankStarted
     | RankExited
@@ -214,7 +216,7 @@ Event = (
 
 
 @dataclass(frozen=True)
-class Stop:
+class StopRanks:
     """Tell every agent still connected to TERM its workers, wait ``grace``, KILL."""
 
     grace: float
@@ -257,10 +259,12 @@ class RecordRanks:
     """Rank states changed: rewrite ranks.json, update the view."""
 
 
-Action = Stop | SignalRanks | RequestStacks | CaptureStacks | Note | SetStatus | RecordRanks
+Action = StopRanks | SignalRanks | RequestStacks | CaptureStacks | Note | SetStatus | RecordRanks
 
 
-class Ending:
+class Ending(enum.Enum):
+    """How an attempt ended; `Outcome.status` is what the run directory records of it."""
+
     SUCCEEDED = "succeeded"
     RANKS_FAILED = "ranks failed"
     INTERRUPTED = "interrupted"
@@ -270,7 +274,7 @@ class Ending:
 
 @dataclass(frozen=True)
 class Outcome:
-    ending: str
+    ending: Ending
     exit_code: int
     message: str = ""
     failures: tuple[Failure, ...] = ()
@@ -412,10 +416,35 @@ class AttemptMachine:
 
     # ---- transitions ------------------------------------------------------------------------
 
-    def handle(self, event: Event, now: float) -> list[Action]:
+    def handle(self, event: AttemptEvent, now: float) -> list[Action]:
         """Apply ``event`` at monotonic time ``now``; the actions to carry out, in order."""
-        handler = getattr(self, "_on_" + type(event).__name__)
-        return handler(event, now)
+        match event:
+            case AttemptPlanned():
+                return self._on_AttemptPlanned(event, now)
+            case RankStarted():
+                return self._on_RankStarted(event, now)
+            case StacksReady():
+                return self._on_StacksReady(event, now)
+            case StepReached():
+                return self._on_StepReached(event, now)
+            case RankExited():
+                return self._on_RankExited(event, now)
+            case AgentCutOff():
+                return self._on_AgentCutOff(event, now)
+            case AgentLost():
+                return self._on_AgentLost(event, now)
+            case AgentFinished():
+                return self._on_AgentFinished(event, now)
+            case HangDue():
+                return self._on_HangDue(event, now)
+            case HangStacksIn():
+                return self._on_HangStacksIn(event, now)
+            case Tick():
+                return self._on_Tick(event, now)
+            case SignalReceived():
+                return self._on_SignalReceived(event, now)
+            case _:
+                assert_never(event)
 
     def _on_AttemptPlanned(self, event: AttemptPlanned, now: float) -> list[Action]:
         self.ranks.plan(event.ranks)
@@ -554,7 +583,7 @@ class AttemptMachine:
             self.stop_grace = grace
         else:
             self.stop_grace = min(self.stop_grace, grace)
-        actions.append(Stop(grace))
+        actions.append(StopRanks(grace))
         return actions
 
     def _forward_save(self, signum: int) -> list[Action]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Sequence
-from typing import IO
+from typing import Any, Protocol
 
 from zlaunch import frames, protocol
 from zlaunch.console.job_view import JobView
@@ -18,7 +18,16 @@ from zlaunch.console.stacks import StackDumpFilter
 from zlaunch.console.terminal import Console
 from zlaunch.launcher.hang import StackCapture
 
-__all__ = ["RankOutput", "TAIL_LINES"]
+__all__ = ["LogSink", "RankOutput", "TAIL_LINES"]
+
+
+class LogSink(Protocol):
+    """Where a rank's bytes are kept (the recorder's rank log)."""
+
+    def write(self, data: bytes) -> Any: ...
+
+    def close(self) -> Any: ...
+
 
 TAIL_LINES = 20
 
@@ -30,7 +39,7 @@ class RankOutput:
         self.noise = NoiseFilter()  # known-harmless lines: off the console, in the rank logs
         self.stack_dumps = StackDumpFilter()  # `zlaunch stacks` dumps: off the console too
         self.progress = ProgressTracker()  # \r-redrawn lines (tqdm): their latest state
-        self.logs: dict[int, IO[bytes]] = {}
+        self.logs: dict[int, LogSink] = {}
         self.hosts: dict[int, str] = {}
         self.tails: dict[int, collections.deque] = {}
         self.bars: dict[int, str] = {}
@@ -40,7 +49,7 @@ class RankOutput:
         self.capture: StackCapture | None = None
         """A hang was declared: the ranks' stack dumps are collected from their output."""
 
-    def add_rank(self, rank: int, host: str, log: IO[bytes]) -> None:
+    def add_rank(self, rank: int, host: str, log: LogSink) -> None:
         self.logs[rank] = log
         self.hosts[rank] = host
         self.tails[rank] = collections.deque(maxlen=TAIL_LINES)

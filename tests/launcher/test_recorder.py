@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import errno
 
-from zlaunch.rundir.records import RunStatus
 from zlaunch.rundir.recorder import Recorder
+from zlaunch.rundir.records import RunStatus
 
 
 class FullDisk:

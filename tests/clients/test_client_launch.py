@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.clients.launch import clean_env, loss_lines, torchrun, zlaunch
-from zlaunch.world_check import ACCELERATE_CPU_FIX
+from zlaunch.launcher.world_check import ACCELERATE_CPU_FIX
 
 pytestmark = pytest.mark.multirank  # several torch.distributed processes
 

@@ -7,8 +7,8 @@ import traceback
 from tqdm import tqdm
 
 from zlaunch import frames
-from zlaunch.console_progress import ProgressTracker
-from zlaunch.rank_tail import TRACEBACK_START, RankTail
+from zlaunch.console.progress import ProgressTracker
+from zlaunch.launcher.rank_tail import TRACEBACK_START, RankTail
 
 
 class Chunks:

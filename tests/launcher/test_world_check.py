@@ -1,10 +1,10 @@
-"""Ranks that trained alone: the pure words (zlaunch/world_check.py) and the machine's outcome."""
+"""Ranks that trained alone: the pure words (zlaunch/launcher/world_check.py) and the machine's outcome."""
 
 from __future__ import annotations
 
 import pytest
 
-from zlaunch.job_state import (
+from zlaunch.launcher.state import (
     AttemptMachine,
     AttemptPlanned,
     Ending,
@@ -13,7 +13,7 @@ from zlaunch.job_state import (
     RankExited,
     RankSlot,
 )
-from zlaunch.world_check import ACCELERATE_CPU_FIX, GroupReport, alone_warning
+from zlaunch.launcher.world_check import ACCELERATE_CPU_FIX, GroupReport, alone_warning
 
 G = GroupReport
 
@@ -92,7 +92,7 @@ def test_a_joined_job_and_a_report_of_an_unknown_rank_say_nothing():
 
 
 def test_failure_json_keeps_the_warning_and_reads_back():
-    from zlaunch.run_records import Failure, FailureReport
+    from zlaunch.rundir.records import Failure, FailureReport
 
     root = Failure(host="a", rank=1, local_rank=1, node_rank=0, pid=11, exit_code=3)
     report = FailureReport("r", 3, "1 failed rank(s) of 2", root, (root,), warnings=("alone",))

@@ -11,7 +11,7 @@ import pytest
 from zlaunch.commands.run_choice import started_here
 from zlaunch.commands.runs_common import open_run
 from zlaunch.errors import UsageError
-from zlaunch.rundir import process_identity
+from zlaunch.rundir.layout import process_identity
 
 
 def _runs(*cwds: str | None) -> list[tuple[str, dict]]:

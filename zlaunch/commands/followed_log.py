@@ -4,12 +4,12 @@ The log keeps the worker's bytes, so a tqdm bar is one long line of carriage-ret
 and a line the script wrote on the same stream while the bar was up is glued to the bar's last
 state. Read as it grows, the reads tell where the bar's text stopped: the bar ends at its last
 state on its own line and the other line follows on its own, as the console shows them
-(zlaunch/console_progress.py). A bar cleared for a line (tqdm.write) gives way to that line.
+(zlaunch/console/progress.py). A bar cleared for a line (tqdm.write) gives way to that line.
 """
 
 from __future__ import annotations
 
-from zlaunch.console_progress import Redraw, visible
+from zlaunch.console.progress import Redraw, visible
 from zlaunch.frames import line_bytes, line_text
 
 __all__ = ["FollowedLog"]

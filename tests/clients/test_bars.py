@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 from tests.clients.launch import HERE, clean_env
@@ -26,20 +27,33 @@ def test_console_and_follow_show_the_bar_and_the_line_apart(tmp_path):
         while not (runs / "latest").exists():
             assert time.monotonic() < deadline and job.poll() is None, job.communicate()
             time.sleep(0.05)
-        follow = subprocess.run(
+        follow = subprocess.Popen(
             [sys.executable, "-m", "zlaunch", "logs", "--follow", "--log-dir", str(runs)],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        followed: list[str] = []
+        reader = threading.Thread(
+            target=lambda: followed.extend(line.rstrip("\n") for line in follow.stdout)
+        )
+        reader.start()
+        # The log line comes once the follower has seen the bar at its end: the reads then
+        # tell where the bar stopped, whatever the machine's load.
+        while not any("10/10" in line for line in followed):
+            assert time.monotonic() < deadline + 60 and follow.poll() is None, followed
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        follow.wait(timeout=60)
+        reader.join(10)
         out, err = job.communicate(timeout=60)
     finally:
         if job.poll() is None:
             job.kill()
-    assert job.returncode == 0 and follow.returncode == 0, (err, follow.stderr)
+    assert job.returncode == 0 and follow.returncode == 0, (err, follow.stderr.read())
     for shown in (
-        follow.stdout.splitlines(),
+        followed,
         [line.replace("]! ", "] ") for line in out.splitlines()],
     ):
-        assert BAR_END in shown, shown
-        at = shown.index(BAR_END)
-        assert shown[at + 1] == LOGGED, shown
+        assert LOGGED in shown, shown
+        at = shown.index(LOGGED)
+        assert shown[at - 1] == BAR_END, shown  # the bar's last state, on its own line
         assert not any("10/10saving" in line for line in shown)

@@ -17,8 +17,9 @@ Two things the launcher cannot learn from the outside:
   threads free the last collective's objects late and ask for the GIL while Python is
   finalizing. :func:`leave_group` destroys a group still alive once the script has returned
   (no barrier, bounded) and waits, bounded, until gloo's threads are idle, while Python is
-  still whole. A group the script destroyed itself but still holds (DDP keeps a reference)
-  gets the same wait.
+  still whole; not while a thread of the script that Python will wait for still runs. A
+  group the script destroyed itself but still holds (DDP keeps a reference) gets the same
+  wait.
 
 Standard library only.
 """
@@ -123,7 +124,7 @@ def leave_group(destroy_limit_s: float = DESTROY_LIMIT_S) -> None:
     """After the script returned: destroy a default group still alive, then let gloo's threads
     fall idle, both bounded; a note on stderr when the group would not close."""
     dist = _dist()
-    if dist is None:
+    if dist is None or _threads_still_working():
         return
     try:
         alive = dist.is_initialized()
@@ -143,6 +144,13 @@ def leave_group(destroy_limit_s: float = DESTROY_LIMIT_S) -> None:
             )
             return
     _wait_for_idle_gloo_threads()
+
+
+def _threads_still_working() -> bool:
+    """Threads of the script that Python waits for at exit may still use the group: leave it
+    to them (and to interpreter teardown, as without zlaunch)."""
+    main = threading.main_thread()
+    return any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
 
 
 def _destroy(dist: Any) -> None:

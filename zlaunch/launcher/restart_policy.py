@@ -1,7 +1,7 @@
 """What follows an attempt: a restart (on the same hosts, or without the lost ones), another
 try at hosts that do not answer yet, or the end of the job.
 
-Pure decisions, tested table-style (tests/launcher/test_job_state.py); the runner
+Pure decisions, tested table-style (tests/unit/launcher/test_job_state.py); the runner
 (zlaunch/launcher/job.py) carries them out, and zlaunch/launcher/elastic.py computes the hosts and batch of
 an attempt without some hosts.
 

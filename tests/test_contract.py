@@ -74,7 +74,7 @@ def test_shared_variable_names_are_spelled_once():
         assert f'"{name}"' in protocol
 
 
-AGENT_SIDE = ("agent.py", "agent_workers.py", "agent_output.py", "agent_upstream.py",
+AGENT_SIDE = ("agent.py", "agent_workers.py", "agent_output.py", "agent_upstream.py", "agent_events.py",
               "worker_boot.py", "netinfo.py", "frames.py")  # fmt: skip
 
 

@@ -66,6 +66,7 @@ from zlaunch.job_state import (
     Tick,
 )
 from zlaunch.live_view import JobView, PlainView, open_view
+from zlaunch.metrics_check import checked_metrics
 from zlaunch.options import LaunchOptions
 from zlaunch.plan import Plan, build_plan
 from zlaunch.rank_output import RankOutput
@@ -105,6 +106,8 @@ class Attempt:
         self.plan: Plan | None = None
         self.hang = HangWatch(options.hang_timeout)
         self.hang_idle = 0.0
+        self.bad_metrics = 0
+        """Metrics events with a field of a wrong type or range (named once, then counted)."""
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
 
     def _trace(self, what: str) -> None:
@@ -134,6 +137,8 @@ class Attempt:
             self.links.close()
             self._trace("connections closed")
             self.output.close()
+            if self.bad_metrics > 1:
+                self.console.note(f"{self.bad_metrics} malformed metrics events in all", error=True)
             if self.machine.done:
                 ended = None
                 if self.machine.failures or self.machine.interrupt is not None:
@@ -246,6 +251,9 @@ class Attempt:
             if kind == protocol.RUNTIME_READY or engine_step:
                 self.hang.progress(time.monotonic())  # set-up done, or a step boundary
             if kind == protocol.METRICS_EVENT and self.plan is not None:
+                event = self._checked_metrics(rank, event)
+                if event is None:
+                    continue
                 row = {"time": time.time(), "rank": rank, "host": host}
                 row.update(event)
                 self.recorder.metrics(row)
@@ -254,6 +262,21 @@ class Attempt:
                 self.view.metrics(rank, host, row)
             elif kind == protocol.STACKS_READY:
                 self._handle(StacksReady(rank))
+
+    def _checked_metrics(self, rank: int, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The event with its bad fields dropped (zlaunch/metrics_check.py); the first bad one
+        is named once, the count at the end of the attempt."""
+        verdict = checked_metrics(event)
+        if verdict.problems:
+            self.bad_metrics += 1
+            if self.bad_metrics == 1:
+                what = "dropped" if verdict.row is None else "kept without the bad fields"
+                self.console.note(
+                    f"rank {rank} sent a malformed metrics event ({'; '.join(verdict.problems)}):"
+                    f" {what}; later ones are counted, not shown",
+                    error=True,
+                )
+        return verdict.row
 
     def _lose_agent(self, index: int, why: str) -> None:
         tail = self.links.stderr_tail(index, 5)

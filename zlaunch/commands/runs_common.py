@@ -16,6 +16,7 @@ import click
 
 from zlaunch.clip import clip
 from zlaunch.errors import UsageError, ZlaunchError
+from zlaunch.metrics_check import checked_metrics
 from zlaunch.options import DEFAULT_LOG_DIR
 from zlaunch.run_index import default_log_dir, index_dir, indexed_run_paths
 from zlaunch.run_records import RunStatus
@@ -179,7 +180,8 @@ def run_ended(record: dict[str, Any]) -> bool:
 
 def engine_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The step-metrics rows (not the script's own ``log_metrics`` rows)."""
-    return [r for r in rows if r.get("source", "engine") == "engine" and "step" in r]
+    checked = (checked_metrics(r).row for r in rows if isinstance(r, dict))
+    return [r for r in checked if r is not None and r.get("source", "engine") == "engine"]
 
 
 def last_engine_row(run: RunDir) -> dict[str, Any] | None:
@@ -197,10 +199,11 @@ def last_engine_row(run: RunDir) -> dict[str, Any] | None:
                 for raw in reversed(lines):
                     try:
                         row = json.loads(raw) if raw.strip() else None
-                    except ValueError:  # a row half-written right now
+                    except (ValueError, RecursionError):  # half-written right now, or garbage
                         continue
                     if isinstance(row, dict) and row.get("source", "engine") == "engine":
-                        if "step" in row:
+                        row = checked_metrics(row).row  # a bad row (NaN bytes) is no crash
+                        if row is not None:
                             return row
                 if block >= size:
                     return None

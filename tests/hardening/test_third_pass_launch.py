@@ -1,0 +1,44 @@
+"""Issue 25 (hardening, third pass): the reproductions that need a real job, run through the
+``zlaunch`` command on this machine (local agent, two ranks)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.hardening.helpers import write_script, zlaunch
+
+HOSTILE_EVENTS = """
+import os
+fd = int(os.environ["ZLAUNCH_EVENTS_FD"])
+os.write(fd, b"[" * 100000 + b"\\n")
+os.write(fd, b'{"kind":"metrics","step":1,"memory_bytes":NaN,"total_steps":"abc","loss":1.5}\\n')
+os.write(fd, b'{"kind":"metrics","step":[1]}\\n')
+os.write(fd, b'{"kind":"metrics","step":2,"comm_bytes":1' + b"0" * 400 + b'}\\n')
+print("rank", os.environ["RANK"], "done", flush=True)
+"""
+
+
+def test_hostile_events_cost_neither_the_agent_nor_the_controller_nor_status(tmp_path):
+    script = write_script(tmp_path, "hostile.py", HOSTILE_EVENTS)
+    result = zlaunch(tmp_path, "--nproc_per_node", "2", "--log-dir", "runs", script)
+    err = result.stderr.decode()
+    assert result.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+    assert "rank 0 done" in result.stdout.decode() and "rank 1 done" in result.stdout.decode()
+    # named once, with the bad fields, then counted: 2 ranks x 3 malformed events
+    assert len(re.findall("sent a malformed metrics event", err)) == 1
+    assert "memory_bytes nan is not a count" in err and "6 malformed metrics events" in err
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in rows) == [1, 1, 2, 2]
+    assert all("memory_bytes" not in r and "total_steps" not in r for r in rows)
+
+    # A row written by an older controller (before the check) does not crash the readers.
+    with open(run_dir / "metrics.jsonl", "a") as handle:
+        handle.write('{"kind":"metrics","step":3,"memory_bytes":NaN,"step_time":"x"}\n')
+    for command in (["status"], ["ls"]):
+        shown = zlaunch(tmp_path, *command, "--log-dir", "runs")
+        assert shown.returncode == 0, shown.stderr.decode()[-3000:]
+        assert "Traceback" not in shown.stderr.decode()
+    assert "step 3" in zlaunch(tmp_path, "status", "--log-dir", "runs").stdout.decode()

@@ -1,0 +1,139 @@
+"""Issue 25 (hardening, third pass): the reproductions that need no process, as unit tests.
+Each failed before its fix: the agent's events parser, the controller's metrics check, a
+signal during a failure's stop, and the frame decoder's numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+
+import pytest
+
+from runtime.metrics_format import format_line
+from tests.launcher.test_job_state import running
+from zlaunch import frames, protocol
+from zlaunch.agent_events import MAX_EVENT_DEPTH, parse_event
+from zlaunch.job_state import Ending, Note, RankExited, SignalReceived, Stop
+from zlaunch.live_view import JobView
+from zlaunch.metrics_check import checked_metrics
+from zlaunch.restart_policy import GiveUp, RestartPolicy
+
+# ---- item 2: what a rank writes to its events fd --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 100_000,
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"a":' * 5000 + b"1" + b"}" * 5000,
+        b'{"kind": "x", "deep": ' + b"[" * 900 + b"]" * 900 + b"}",
+    ],
+    ids=["open-brackets", "closed-brackets", "nested-objects", "under-the-stack-limit"],
+)
+def test_deeply_nested_events_become_invalid_events_never_an_exception(raw):
+    event = parse_event(raw)
+    assert event["kind"] == protocol.INVALID_EVENT
+    assert f"nested deeper than {MAX_EVENT_DEPTH} levels" in event["text"]
+    frames.encode(frames.Event(0, [event]))  # and the frame carrying it encodes
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b'"text"', b"3", b"null"])
+def test_an_event_that_is_not_an_object_is_invalid(raw):
+    assert parse_event(raw) == {
+        "kind": protocol.INVALID_EVENT,
+        "text": f"event not a JSON object ({len(raw)} bytes): {raw.decode()}",
+    }
+
+
+def test_a_nested_event_within_the_bound_passes_unchanged():
+    value: object = 1
+    for _ in range(MAX_EVENT_DEPTH - 1):
+        value = [value]
+    raw = json.dumps({"kind": "x", "v": value}).encode()
+    assert parse_event(raw) == json.loads(raw)
+
+
+# ---- item 3: malformed metrics events --------------------------------------------------------
+
+BAD_FIELDS = [
+    ("memory_bytes", math.nan),
+    ("memory_bytes", math.inf),
+    ("comm_bytes", -math.inf),
+    ("samples", 10**400),
+    ("total_steps", "abc"),
+    ("step_time", "[red]"),
+    ("samples_per_s", {"a": 1}),
+    ("memory_kind", ["x"]),
+    ("report", "yes"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_FIELDS)
+def test_a_bad_metrics_field_is_dropped_and_named(key, value):
+    verdict = checked_metrics({"kind": "metrics", "step": 1, "loss": 2.5, key: value})
+    assert verdict.row == {"kind": "metrics", "step": 1, "loss": 2.5}
+    (problem,) = verdict.problems
+    assert problem.startswith(f"{key} ")
+    format_line(verdict.row, "  ")  # the line every view prints does not crash
+
+
+@pytest.mark.parametrize("step", [[1], "1", -1, 1.5, None, True, 2**80])
+def test_a_metrics_event_with_a_bad_step_is_dropped_whole(step):
+    verdict = checked_metrics({"kind": "metrics", "step": step, "loss": 1.0})
+    assert verdict.row is None and "step" in verdict.problems[0]
+
+
+def test_a_diverged_loss_is_kept_it_is_news_not_garbage():
+    event = {"kind": "metrics", "step": 3, "loss": math.nan, "grad_norm": math.inf}
+    assert checked_metrics(event).row == event
+    assert "loss nan" in format_line(event)
+
+
+def test_checked_rows_survive_the_views_derived_numbers():
+    event = {"kind": "metrics", "step": 2, "total_steps": "abc", "step_time": math.nan}
+    view = JobView.__new__(JobView)  # only the fields eta() reads
+    view.latest, view.latest_at = checked_metrics(event).row, None
+    assert view.eta() is None
+
+
+# ---- item 7: a second signal does not erase the root cause ----------------------------------
+
+
+def failed_then_signalled(signum: int):
+    machine = running()
+    machine.handle(RankExited(0, 100, 3, None, ("boom",)), now=1.0)
+    return machine, machine.handle(SignalReceived(int(signum)), now=1.5)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_failures_stop_keeps_the_failure_as_the_root_cause(signum):
+    machine, _ = failed_then_signalled(signum)
+    outcome = machine.outcome()
+    assert outcome.ending == Ending.RANKS_FAILED and outcome.exit_code == 3
+    assert outcome.failures[0].rank == 0 and outcome.signal_while_stopping == signum
+    # the user asked to stop: the failure is reported, no restart follows
+    assert isinstance(RestartPolicy(max_restarts=3, min_nodes=None).after(outcome, (), 2.0), GiveUp)
+
+
+def test_ctrl_c_during_a_failures_stop_kills_at_once():
+    _, actions = failed_then_signalled(signal.SIGINT)
+    assert actions == [Note("killing all ranks now", error=True), Stop(0.0)]
+
+
+def test_the_first_ctrl_c_after_sigterm_kills_as_the_note_says():
+    machine = running()
+    first = machine.handle(SignalReceived(int(signal.SIGTERM)), now=1.0)
+    assert "Ctrl-C again to kill now" in first[0].text
+    assert machine.handle(SignalReceived(int(signal.SIGINT)), now=1.1)[-1] == Stop(0.0)
+    assert machine.outcome().exit_code == 128 + signal.SIGTERM
+
+
+# ---- item 10 (frames): a number a float cannot hold ----------------------------------------
+
+
+@pytest.mark.parametrize("grace", ["9" * 400, "-" + "9" * 400, "NaN", "Infinity"])
+def test_a_stop_frame_with_an_impossible_grace_is_a_protocol_error(grace):
+    with pytest.raises(frames.ProtocolError, match="'grace' must be a finite number"):
+        frames.decode('{"t":"stop","grace":' + grace + "}")

@@ -74,8 +74,9 @@ def test_shared_variable_names_are_spelled_once():
         assert f'"{name}"' in protocol
 
 
-AGENT_SIDE = ("agent.py", "agent_workers.py", "agent_output.py", "agent_upstream.py", "agent_events.py",
-              "worker_boot.py", "netinfo.py", "frames.py")  # fmt: skip
+AGENT_SIDE = ("agent.py", "agent_workers.py", "agent_output.py", "agent_upstream.py",
+              "agent_events.py", "agent_procs.py", "worker_boot.py", "netinfo.py",
+              "frames.py")  # fmt: skip
 
 
 def test_the_agent_side_imports_only_the_standard_library_and_itself():

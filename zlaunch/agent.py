@@ -69,6 +69,10 @@ class Agent:
         self.pending_signals: list[int] = []
 
     def _send(self, frame: frames.Frame) -> None:
+        if isinstance(frame, frames.Event):
+            for event in frame.events:
+                if event.get("kind") == protocol.STACKS_READY:
+                    self.workers.note_armed(frame.rank, event.get("pid"))
         self.upstream.send(frame)
 
     @property
@@ -102,7 +106,7 @@ class Agent:
 
     def _spawn(self, entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
         try:
-            worker = start_worker(entry, cwd, node_env)
+            worker = start_worker(entry, cwd, node_env, self.workers.tag)
         except StartFailed as err:
             self._send(frames.Error(str(err)))
             self._send(frames.Exited.of_returncode(entry.rank, None, err.code))

@@ -5,6 +5,11 @@ terminal's Ctrl-C reaches only the controller), with ``PR_SET_PDEATHSIG`` so tha
 takes its workers with it, and with a pipe for structured events whose fd is in
 ``ZLAUNCH_EVENTS_FD``. Where the kernel has pidfds, a worker's exit wakes the agent's selector;
 elsewhere the agent polls.
+
+A worker's group is signalled as a group only while the worker is not reaped (its pid, the
+group's id, cannot be reused before); after that, what it left behind is found and signalled
+process by process (zlaunch/agent_procs.py), so a stop never reaches a stranger whose group got
+the old number, and a ``setsid`` child does not outlive the job.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from zlaunch import frames, protocol
+from zlaunch.agent_procs import ProcessTable, boot_ticks, carries_tag, new_job_tag
 
 __all__ = ["Worker", "WorkerGroup", "StartFailed", "start_worker", "boot_argv", "EVENTS"]
 
@@ -106,21 +112,19 @@ class Worker:
         }
         self.pidfd: int | None = None
         self.returncode: int | None = None
+        self.reaped_at: int | None = None
+        """Boot ticks when it was reaped: from then on its group id may be someone else's."""
+        self.armed_pid: int | None = None
+        """The process that armed `zlaunch stacks` (a wrapper's Python child, or the worker)."""
 
     @property
     def exited(self) -> bool:
         return self.returncode is not None
 
-    def group_alive(self) -> bool:
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
     def signal_group(self, sig: int) -> None:
+        """Its whole group, while the pid is still ours (not reaped); else nothing."""
+        if self.reaped_at is not None:
+            return
         try:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
@@ -136,11 +140,16 @@ class StartFailed(Exception):
         self.code = code
 
 
-def start_worker(entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> Worker:
-    """Start one worker of the spec in its own session; StartFailed if it cannot start."""
+def start_worker(
+    entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str], tag: str = ""
+) -> Worker:
+    """Start one worker of the spec in its own session; StartFailed if it cannot start.
+    ``tag``: the agent's job tag, which everything the worker starts inherits."""
     env = {**os.environ, **node_env, **entry.env}
     events_r, events_w = os.pipe()
     env[protocol.EVENTS_FD_ENV] = str(events_w)
+    if tag:
+        env[protocol.JOB_TAG_ENV] = tag
     agent_pid = os.getpid()
     ignored_signal = _save_signal(env)
     try:
@@ -172,9 +181,11 @@ def start_worker(entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, 
 class WorkerGroup:
     """The workers of this node by rank, and their exits as selector events (pidfds)."""
 
-    def __init__(self, sel: selectors.BaseSelector):
+    def __init__(self, sel: selectors.BaseSelector, tag: str | None = None):
         self._sel = sel
         self._by_rank: dict[int, Worker] = {}
+        self.tag = tag or new_job_tag()
+        """Every worker's ZLAUNCH_JOB_TAG: what carries it is this agent's to stop."""
 
     def __iter__(self) -> Iterator[Worker]:
         return iter(self._by_rank.values())
@@ -199,6 +210,7 @@ class WorkerGroup:
         if code is None:
             return False
         worker.returncode = code
+        worker.reaped_at = boot_ticks()
         if worker.pidfd is not None:
             self._sel.unregister(worker.pidfd)
             os.close(worker.pidfd)
@@ -217,19 +229,57 @@ class WorkerGroup:
         return all(w.exited for w in self)
 
     def any_group_alive(self) -> bool:
-        return any(w.group_alive() for w in self)
+        """Something of the job still runs: a worker, or what one started (in its group or,
+        by the job tag, outside it)."""
+        return any(not w.exited for w in self) or bool(self.leftovers())
+
+    def leftovers(self) -> set[int]:
+        """Live processes the reaped workers left behind, and every tagged one."""
+        table = ProcessTable()
+        if not table.available:
+            return set()
+        found = set(table.tagged(self.tag))
+        for worker in self:
+            if worker.reaped_at is not None:
+                found.update(table.left_of_group(worker.pgid, worker.reaped_at))
+        # a live worker's group is signalled as a group: nobody in it gets a signal twice
+        signalled_as_group = {w.pgid for w in self if w.reaped_at is None}
+        return {pid for pid in found if table.group_of(pid) not in signalled_as_group}
 
     def signal_groups(self, sig: int) -> None:
+        """Every worker's group while it is ours, and what was left behind, one by one."""
         for worker in self:
             worker.signal_group(sig)
+        for pid in self.leftovers():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill_remaining(self) -> None:
-        for worker in self:
-            if not worker.exited or worker.group_alive():
-                worker.signal_group(signal.SIGKILL)
+        self.signal_groups(signal.SIGKILL)
+
+    def note_armed(self, rank: int, pid: object) -> None:
+        """Rank ``rank`` said that process ``pid`` dumps its stacks on the stacks signal; it is
+        believed only for the worker itself or a process of its job (the tag)."""
+        worker = self._by_rank.get(rank)
+        if worker is None or worker.exited:
+            return
+        if pid is None:  # a runtime that does not say: the worker armed itself
+            pid = worker.pid
+        if isinstance(pid, int) and (pid == worker.pid or carries_tag(pid, self.tag)):
+            worker.armed_pid = pid
 
     def signal_processes(self, sig: int, ranks: list[int] | None) -> None:
-        """To the worker processes themselves, not their groups: all, or ``ranks`` only."""
+        """To the worker processes themselves, not their groups: all, or ``ranks`` only. The
+        stacks signal goes only to the process that armed itself for it: anything else (a
+        bash wrapper) would die of it."""
         for worker in self:
-            if not worker.exited and (ranks is None or worker.rank in ranks):
+            if worker.exited or (ranks is not None and worker.rank not in ranks):
+                continue
+            if sig != protocol.STACKS_SIGNAL:
                 _signal_main_thread(worker.pid, sig)
+            elif worker.armed_pid == worker.pid:
+                _signal_main_thread(worker.pid, sig)  # not reaped: the pid is still its own
+            elif worker.armed_pid is not None and carries_tag(worker.armed_pid, self.tag):
+                _signal_main_thread(worker.armed_pid, sig)

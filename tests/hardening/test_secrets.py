@@ -20,7 +20,7 @@ SECRET = "hunter2x"
 ENV = {
     "DB_PASSWD": SECRET,
     "DATABASE_URL": f"postgres://app:{SECRET}@db.internal:5432/prod",
-    "GH_PAT": f"ghp_{SECRET}",
+    "GH_PAT": f"ghp_{SECRET}",  # hidden by its name (the value is not a token's shape)
     "AUTH_BEARER": SECRET,
     "INNOCENT_LOOKING": SECRET,
 }
@@ -76,7 +76,8 @@ def test_the_allow_list_and_the_patterns():
     assert recorded_env_value("HF_HOME", "/data") == NOT_RECORDED
     assert shown_env_value("PATH", "/usr/bin") == "/usr/bin"  # PAT only as a word
     assert shown_env_value("GH_PAT", "x") == REDACTED
-    assert shown_env_value("X", "hf_abcdef") == REDACTED
+    assert shown_env_value("X", "hf_" + "abcdefghij" * 3 + "klmn") == REDACTED  # a token's shape
+    assert shown_env_value("X", "hf_trainer.py") == "hf_trainer.py"  # not a prefix alone
     assert redact_argv(["t.py", "--patience", "3", "--auth", "a", "https://u:p@h/x"]) == [
         "t.py",
         "--patience",

@@ -42,3 +42,23 @@ def test_hostile_events_cost_neither_the_agent_nor_the_controller_nor_status(tmp
         assert shown.returncode == 0, shown.stderr.decode()[-3000:]
         assert "Traceback" not in shown.stderr.decode()
     assert "step 3" in zlaunch(tmp_path, "status", "--log-dir", "runs").stdout.decode()
+
+
+def test_a_script_named_like_a_token_prefix_shows_and_secrets_stay_out_of_run_json(tmp_path):
+    script = write_script(tmp_path, "hf_trainer.py", "print('trained')\n")
+    hexkey = "0123456789abcdef" * 3
+    secret_env = {"NCCL_IB_TOKEN": "nccl-s3cr3t-value", "AZ": "AccountName=a;AccountKey=Zm9vYmFy"}
+    args = ["--env", "NCCL_IB_TOKEN", "--env", "AZ", script, "-t", hexkey, "--hf_tok=tok-s3cr3t"]
+    dry = zlaunch(tmp_path, "--dry-run", *args, env=secret_env)
+    assert dry.returncode == 0, dry.stderr.decode()
+    shown = dry.stdout.decode()
+    assert "hf_trainer.py" in shown and "<redacted>" in shown
+    for secret in (hexkey, "tok-s3cr3t", "nccl-s3cr3t-value", "Zm9vYmFy"):
+        assert secret not in shown, secret
+    result = zlaunch(tmp_path, "--log-dir", "runs", *args, env=secret_env)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    record = tmp_path / "runs" / "latest" / "run.json"
+    text = record.read_text()
+    assert json.loads(text)["program"][0].endswith("hf_trainer.py")
+    for secret in (hexkey, "tok-s3cr3t", "nccl-s3cr3t-value", "Zm9vYmFy"):
+        assert secret not in text, secret

@@ -25,14 +25,16 @@ import fcntl
 import json
 import os
 import re
+import stat
 import struct
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from zlaunch.plan import Plan, new_run_id
 from zlaunch.redact import recorded_env_value, redact_argv
+from zlaunch.run_record import RunRecordError, checked_run_record
 from zlaunch.run_records import FailureReport, RanksFile, RunStatus
 from zlaunch.run_root import (
     make_private_dir,
@@ -50,6 +52,7 @@ __all__ = [
     "new_run_id",
     "find_run",
     "list_runs",
+    "run_paths",
     "host_dirname",
     "plan_record",
 ]
@@ -60,6 +63,7 @@ METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 LATEST = "latest"
 CONTROLLER_LOCK = "controller.lock"
+MAX_RUN_FILE_BYTES = 64 * 1024 * 1024  # a plan of 100,000 ranks is far below this
 # struct flock on Linux (x86-64, arm64): l_type, l_whence, l_start, l_len, l_pid, padding.
 _FLOCK = "hhqqi4x"
 
@@ -151,6 +155,8 @@ class RunDir:
     _lock_fd: int | None = None
     _dir_fd: int | None = None
     """The writer's hold on the directory: every file is opened relative to it."""
+    problems: list[str] = field(default_factory=list)
+    """What the last read of run.json found wrong (fields left out)."""
 
     # ---- writing (controller) -----------------------------------------------------------
 
@@ -227,10 +233,14 @@ class RunDir:
     # ---- reading (any process) ----------------------------------------------------------
 
     def record(self) -> dict[str, Any]:
+        """run.json. The writer reads back its own; a reader gets it checked field by field
+        (zlaunch/run_record.py: bad fields left out and listed in ``problems``), and
+        RunRecordError (a ValueError) for a file that is not a run's record."""
         if self._dir_fd is not None:  # the writer reads back through its own hold
             return read_json_at(self._dir_fd, RUN_FILE)
-        with open(os.path.join(self.path, RUN_FILE), encoding="utf-8") as handle:
-            return json.load(handle)
+        data = _read_json_file(os.path.join(self.path, RUN_FILE), MAX_RUN_FILE_BYTES)
+        record, self.problems = checked_run_record(data, self.run_id)
+        return record
 
     def ranks(self) -> RanksFile | None:
         data = self._read_json(RANKS_FILE)
@@ -276,6 +286,26 @@ class RunDir:
         return dict(sorted(logs.items()))
 
 
+def _read_json_file(path: str, limit: int) -> Any:
+    """A JSON file a reader did not write: a regular file (a FIFO in its place would block),
+    at most ``limit`` bytes, nested no deeper than the parser's stack allows. OSError or
+    RunRecordError (a ValueError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RunRecordError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise RunRecordError(f"{path} is {info.st_size} bytes (more than {limit})")
+        raw = handle.read(limit + 1)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RunRecordError(f"{path}: nested too deeply") from None
+    except ValueError as err:
+        raise RunRecordError(f"{path}: not JSON ({err})") from None
+
+
 def _point_latest(root_fd: int, run_id: str) -> None:
     tmp = f"{LATEST}.tmp.{os.getpid()}"
     try:
@@ -293,8 +323,11 @@ def find_run(log_dir: str, run_id: str | None = None) -> RunDir:
     log_dir = os.path.abspath(log_dir)
     if run_id is None:
         link = os.path.join(log_dir, LATEST)
-        if os.path.islink(link) and os.path.isfile(os.path.join(link, RUN_FILE)):
-            target = os.readlink(link)
+        try:
+            target = os.readlink(link)  # another run may replace the link meanwhile
+        except OSError:
+            target = None
+        if target is not None and os.path.isfile(os.path.join(log_dir, target, RUN_FILE)):
             return RunDir(os.path.join(log_dir, target), os.path.basename(target))
         ids = _run_ids(log_dir)
         if not ids:
@@ -312,19 +345,26 @@ def find_run(log_dir: str, run_id: str | None = None) -> RunDir:
 def _run_ids(log_dir: str) -> list[str]:
     try:
         names = os.listdir(log_dir)
-    except FileNotFoundError:
+    except OSError:  # missing, unreadable right now, not a directory: no runs to show
         return []
     return sorted(
         n for n in names if n != LATEST and os.path.isfile(os.path.join(log_dir, n, RUN_FILE))
     )
 
 
+def run_paths(log_dir: str) -> list[str]:
+    """The directory of every run under log_dir, by directory name (what run.json says of
+    itself does not choose a path)."""
+    root = os.path.abspath(log_dir)
+    return [os.path.join(root, run_id) for run_id in _run_ids(log_dir)]
+
+
 def list_runs(log_dir: str) -> list[dict[str, Any]]:
     """The run.json of every run under log_dir, oldest first (unreadable ones skipped)."""
     runs = []
-    for run_id in _run_ids(log_dir):
+    for path in run_paths(log_dir):
         try:
-            runs.append(RunDir(os.path.join(os.path.abspath(log_dir), run_id), run_id).record())
+            runs.append(RunDir(path, os.path.basename(path)).record())
         except (OSError, ValueError):
             continue
     return runs

@@ -20,7 +20,7 @@ from zlaunch.metrics_check import checked_metrics
 from zlaunch.options import DEFAULT_LOG_DIR
 from zlaunch.run_index import default_log_dir, index_dir, indexed_run_paths
 from zlaunch.run_records import RunStatus
-from zlaunch.rundir import RunDir, list_runs, lock_holder, process_identity
+from zlaunch.rundir import RunDir, lock_holder, process_identity, run_paths
 
 __all__ = [
     "run_options",
@@ -61,11 +61,11 @@ def known_runs(log_dir: str | None) -> tuple[list[tuple[RunDir, dict[str, Any]]]
     """
     if log_dir is not None:
         roots = [os.path.abspath(os.path.expanduser(log_dir))]
-        paths = [os.path.join(roots[0], r["run_id"]) for r in list_runs(roots[0])]
+        paths = run_paths(roots[0])
         where = roots[0]
     else:
         root = default_log_dir()
-        paths = [os.path.join(root, r["run_id"]) for r in list_runs(root)]
+        paths = run_paths(root)
         paths += indexed_run_paths()
         where = f"{root} or the index of runs ({index_dir()})"
     seen: set[str] = set()
@@ -78,11 +78,18 @@ def known_runs(log_dir: str | None) -> tuple[list[tuple[RunDir, dict[str, Any]]]
         run = RunDir(path, os.path.basename(path))
         try:
             record = run.record()
-        except (OSError, ValueError):
+        except (OSError, ValueError) as err:  # a bad run is skipped, said, never a crash
+            click.echo(f"zlaunch: skipped run {run.run_id}: {_reason(err)}", err=True)
             continue
+        if run.problems:
+            click.echo(f"zlaunch: run {run.run_id}: run.json: {'; '.join(run.problems)}", err=True)
         runs.append((run, record))
     runs.sort(key=lambda item: (_start(item[1]), item[0].run_id))
     return runs, where
+
+
+def _reason(err: Exception) -> str:
+    return err.strerror if isinstance(err, OSError) and err.strerror else str(err)
 
 
 def _start(record: dict[str, Any]) -> float:

@@ -297,7 +297,7 @@ def _read_json_file(path: str, limit: int) -> Any:
             raise RunRecordError(f"{path} is not a regular file")
         if info.st_size > limit:
             raise RunRecordError(f"{path} is {info.st_size} bytes (more than {limit})")
-        raw = handle.read(limit + 1)
+        raw = handle.read(info.st_size + 1)  # read(n) allocates n bytes up front
     try:
         return json.loads(raw)
     except RecursionError:

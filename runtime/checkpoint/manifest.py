@@ -68,7 +68,7 @@ class Manifest:
                         f"{self.manifest_path} is {info.st_size} bytes, more than a manifest "
                         f"holds ({MAX_MANIFEST_BYTES}); the file is not this runtime's"
                     )
-                manifest = json.loads(f.read(MAX_MANIFEST_BYTES + 1))
+                manifest = json.loads(f.read(info.st_size + 1))  # sized: read(n) allocates n
         except FileNotFoundError:
             raise CheckpointError(
                 f"{self.manifest_path} not found: {self.path} is not a complete checkpoint"

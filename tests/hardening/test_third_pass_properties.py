@@ -10,7 +10,9 @@ import contextlib
 import io
 import json
 import math
+import tracemalloc
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -159,3 +161,64 @@ def test_every_run_command_survives_any_run_directory_records(
     (good / "run.json").write_text(json.dumps({"status": "succeeded", "exit_code": 0}))
     listing = _run_commands(str(root), run_id)
     assert good.name in listing  # one bad run does not hide the others
+
+
+# ---- manifests ---------------------------------------------------------------------------------
+
+MANIFEST_PATHS = st.sampled_from(
+    [("world_size",), ("params",), ("params", "a.weight"), ("params", "a.weight", "shape"),
+     ("kinds",), ("kinds", "param"), ("shards",), ("shards", 0), ("shards", 0, "file"),
+     ("shards", 0, "pieces"), ("shards", 0, "pieces", 0), ("shards", 1, "pieces", 0, 2),
+     ("shards", 1, "extra"), ("shards", 2, "kinds"), ("rank_state",), ("rank_state", 0),
+     ("client_state",), ("counters",), ("optimizer",)]
+)  # fmt: skip
+ARRAYS = st.fixed_dictionaries(
+    {"__ndarray__": JSON, "dtype": st.sampled_from(["U200000000", "float32", "load", "int64"]),
+     "shape": JSON}
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoint(tmp_path_factory):
+    from tests.hardening.test_checkpoints import save
+
+    root = tmp_path_factory.mktemp("ckpt")
+    save(root, "t")
+    return root / "t"
+
+
+@settings(FAST, max_examples=80)
+@given(st.lists(st.tuples(MANIFEST_PATHS, st.one_of(JSON, ARRAYS)), min_size=1, max_size=3))
+def test_any_manifest_is_read_within_its_declared_sizes_or_refused(saved_checkpoint, edits):
+    from runtime.checkpoint import CheckpointError
+    from runtime.checkpoint.reader import CheckpointReader
+    from runtime.checkpoint.storage import MANIFEST
+
+    original = (saved_checkpoint / MANIFEST).read_text()
+    manifest = json.loads(original)
+    for path, value in edits:
+        target = manifest
+        try:
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue
+    (saved_checkpoint / MANIFEST).write_text(json.dumps(manifest))
+    tracemalloc.start()
+    try:
+        with CheckpointReader(str(saved_checkpoint)) as reader:
+            for name in list(reader.shapes):
+                for kind in list(reader.kinds):
+                    reader.read(name, kind)
+            for key in ("client_state", "counters", "optimizer", "lr_scheduler"):
+                reader.state(key)
+            for rank in range(reader.world_size):
+                reader.rank_state(rank)
+    except CheckpointError:
+        pass
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        (saved_checkpoint / MANIFEST).write_text(original)
+    assert peak < 32 << 20, f"{peak} bytes for a checkpoint of a few hundred"

@@ -85,7 +85,7 @@ ATTEMPT_ENV = "ZLAUNCH_ATTEMPT"
 CONFIG_ENV = "ZLAUNCH_CONFIG"  # absolute path of the validated training config
 EVENTS_FD_ENV = "ZLAUNCH_EVENTS_FD"  # write end of the pipe for JSON-line events
 # Set by the agent for every worker, inherited by all they start: the agent finds (and ends)
-# what a worker left behind, even outside its process group (zlaunch/agent_procs.py).
+# what a worker left behind, even outside its process group (zlaunch/agent/procs.py).
 JOB_TAG_ENV = "ZLAUNCH_JOB_TAG"
 CHECKPOINT_DIR_ENV = "ZLAUNCH_CHECKPOINT_DIR"
 RESUME_ENV = "ZLAUNCH_RESUME"  # "1": load the latest checkpoint at initialize

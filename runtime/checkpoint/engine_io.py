@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
+from ..train_counters import TrainCounters
 from . import jsonable
 from .errors import CheckpointError
-from .load_checks import check_counters, check_like, check_optimizer_values, check_rng_state
+from .load_checks import check_like, check_optimizer_values, check_rng_state
 from .module_state import gather_extra, is_frozen_parameter, load_extra, module_tensors
 from .optimizer_state import check_saved_optimizer, load_optimizer_state, saved_optimizer
 from .pieces import PARAM, StagedRange, rank_pieces, stage_pieces
@@ -35,8 +36,6 @@ __all__ = ["save_engine", "load_engine", "SaveRequest", "LoadRequest", "CHECKPOI
 log = logging.getLogger("runtime.checkpoint")
 
 from zlaunch.protocol import CHECKPOINT_DIR_ENV  # noqa: E402 - the shared name
-
-_COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ def _manifest_fields(engine, aliases: dict, excluded: list, client: Any) -> dict
             sched.state_dict() if hasattr(sched, "state_dict") else None, "lr_scheduler state"
         ),
         "loss_scaler": _encoded_state(engine.precision.state_dict(), "loss scaler state"),
-        "counters": {key: getattr(engine, key) for key in _COUNTERS},
+        "counters": engine.counters.state_dict(),
         "client_state": client,
     }
 
@@ -229,8 +228,12 @@ def _stage(engine, reader: CheckpointReader, request: LoadRequest) -> _Staged:
 
 def _check_json_state(engine, reader: CheckpointReader, request: LoadRequest, optimizer) -> None:
     where = reader.manifest_path
-    reader.state("client_state")
-    check_counters(reader.state("counters"), _COUNTERS, where)
+    for key in ("client_state", "lr_scheduler", "loss_scaler"):
+        reader.state(key)  # decodes, or CheckpointError
+    try:  # the counters are checked on a scratch copy: nothing of the engine changes yet
+        TrainCounters().load_state_dict(reader.state("counters") or {})
+    except ValueError as err:
+        raise CheckpointError(f"{where}: {err}") from None
     check_rng_state(reader.rank_state(engine.comm.rank % reader.world_size), f"{where}: rank_state")
     if request.module_only:
         return
@@ -301,8 +304,5 @@ def _commit(engine, staged: _Staged, request: LoadRequest) -> None:
     if request.with_scheduler and sched is not None and saved_sched is not None:
         sched.load_state_dict(saved_sched)
     engine.precision.load_state_dict(reader.state("loss_scaler"))
-    counters = reader.state("counters") or {}
-    for key in _COUNTERS:
-        if key in counters:
-            setattr(engine, key, int(counters[key]))
+    engine.counters.load_state_dict(reader.state("counters") or {})
     set_rng_state(reader.rank_state(engine.comm.rank % reader.world_size))

@@ -1,9 +1,9 @@
 """What a load will put into the engine, checked before anything is put there.
 
 A load stages tensors first and commits after every rank agreed (engine_io); the JSON state
-is applied at commit time, so it must be known good by then: a tampered ``counters`` entry,
-a learning rate of ``"fast"`` or a random state that is not one failed (or, worse, loaded and
-failed at the next step) after the weights were already overwritten. Each check here takes
+is applied at commit time, so it must be known good by then: a learning rate of ``"fast"``
+or a random state that is not one failed (or, worse, loaded and failed at the next step)
+after the weights were already overwritten. Each check here takes
 the decoded value and what the engine holds now, and raises CheckpointError naming the entry
 and the manifest.
 
@@ -23,28 +23,7 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["check_counters", "check_rng_state", "check_like", "check_optimizer_values"]
-
-_MAX_COUNTER = 2**62
-
-
-def check_counters(counters: Any, names: tuple[str, ...], where: str) -> dict[str, int]:
-    """The engine's step counters: non-negative integers, or CheckpointError."""
-    if counters is None:
-        return {}
-    if not isinstance(counters, dict):
-        raise CheckpointError(f"{where}: counters must be an object, not {_kind(counters)}")
-    out = {}
-    for key in names:
-        if key not in counters:
-            continue
-        value = counters[key]
-        if not (_is_int(value) and 0 <= value <= _MAX_COUNTER):
-            raise CheckpointError(
-                f"{where}: counters.{key} must be a count (an integer >= 0), not {value!r:.40}"
-            )
-        out[key] = value
-    return out
+__all__ = ["check_rng_state", "check_like", "check_optimizer_values"]
 
 
 def check_rng_state(state: Any, where: str) -> None:

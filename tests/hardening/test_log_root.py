@@ -9,8 +9,8 @@ import os
 import pytest
 
 from tests.hardening.helpers import assert_usage_error, write_script, zlaunch
-from zlaunch.run_root import LogRootError
-from zlaunch.rundir import RUN_FILE, RunDir
+from zlaunch.rundir.layout import RUN_FILE, RunDir
+from zlaunch.rundir.root import LogRootError
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o1777])

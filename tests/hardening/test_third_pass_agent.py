@@ -14,8 +14,8 @@ import time
 import pytest
 
 from zlaunch import frames, protocol
-from zlaunch.agent_procs import boot_ticks
-from zlaunch.agent_workers import EVENTS, WorkerGroup, start_worker
+from zlaunch.agent.procs import boot_ticks
+from zlaunch.agent.workers import EVENTS, WorkerGroup, start_worker
 
 
 def _alive(pid: int) -> bool:

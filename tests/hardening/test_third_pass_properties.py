@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from runtime.metrics_format import breakdown_text, format_line
 from zlaunch import frames, protocol
-from zlaunch.agent_events import parse_event
+from zlaunch.agent.events import parse_event
 from zlaunch.cli import main
 from zlaunch.metrics_check import checked_metrics
-from zlaunch.run_record import RunRecordError, checked_run_record
+from zlaunch.rundir.run_record import RunRecordError, checked_run_record
 
 FAST = settings(
     max_examples=120,
@@ -83,8 +83,8 @@ def test_any_metrics_event_is_dropped_or_formats_in_every_view(fields, source):
     format_line(row, "  ")
     breakdown_text(row)
     json.loads(json.dumps(row))  # metrics.jsonl round-trips it
-    from zlaunch.live_panel import _metrics_grid, _progress
-    from zlaunch.live_view import JobView
+    from zlaunch.console.job_view import JobView
+    from zlaunch.console.live_panel import _metrics_grid, _progress
 
     view = JobView.__new__(JobView)
     view.latest, view.latest_at, view.started_at = row, None, 0.0

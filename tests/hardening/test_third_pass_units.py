@@ -15,11 +15,11 @@ import pytest
 from runtime.metrics_format import format_line
 from tests.launcher.test_job_state import running
 from zlaunch import frames, protocol
-from zlaunch.agent_events import MAX_EVENT_DEPTH, parse_event
-from zlaunch.job_state import Ending, Note, RankExited, SignalReceived, Stop
-from zlaunch.live_view import JobView
+from zlaunch.agent.events import MAX_EVENT_DEPTH, parse_event
+from zlaunch.console.job_view import JobView
+from zlaunch.launcher.restart_policy import GiveUp, RestartPolicy
+from zlaunch.launcher.state import Ending, Note, RankExited, SignalReceived, StopRanks
 from zlaunch.metrics_check import checked_metrics
-from zlaunch.restart_policy import GiveUp, RestartPolicy
 
 # ---- item 2: what a rank writes to its events fd --------------------------------------------
 
@@ -121,14 +121,14 @@ def test_a_signal_during_a_failures_stop_keeps_the_failure_as_the_root_cause(sig
 
 def test_ctrl_c_during_a_failures_stop_kills_at_once():
     _, actions = failed_then_signalled(signal.SIGINT)
-    assert actions == [Note("killing all ranks now", error=True), Stop(0.0)]
+    assert actions == [Note("killing all ranks now", error=True), StopRanks(0.0)]
 
 
 def test_the_first_ctrl_c_after_sigterm_kills_as_the_note_says():
     machine = running()
     first = machine.handle(SignalReceived(int(signal.SIGTERM)), now=1.0)
     assert "Ctrl-C again to kill now" in first[0].text
-    assert machine.handle(SignalReceived(int(signal.SIGINT)), now=1.1)[-1] == Stop(0.0)
+    assert machine.handle(SignalReceived(int(signal.SIGINT)), now=1.1)[-1] == StopRanks(0.0)
     assert machine.outcome().exit_code == 128 + signal.SIGTERM
 
 
@@ -227,7 +227,7 @@ def test_runs_are_found_by_directory_name_not_by_what_run_json_says(tmp_path):
      ("plan", {"nodes": [{"host": "h", "workers": [{"rank": "x"}]}]}), ("controller_pid", -1)],
 )  # fmt: skip
 def test_a_bad_run_json_field_is_left_out_and_named(field, value):
-    from zlaunch.run_record import checked_run_record
+    from zlaunch.rundir.run_record import checked_run_record
 
     record, problems = checked_run_record({field: value, "cwd": "/w"}, "20260101-000000-aaaaaa")
     assert record == {"cwd": "/w", "run_id": "20260101-000000-aaaaaa"}
@@ -235,7 +235,7 @@ def test_a_bad_run_json_field_is_left_out_and_named(field, value):
 
 
 def test_a_fifo_run_json_is_a_bad_run_not_a_hang(tmp_path):
-    from zlaunch.rundir import RunDir
+    from zlaunch.rundir.layout import RunDir
 
     (tmp_path / "r").mkdir()
     os.mkfifo(tmp_path / "r" / "run.json")
@@ -244,7 +244,7 @@ def test_a_fifo_run_json_is_a_bad_run_not_a_hang(tmp_path):
 
 
 def test_an_unreadable_run_root_deletes_no_index_entry_and_a_gone_run_does(tmp_path, monkeypatch):
-    from zlaunch import run_index
+    from zlaunch.rundir import index as run_index
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     _run(tmp_path / "root", "20260101-000000-aaaaaa", {})
@@ -268,7 +268,7 @@ def test_an_unreadable_run_root_deletes_no_index_entry_and_a_gone_run_does(tmp_p
 
 
 def test_a_link_removed_while_listing_is_skipped(tmp_path, monkeypatch):
-    from zlaunch import run_index
+    from zlaunch.rundir import index as run_index
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     _run(tmp_path / "root", "20260101-000000-aaaaaa", {})

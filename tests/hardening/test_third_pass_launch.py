@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from tests.hardening.helpers import write_script, zlaunch
@@ -62,3 +63,52 @@ def test_a_script_named_like_a_token_prefix_shows_and_secrets_stay_out_of_run_js
     assert json.loads(text)["program"][0].endswith("hf_trainer.py")
     for secret in (hexkey, "tok-s3cr3t", "nccl-s3cr3t-value", "Zm9vYmFy"):
         assert secret not in text, secret
+
+
+FAILS_THEN_LINGERS = """
+import os, signal, sys, time
+if os.environ["RANK"] == "0":
+    time.sleep(0.5)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, lambda *_: print("rank 1 ignores SIGTERM", flush=True))
+print("rank 1 up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_ctrl_c_during_a_failures_grace_keeps_the_root_cause(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = write_script(tmp_path, "fail.py", FAILS_THEN_LINGERS)
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    args = [
+        "--nproc_per_node",
+        "2",
+        "--log-dir",
+        "runs",
+        "--grace-period",
+        "20",
+        "--max-restarts",
+        "2",
+    ]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "zlaunch", *args, script],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "runs" / "latest" / "failure.json").exists():
+        ranks = tmp_path / "runs" / "latest" / "ranks.json"
+        if ranks.exists() and '"exit_code": 3' in ranks.read_text():
+            break
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT)  # during the grace period rank 1 is given
+    _, err = job.communicate(timeout=60)
+    err = err.decode()
+    assert job.returncode == 3, err[-3000:]
+    assert "killing all ranks now" in err and "restarting" not in err
+    failure = json.loads((tmp_path / "runs" / "latest" / "failure.json").read_text())
+    assert failure["root_cause"]["rank"] == 0 and failure["exit_code"] == 3

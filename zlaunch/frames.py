@@ -160,7 +160,7 @@ def _nullable(kind: _Type) -> _Type:
 
 
 _INT = _Type("an integer", _is_int)
-_NUMBER = _Type("a finite number", _is_finite_number, lambda v, _w: float(v))
+_NUMBER = _Type("a number (finite)", _is_finite_number, lambda v, _w: float(v))
 _STR = _Type("a string", lambda v: isinstance(v, str))
 _TRUE = _Type("true", lambda v: v is True)
 _STREAM = _Type(f"{STDOUT!r} or {STDERR!r}", lambda v: v in (STDOUT, STDERR))

@@ -43,8 +43,9 @@ def group():
     workers = WorkerGroup(sel)
     started: list = []
 
-    def start(rank: int, argv: list[str]):
-        worker = start_worker(frames.WorkerSpec(rank, rank, argv), None, {}, workers.tag)
+    def start(rank: int, argv: list[str], cgroup: bool = False):
+        spec = frames.WorkerSpec(rank, rank, argv)
+        worker = start_worker(spec, None, {}, workers.tag, workers.cgroup if cgroup else None)
         workers.add(worker)
         started.append(worker)
         return worker
@@ -57,6 +58,7 @@ def group():
         worker.proc.stdout.close()
         worker.proc.stderr.close()
         os.close(next(fd for fd, stream in worker.pipes.items() if stream == EVENTS))
+    workers.close()
     sel.close()
 
 
@@ -154,3 +156,26 @@ def test_a_claimed_pid_outside_the_job_is_not_believed(group):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_child_that_leaves_the_group_and_clears_its_environment_is_ended_by_the_job_cgroup(
+    group,
+):
+    workers, start = group
+    if workers.cgroup is None:
+        pytest.skip("no cgroup2 hierarchy this agent may create a cgroup in")
+    path = workers.cgroup.path
+    worker = start(0, ["bash", "-c", "setsid env -i sleep 30 & echo $!; exit 0"], cgroup=True)
+    child = int(worker.proc.stdout.readline())
+    _reaped(workers, worker)
+    deadline = time.monotonic() + 5
+    while os.getsid(child) != child:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # neither the tag (env -i) nor the old group (setsid) finds it: only the cgroup does
+    assert child in workers.cgroup.pids() and workers.any_group_alive()
+    workers.kill_remaining()
+    assert _wait_gone(child)
+    assert not workers.any_group_alive()
+    workers.close()
+    assert not os.path.exists(path)

@@ -106,7 +106,7 @@ class Agent:
 
     def _spawn(self, entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
         try:
-            worker = start_worker(entry, cwd, node_env, self.workers.tag)
+            worker = start_worker(entry, cwd, node_env, self.workers.tag, self.workers.cgroup)
         except StartFailed as err:
             self._send(frames.Error(str(err)))
             self._send(frames.Exited.of_returncode(entry.rank, None, err.code))
@@ -224,6 +224,7 @@ class Agent:
         self._send(hello())
         while not self._finished(time.monotonic()):
             self._turn(time.monotonic())
+        self.workers.close()
         self._send(frames.Bye())
         self.upstream.flush_blocking()
         return 0

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from zlaunch import frames, protocol
+from zlaunch.agent.cgroup import JobCgroup
 from zlaunch.agent.procs import ProcessTable, boot_ticks, carries_tag, new_job_tag
 
 __all__ = ["Worker", "WorkerGroup", "StartFailed", "start_worker", "boot_argv", "EVENTS"]
@@ -83,12 +84,14 @@ def boot_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def _child_setup(agent_pid: int, ignored_signal: int | None) -> None:
+def _child_setup(agent_pid: int, ignored_signal: int | None, cgroup: JobCgroup | None) -> None:
     """Runs in the forked worker before exec: die with the agent (Linux only).
 
     The save-on signal starts ignored (ignoring survives exec): one that arrives while the
     worker is still importing must not kill it; the runtime installs its handler later.
     """
+    if cgroup is not None:
+        cgroup.join()  # before exec: nothing the worker starts is ever outside
     if ignored_signal is not None:
         signal.signal(ignored_signal, signal.SIG_IGN)
     if _LIBC is not None and hasattr(_LIBC, "prctl"):
@@ -141,10 +144,15 @@ class StartFailed(Exception):
 
 
 def start_worker(
-    entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str], tag: str = ""
+    entry: frames.WorkerSpec,
+    cwd: str | None,
+    node_env: dict[str, str],
+    tag: str = "",
+    cgroup: JobCgroup | None = None,
 ) -> Worker:
     """Start one worker of the spec in its own session; StartFailed if it cannot start.
-    ``tag``: the agent's job tag, which everything the worker starts inherits."""
+    ``tag``: the agent's job tag, which everything the worker starts inherits; ``cgroup``:
+    the job's cgroup, which the worker joins before it runs."""
     env = {**os.environ, **node_env, **entry.env}
     events_r, events_w = os.pipe()
     env[protocol.EVENTS_FD_ENV] = str(events_w)
@@ -162,7 +170,7 @@ def start_worker(
             stderr=subprocess.PIPE,
             pass_fds=(events_w,),
             start_new_session=True,
-            preexec_fn=lambda: _child_setup(agent_pid, ignored_signal),
+            preexec_fn=lambda: _child_setup(agent_pid, ignored_signal, cgroup),
         )
     except (OSError, ValueError) as err:
         # ValueError: a NUL byte in an argument or a variable. The controller refuses
@@ -186,6 +194,22 @@ class WorkerGroup:
         self._by_rank: dict[int, Worker] = {}
         self.tag = tag or new_job_tag()
         """Every worker's ZLAUNCH_JOB_TAG: what carries it is this agent's to stop."""
+        self._cgroup: JobCgroup | None = None
+        self._cgroup_tried = False
+
+    @property
+    def cgroup(self) -> JobCgroup | None:
+        """The job's cgroup on this node, made with the first worker (None where it may not
+        be made: zlaunch/agent/cgroup.py)."""
+        if not self._cgroup_tried:
+            self._cgroup_tried = True
+            self._cgroup = JobCgroup.create(self.tag)
+        return self._cgroup
+
+    def close(self) -> None:
+        """Remove the job's cgroup (once its processes are gone)."""
+        if self._cgroup is not None:
+            self._cgroup.remove()
 
     def __iter__(self) -> Iterator[Worker]:
         return iter(self._by_rank.values())
@@ -239,6 +263,8 @@ class WorkerGroup:
         if not table.available:
             return set()
         found = set(table.tagged(self.tag))
+        if self._cgroup is not None:
+            found.update(self._cgroup.pids())
         for worker in self:
             if worker.reaped_at is not None:
                 found.update(table.left_of_group(worker.pgid, worker.reaped_at))
@@ -257,6 +283,8 @@ class WorkerGroup:
                 pass
 
     def kill_remaining(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.signal(signal.SIGKILL)  # the kernel's cgroup.kill: all at once
         self.signal_groups(signal.SIGKILL)
 
     def note_armed(self, rank: int, pid: object) -> None:

@@ -149,14 +149,16 @@ class Agent:
             return False
         if not self.workers.all_exited():
             return False
-        if self.workers.any_group_alive():
-            # Leaders are gone but something they started lives on in the group: end it too.
+        if self.output.open and (
+            self.all_exited_at is None or now - self.all_exited_at <= DRAIN_AFTER_EXIT
+        ):
+            return False  # the pipes still flow: look for what was left behind once they end
+        if self.workers.any_group_alive():  # reads /proc: once the output is done, not per turn
+            # Leaders are gone but something they started lives on: end it too.
             if not self.stopping:
                 self.stop(self.grace, "")
             return False
-        if self.output.open and self.all_exited_at is not None:
-            return now - self.all_exited_at > DRAIN_AFTER_EXIT
-        return not self.output.open
+        return True
 
     # ---- the controller -------------------------------------------------------------------
 

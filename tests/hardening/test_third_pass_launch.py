@@ -112,3 +112,46 @@ def test_a_ctrl_c_during_a_failures_grace_keeps_the_root_cause(tmp_path):
     assert "killing all ranks now" in err and "restarting" not in err
     failure = json.loads((tmp_path / "runs" / "latest" / "failure.json").read_text())
     assert failure["root_cause"]["rank"] == 0 and failure["exit_code"] == 3
+
+
+WRAPPER = """#!/bin/bash
+{python} -c "
+import time
+import runtime.stacks
+runtime.stacks.install()
+print('armed', flush=True)
+time.sleep(60)
+"
+"""
+
+
+def test_zlaunch_stacks_reaches_the_python_child_of_a_no_python_wrapper(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    wrapper = tmp_path / "wrap.sh"
+    wrapper.write_text(WRAPPER.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    job = subprocess.Popen(
+        [sys.executable, "-m", "zlaunch", "--log-dir", "runs", "--no-python", str(wrapper)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            shown = zlaunch(tmp_path, "stacks", "--log-dir", "runs", timeout=60)
+            if b"1 rank(s)" in shown.stdout:
+                break
+            assert time.monotonic() < deadline and job.poll() is None, shown.stderr[-2000:]
+            time.sleep(0.3)
+        assert b'File "<string>"' in shown.stdout  # the armed child's stack
+        time.sleep(0.5)
+        assert job.poll() is None, "the stacks signal killed the wrapper (and the job)"
+        status = zlaunch(tmp_path, "status", "--log-dir", "runs").stdout.decode()
+        assert "alive" in status, status
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=60)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidTypeError
 from .errors import CheckpointError
 
 __all__ = ["check_rng_state", "check_like", "check_optimizer_values"]
@@ -37,7 +38,7 @@ def check_rng_state(state: Any, where: str) -> None:
         if "torch" in state:
             value = state["torch"]
             if not (torch.is_tensor(value) and value.dtype == torch.uint8):
-                raise TypeError("the torch state is not a uint8 tensor")
+                raise InvalidTypeError("the torch state is not a uint8 tensor")
             torch.Generator().set_state(value)
         if "numpy" in state:
             try:
@@ -51,7 +52,7 @@ def check_rng_state(state: Any, where: str) -> None:
             if not isinstance(cuda, list) or not all(
                 torch.is_tensor(t) and t.dtype == torch.uint8 for t in cuda
             ):
-                raise TypeError("the cuda state is not a list of uint8 tensors")
+                raise InvalidTypeError("the cuda state is not a list of uint8 tensors")
     except (TypeError, ValueError, RuntimeError, OverflowError, KeyError, IndexError) as err:
         raise CheckpointError(f"{where}: the random state is malformed ({err})") from None
 

@@ -72,6 +72,8 @@ class RestartPolicy:
         """The attempt ended with ``outcome``; ``lost_hosts``: hosts whose agent broke off."""
         if outcome.ending != Ending.RANKS_FAILED or self.restarts_left <= 0:
             return GiveUp()
+        if outcome.signal_while_stopping is not None:
+            return GiveUp()  # the user (or the system) asked to stop: the failure stands
         self.restarts_left -= 1
         self.reach_deadline = now + self.window
         without = frozenset(lost_hosts) if self.min_nodes is not None else frozenset()

@@ -24,7 +24,10 @@ def small_disk(tmp_path):
         pytest.skip("mounting a size-limited tmpfs needs root")
     mount = tmp_path / "small"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)], check=True)
+    # mode 0700: a log root must be the user's alone (zlaunch/rundir/root.py); tmpfs is 1777
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=400k,mode=0700", "tmpfs", str(mount)], check=True
+    )
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
 

@@ -72,7 +72,9 @@ def test_the_controller_holds_the_run_lock(tmp_path):
     run = RunDir.create(str(tmp_path), "r1", {})
     # Another process sees this one as the holder. (Not asked from here: closing any
     # descriptor of the file would drop this process's POSIX lock.)
-    code = "import sys; from zlaunch.rundir import lock_holder; print(lock_holder(sys.argv[1]))"
+    code = (
+        "import sys; from zlaunch.rundir.layout import lock_holder; print(lock_holder(sys.argv[1]))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code, run.path], capture_output=True, text=True, check=True
     )

@@ -16,7 +16,7 @@ SECRET = "hunter2x"
 ENV = {
     "DB_PASSWD": SECRET,
     "DATABASE_URL": f"postgres://app:{SECRET}@db.internal:5432/prod",
-    "GH_PAT": f"ghp_{SECRET}",
+    "GH_PAT": f"ghp_{SECRET}",  # hidden by its name (the value is not a token's shape)
     "AUTH_BEARER": SECRET,
     "INNOCENT_LOOKING": SECRET,
 }

@@ -1,5 +1,5 @@
-"""Issue 13 item 7: secrets never reach the run directory or the dry-run plan, and the run
-directory is private. Through the real ``zlaunch`` command."""
+"""Issue 13 item 7: what of argv and the environment is shown and recorded (the redaction rules);
+the real command's side is in tests/integration/hardening/test_secrets.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from zlaunch.redact import (
     shown_env_value,
 )
 
-# Names that the old TOKEN|SECRET|PASSWORD|KEY pattern missed, and a value-borne secret.
-
 
 def test_the_allow_list_and_the_patterns():
     assert recorded_env_value("WORLD_SIZE", "4") == "4"
@@ -20,7 +18,8 @@ def test_the_allow_list_and_the_patterns():
     assert recorded_env_value("HF_HOME", "/data") == NOT_RECORDED
     assert shown_env_value("PATH", "/usr/bin") == "/usr/bin"  # PAT only as a word
     assert shown_env_value("GH_PAT", "x") == REDACTED
-    assert shown_env_value("X", "hf_abcdef") == REDACTED
+    assert shown_env_value("X", "hf_" + "abcdefghij" * 3 + "klmn") == REDACTED  # a token's shape
+    assert shown_env_value("X", "hf_trainer.py") == "hf_trainer.py"  # not a prefix alone
     assert redact_argv(["t.py", "--patience", "3", "--auth", "a", "https://u:p@h/x"]) == [
         "t.py",
         "--patience",

@@ -172,9 +172,10 @@ def format_failure(report: FailureReport, *, color: bool = False) -> str:
     for index, failure in enumerate(report.failures or (report.root_cause,)):
         if index == 1:
             out.append("Other failures:")
-        out.append(f"  [{index}] {bold}host {failure.host}  rank {failure.rank}{reset}")
+        rank = _ranks_text(failure.rank)
+        out.append(f"  [{index}] {bold}host {failure.host}  rank {rank}{reset}")
         out.append(f"      local_rank: {failure.local_rank}")
-        out.append(f"      pid       : {failure.pid}")
+        out.append(f"      pid       : {_ranks_text(failure.pid)}")
         out.append(f"      exit      : {_exit_text(failure)}")
         if failure.time:
             out.append(f"      time      : {failure.time}")
@@ -184,14 +185,20 @@ def format_failure(report: FailureReport, *, color: bool = False) -> str:
             from zlaunch.hang import format_hang
 
             out.extend(format_hang(failure))
-        out.append(f"      last {len(failure.last_lines)} lines of rank {failure.rank} output:")
-        out.extend(f"        | {line}" for line in failure.last_lines)
+        if failure.last_lines:
+            out.append(f"      last {len(failure.last_lines)} lines of rank {rank} output:")
+            out.extend(f"        | {line}" for line in failure.last_lines)
     if report.stopped_ranks:
         out.append(f"Stopped by zlaunch: ranks {_compact(report.stopped_ranks)}")
     if report.log_dir:
         out.append(f"Logs: {report.log_dir}")
     out.append(rule)
     return "\n".join(out) + "\n"
+
+
+def _ranks_text(value: object) -> str:
+    """A failure's rank or pid: one, several (a hang's suspects) or "all"."""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _compact(ranks: Iterable[int]) -> str:

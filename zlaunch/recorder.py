@@ -36,6 +36,7 @@ class Recorder:
         """'' or why the run is not in the per-user index (said with the run's id)."""
         self._metrics: IO[str] | None = None
         self._ranks_written = 0.0
+        self._collectives: dict[int, dict[str, Any]] = {}
 
     @classmethod
     def create(cls, options: LaunchOptions, console: Console) -> Recorder:
@@ -127,6 +128,14 @@ class Recorder:
             self.run_dir.write_ranks(RanksFile(attempt, now, tuple(rows)))
         except OSError as err:
             self.console.note(f"cannot write ranks.json: {err}", error=True)
+
+    def collectives(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's collective records, as its agent sent them with a stacks request."""
+        self._collectives[rank] = {"records": event["records"], "received": time.time()}
+        try:
+            self.run_dir.write_collectives(self._collectives)
+        except OSError as err:
+            self.console.note(f"cannot write collectives.json: {err}", error=True)
 
     def failure(self, report: FailureReport) -> None:
         self.run_dir.write_failure(report)

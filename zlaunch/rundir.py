@@ -51,6 +51,7 @@ RUN_FILE = "run.json"
 FAILURE_FILE = "failure.json"
 METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
+COLLECTIVES_FILE = "collectives.json"  # each rank's last collectives, as its agent last sent
 LATEST = "latest"
 CONTROLLER_LOCK = "controller.lock"
 # struct flock on Linux (x86-64, arm64): l_type, l_whence, l_start, l_len, l_pid, padding.
@@ -219,12 +220,22 @@ class RunDir:
         """Every rank's current state (read by `zlaunch status`); rewritten atomically."""
         _write_json_atomic(os.path.join(self.path, RANKS_FILE), ranks.to_json())
 
+    def write_collectives(self, by_rank: dict[int, Any]) -> None:
+        data = {str(rank): value for rank, value in sorted(by_rank.items())}
+        _write_json_atomic(os.path.join(self.path, COLLECTIVES_FILE), data)
+
     # ---- reading (any process) ----------------------------------------------------------
 
     def record(self) -> dict[str, Any]:
         with open(os.path.join(self.path, RUN_FILE), encoding="utf-8") as handle:
             return json.load(handle)
 
+    def collectives(self) -> dict[int, Any]:
+        """Rank -> {"records": [...], "received": unix time} (`zlaunch stacks` reads it)."""
+        data = self._read_json(COLLECTIVES_FILE)
+        if not isinstance(data, dict):
+            return {}
+        return {int(k): v for k, v in data.items() if k.isdigit() and isinstance(v, dict)}
 
     def ranks(self) -> RanksFile | None:
         data = self._read_json(RANKS_FILE)

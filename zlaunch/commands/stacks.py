@@ -31,6 +31,7 @@ from zlaunch.run_records import RankPhase, RankRow, RanksFile
 __all__ = ["command", "parse_dump", "group_ranks"]
 
 
+_OWN_THREAD = "collective_records.py"
 QUIET_AFTER = 0.3
 """Seconds without new stack lines after which a rank's dump is taken as complete."""
 
@@ -50,6 +51,8 @@ def parse_dump(text: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
     for _, frames in threads:  # zlaunch.worker_boot's and runpy's frames under the script
         while frames and ("<frozen runpy>" in frames[-1] or "worker_boot.py" in frames[-1]):
             frames.pop()
+    # zlaunch's own collective-records thread is no part of where the script stands
+    threads = [t for t in threads if not any(_OWN_THREAD in f for f in t[1])]
     threads.sort(key=lambda t: t[0] != "main")
     return tuple((kind, tuple(frames)) for kind, frames in threads)
 

@@ -196,14 +196,8 @@ class _Watch:
                 self.report(record, apart)
 
     def report(self, mine: dict, apart: dict[int, dict]) -> None:
-        others = "; ".join(f"rank {r} in {p['op']} {p['sizes']}" for r, p in sorted(apart.items()))
-        sys.stderr.write(
-            f"zlaunch: collective mismatch: rank {self.rank} waits in {mine['op']} "
-            f"#{mine['seq']} {mine['sizes']} of group {mine['group']} while at the same "
-            f"position {others}: the ranks disagree on which collective comes next (a "
-            f"collective called by some ranks only?); this will hang\n"
-        )
-        sys.stderr.flush()
+        """To the controller, which says it once for every rank (an event), or on stderr when
+        no agent listens."""
         if self.events_fd is not None:
             event = {
                 "kind": COLLECTIVE_MISMATCH,
@@ -212,8 +206,17 @@ class _Watch:
             }
             try:
                 os.write(self.events_fd, json.dumps(event).encode() + b"\n")
+                return
             except OSError:
                 pass
+        others = "; ".join(f"rank {r} in {p['op']} {p['sizes']}" for r, p in sorted(apart.items()))
+        sys.stderr.write(
+            f"zlaunch: collective mismatch: rank {self.rank} waits in {mine['op']} "
+            f"#{mine['seq']} {mine['sizes']} of group {mine['group']} while at the same "
+            f"position {others}: the ranks disagree on which collective comes next; this "
+            "will hang\n"
+        )
+        sys.stderr.flush()
 
 
 def _latest_per_group(records: list[dict]) -> dict[str, dict]:

@@ -16,7 +16,8 @@ __all__ = ["STACK_HEADER", "STACK_FRAME", "StackDumpFilter", "EXPECT_SECONDS"]
 
 # faulthandler's output: thread headers, frames, and the marker of a thread in C code only.
 STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):$")
-STACK_FRAME = re.compile(r'^  File ".*", line \d+ in .*$|^  <no Python frame>$')
+# (a frame without a line number yet, as while a module is imported, reads "line ???")
+STACK_FRAME = re.compile(r'^  File ".*", line (\d+|\?\?\?) in .*$|^  <no Python frame>$')
 # faulthandler's other lines inside a thread: a thread collecting garbage, a cut-off stack.
 _STACK_OTHER = re.compile(r"^  (Garbage-collecting|\.\.\.)$")
 EXPECT_SECONDS = 10.0

@@ -98,6 +98,7 @@ def hang_failure(
     silent: list[int],
     records: dict[int, list[dict]] | None = None,
     pids_of: dict[int, int | None] | None = None,
+    headline: str | None = None,
 ) -> Failure:
     """The failure record of a hang: where every rank stands (stack groups, collective
     groups), who did not answer, and the suspect. ``silent``: running ranks that cannot dump
@@ -118,8 +119,11 @@ def hang_failure(
     majority = len(stack_groups) > 1 and len(stack_groups[0][0]) > len(stack_groups[1][0])
     outliers = [r for ranks, _ in stack_groups[1:] for r in ranks] if majority else []
     suspect = find_suspect(hosts_of, records, no_dump, outliers)
-    message = f"no rank reached a step boundary for {idle_s:.0f} s (--hang-timeout {timeout:g})"
-    message += f": {suspect.message}"
+    if headline is None:
+        headline = (
+            f"no rank reached a step boundary for {idle_s:.0f} s (--hang-timeout {timeout:g})"
+        )
+    message = f"{headline}: {suspect.message}"
     named = list(suspect.ranks)
     if len(named) == 1:
         rank: int | str | list[int] = named[0]

@@ -162,14 +162,18 @@ def test_flops_profiler_table_per_module(tmp_path):
     assert not out.exists()  # step 2 is profiled
     train(engine, 1)
     text = out.read_text()
-    rows = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 7 and parts[1].startswith("(") and parts[1].endswith(")"):
-            rows.setdefault(parts[0], []).append(line)
     hand = hand_flops()
-    assert f"FLOPs {hand[''] / 1e3:.2f} k" in text
-    assert "(model) (Sequential)" in text and "0 (Linear)" in text and "1 (ReLU)" in text
+    forward = 2 * MICRO * (IN * HID + HID * OUT) * GAS  # 2 x batch x in x out per Linear
+    summary = dict(
+        (k.strip(), v.strip())
+        for k, v in (x.split(": ", 1) for x in text.splitlines() if ": " in x)
+    )
+    assert summary["fwd flops per GPU"] == f"{forward / 1e3:.2f} K"
+    assert summary["fwd MACs per GPU"] == f"{forward / 2 / 1e3:.2f} KMACs"
+    assert summary["bwd flops per GPU"] == f"{(hand[''] - forward) / 1e3:.2f} K"
+    assert summary["fwd+bwd flops per GPU"] == f"{hand[''] / 1e3:.2f} K"
+    assert "%" in summary["MFU"]
+    assert "Sequential(" in text and "  (0): Linear(" in text and "  (1): ReLU(" in text
     # Per-module rows straight from the profile object, against the hand count.
     from runtime.profiling.flops import ModuleProfile
 
@@ -186,19 +190,22 @@ def test_flops_profiler_table_per_module(tmp_path):
 
 
 def test_module_depth_and_top_modules_shape_the_table():
-    from runtime.profiling.flops import ModuleRow, format_table
+    from runtime.profiling.flops import ModuleRow, StepTimes, format_table
 
-    rows = [
-        ModuleRow("(model)", 0, "M", 10, 100, 0.01),
-        ModuleRow("a", 1, "L", 4, 60, 0.004),
-        ModuleRow("b", 1, "L", 6, 40, 0.003),
-        ModuleRow("b.x", 2, "L", 6, 40, 0.003),
+    rows = [  # name, depth, kind, params, fwd+bwd flops, fwd seconds, fwd flops
+        ModuleRow("(model)", 0, "M", 10, 300, 0.01, 100),
+        ModuleRow("a", 1, "L", 4, 180, 0.004, 60),
+        ModuleRow("b", 1, "L", 6, 120, 0.003, 40),
+        ModuleRow("b.x", 2, "L", 6, 120, 0.003, 40),
     ]
-    text = format_table(rows, step=1, step_s=0.02, module_depth=1, top_modules=1, rich=False)
-    assert "depth 1: a 60" in text and "depth 2" not in text and " x (L)" not in text
-    assert "60.0%" in text and "20.0%" in text  # a's share of FLOPs, of the step (4 / 20 ms)
-    brief = format_table(rows, step=1, step_s=0.02, detailed=False, top_modules=2, rich=False)
-    assert "depth 1: a 60, b 40" in brief and "% of step" not in brief
+    times = StepTimes(0.01, 0.02, 0.005, samples=4)
+    text = format_table(rows, step=1, times=times, module_depth=1, top_modules=1)
+    assert "    MACs        - {'a': '30 MACs'}" in text  # the top module at depth 1 by MACs
+    assert "depth 2" not in text and "(x): L" not in text
+    # a's share of the forward MACs and of the forward latency (4 of 10 ms)
+    assert "(a): L(4 = 40.00% Params, 30 MACs = 60.00% MACs, 4.00 ms = 40.00% latency" in text
+    brief = format_table(rows, step=1, times=times, detailed=False, top_modules=2)
+    assert "{'a': '30 MACs', 'b': '20 MACs'}" in brief and "Detailed Profile" not in brief
 
 
 def test_peak_from_the_table_by_device_name_and_the_cpu_probe(monkeypatch):
@@ -244,7 +251,10 @@ def test_csv_rows_match_the_metrics_events(tmp_path):
         [e["time_forward"] * 1e3 for e in events]
     )
     assert [float(v) for _, v in rows("Train_Samples_lr")[1:]] == [e["lr"] for e in events]
-    assert rows("Train_Samples_accuracy") == [["step", "accuracy"], [str(events[-1]["samples"]), "0.75"]]
+    assert rows("Train_Samples_accuracy") == [
+        ["step", "accuracy"],
+        [str(events[-1]["samples"]), "0.75"],
+    ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
@@ -501,11 +511,18 @@ def test_comms_logger_verbose_lines_prof_ops_and_summary_table(caplog):
         logger.on_done("all_reduce", 1 << 20, 1 << 20, 0.004, 0.0, 2)
         logger.on_done("all_gather", 4096, 2048, 0.001, 0.0, 2)  # not in prof_ops
     (row,) = logger.summary()
-    assert (row["kind"], row["size"], row["count"], row["bytes"]) == ("all_reduce", 1 << 20, 2, 2 << 20)
+    assert (row["kind"], row["size"], row["count"], row["bytes"]) == (
+        "all_reduce",
+        1 << 20,
+        2,
+        2 << 20,
+    )
     assert row["mean_latency_s"] == pytest.approx(0.003)
     assert row["algbw_gbps"] == pytest.approx((1 << 20) / 0.003 / 1e9)
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 1.0)  # 2(n-1)/n at n = 2
-    assert len(caplog.messages) == 2 and "comm op: all_reduce | time (ms): 2.000" in caplog.messages[0]
+    assert (
+        len(caplog.messages) == 2 and "comm op: all_reduce | time (ms): 2.000" in caplog.messages[0]
+    )
     assert "caller test_comms_logger_verbose_lines" in caplog.messages[0]
     table = format_summary(logger.summary())
     assert "all_reduce" in table and "1.00 MiB" in table and "busbw GB/s" in table

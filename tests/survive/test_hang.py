@@ -126,10 +126,17 @@ def test_stopped_rank_gives_no_stacks_and_is_still_gone(tmp_path):
     assert seconds_until(lambda: not any(alive(p) for p in pids), 5.0) is not None
 
 
-@pytest.mark.parametrize("mode", ["barrier", "skip"])
-def test_a_collective_some_ranks_do_not_call_is_named(tmp_path, mode):
-    """``if rank == 0: dist.barrier()``, and an all-reduce rank 0 skips: rank 0 is in a barrier
-    while ranks 1 and 2 are in an all-reduce at the same position; said at once, and named."""
+@pytest.mark.parametrize(
+    "mode, rank0_op, others_op",
+    [
+        ("barrier", "barrier", "all_reduce"),  # if rank == 0: dist.barrier()
+        ("skip", "barrier", "all_reduce"),  # rank 0 skips an all_reduce
+        ("stage3", "all_gather", "barrier"),  # a ZeRO-3 forward on rank 0 only
+    ],
+)
+def test_a_collective_some_ranks_do_not_call_is_named(tmp_path, mode, rank0_op, others_op):
+    """Rank 0 is in one collective while ranks 1 and 2 are in another at the same position of
+    the group: said at once, and rank 0 named at the timeout."""
     proc, failure, pids = run_hanging_job(tmp_path, mode, ranks=3)
     assert proc.returncode == 124, proc.stderr[-3000:]
     root = failure["root_cause"]
@@ -137,12 +144,12 @@ def test_a_collective_some_ranks_do_not_call_is_named(tmp_path, mode):
     last = _last_collectives(root["hang"])
     seq = last[0][1]
     assert last == {
-        0: ("barrier", seq, "issued"),
-        1: ("all_reduce", seq, "issued"),
-        2: ("all_reduce", seq, "issued"),
+        0: (rank0_op, seq, "issued"),
+        1: (others_op, seq, "issued"),
+        2: (others_op, seq, "issued"),
     }
-    assert f"rank 0 on localhost in barrier #{seq}" in root["message"]
-    assert f"ranks 1 and 2 on localhost in all_reduce #{seq}" in root["message"]
+    assert f"rank 0 on localhost in {rank0_op} #{seq}" in root["message"]
+    assert f"ranks 1 and 2 on localhost in {others_op} #{seq}" in root["message"]
     # said before the hang timeout, once
     mismatch = [
         i for i, line in enumerate(proc.stderr.splitlines()) if "collective mismatch" in line

@@ -74,17 +74,23 @@ def main() -> int:
             for stage in stages:
                 for records in (False, True):
                     key = f"stage{stage}-{'on' if records else 'off'}"
-                    seconds = step_seconds(stage, records, args, Path(tmp))
-                    samples.setdefault(key, []).append(seconds)
-                    print(
-                        f"[{repeat + 1}/{args.repeats}] {key}: {seconds * 1e3:.1f} ms", flush=True
-                    )
-    print(f"\n{'stage':<8}{'off (ms)':>12}{'on (ms)':>12}{'on/off':>10}   samples on/off (ms)")
+                    got = step_seconds(stage, records, args, Path(tmp))
+                    samples.setdefault(key, []).append(got)
+                    words = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in got.items())
+                    print(f"[{repeat + 1}/{args.repeats}] {key}: {words}", flush=True)
+    print(
+        f"\n{'stage':<7}{'measure':<10}{'off (ms)':>10}{'on (ms)':>10}{'on/off':>8}   runs on/off"
+    )
     for stage in stages:
-        off, on = samples[f"stage{stage}-off"], samples[f"stage{stage}-on"]
-        m_off, m_on = statistics.median(off), statistics.median(on)
-        spread = ", ".join(f"{a * 1e3:.0f}/{b * 1e3:.0f}" for a, b in zip(on, off, strict=True))
-        print(f"{stage:<8}{m_off * 1e3:>12.1f}{m_on * 1e3:>12.1f}{m_on / m_off:>10.3f}   {spread}")
+        for measure in ("wall", "min_wall", "cpu"):
+            off = [s[measure] for s in samples[f"stage{stage}-off"]]
+            on = [s[measure] for s in samples[f"stage{stage}-on"]]
+            m_off, m_on = statistics.median(off), statistics.median(on)
+            runs = ", ".join(f"{a * 1e3:.1f}/{b * 1e3:.1f}" for a, b in zip(on, off, strict=True))
+            print(
+                f"{stage:<7}{measure:<10}{m_off * 1e3:>10.1f}{m_on * 1e3:>10.1f}"
+                f"{m_on / m_off:>8.3f}   {runs}"
+            )
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -118,6 +118,15 @@ def test_stopped_rank_gives_no_stacks_and_is_still_gone(tmp_path):
     )
     assert "rank 0 on localhost waits for it in all_reduce #" in root["message"]
     assert "rank 1 on localhost did not answer" in proc.stderr.splitlines()[-1]  # the last line
+    status = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "status", "--log-dir", str(tmp_path / "runs")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    cause = next(line for line in status.stdout.splitlines() if line.startswith("cause"))
+    assert cause.startswith("cause    rank 1 on localhost: ") and "did not answer" in cause
     hang = failure["root_cause"]["hang"]
     assert hang["no_dump"] == [1]
     assert [g["ranks"] for g in hang["stack_groups"]] == [[0]]

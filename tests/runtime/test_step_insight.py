@@ -448,7 +448,7 @@ BREAKDOWN_EVENT = {
 def test_live_breakdown_bar_is_proportional_and_names_the_straggler():
     from rich.console import Console
 
-    from zlaunch.live_breakdown import BAR_WIDTH, breakdown_text, renderables
+    from zlaunch.console.live_breakdown import BAR_WIDTH, breakdown_text, renderables
 
     items = renderables(BREAKDOWN_EVENT)
     # 10 + 20 + 4 + 0 + 6 = 40 ms over 40 cells: one cell per ms, coloured per part
@@ -477,8 +477,8 @@ def test_live_panel_keeps_the_split_between_report_steps_and_plain_lines_carry_i
 
     from rich.console import Console as RichConsole
 
-    from zlaunch.console import Console
-    from zlaunch.live_view import LiveView, format_metrics
+    from zlaunch.console.live_view import LiveView, format_metrics
+    from zlaunch.console.terminal import Console
 
     view = LiveView(Console(color=False, out=io.BytesIO(), err=io.StringIO()), io.StringIO())
     try:

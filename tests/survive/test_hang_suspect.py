@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from zlaunch.collective_records import RING, collective_mismatch, normalize
-from zlaunch.hang import hang_failure
-from zlaunch.hang_suspect import find_suspect, group_records
+from zlaunch.launcher.hang import hang_failure
+from zlaunch.launcher.hang_suspect import find_suspect, group_records
 
 HOSTS3 = {0: "node1", 1: "node2", 2: "node3"}
 

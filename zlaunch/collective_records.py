@@ -4,7 +4,8 @@ torch 2.13 has a flight recorder for gloo and NCCL process groups alike: with
 ``TORCH_FR_BUFFER_SIZE`` set before a group is created, every collective on every group
 (the runtime's, a script's own ``torch.distributed`` calls, DDP's, Hugging Face's) is recorded
 in C++ with its group, per-group sequence number, operation, sizes, dtypes and whether it
-completed. zlaunch uses it rather than a record of its own: it sees collectives no Python
+completed (gloo's entries and NCCL's come from two dump functions; both are read). zlaunch
+uses it rather than a record of its own: it sees collectives no Python
 wrapper would (``from torch.distributed import all_reduce`` before any patch, C++ callers).
 
 The recorder lives in the rank's memory, and a rank stuck in a collective, or stopped, cannot
@@ -152,15 +153,17 @@ class _Watch:
                 continue
 
     def look(self, dist: Any) -> None:
-        c10d = sys.modules["torch"]._C._distributed_c10d
-        dump = c10d._dump_fr_trace_json(True, False)
-        if dump == self.last_dump:
-            records = None
-        else:
+        dumps = _recorder_dumps(sys.modules["torch"]._C._distributed_c10d)
+        dump = b"\n".join(dumps)
+        if dump != self.last_dump:
             self.last_dump = dump
             self.rank = dist.get_rank()
-            raw = json.loads(dump)
-            records = normalize(raw.get("entries", []), _group_ranks(dist, raw))
+            entries: list[dict] = []
+            config: dict = {}
+            for raw in map(json.loads, dumps):
+                entries.extend(raw.get("entries") or [])
+                config.update(raw.get("pg_config") or {})
+            records = normalize(entries, _group_ranks(dist, {"pg_config": config}))
             _write_atomically(self.path, {"rank": self.rank, "records": records})
             self.latest = _latest_per_group(records)
         self.compare(dist)
@@ -217,6 +220,19 @@ class _Watch:
             "will hang\n"
         )
         sys.stderr.flush()
+
+
+def _recorder_dumps(c10d: Any) -> list[bytes]:
+    """The flight recorders' JSON: gloo's (and every backend's on a CPU build) and, on a CUDA
+    build, NCCL's, which keeps its own recorder and dumps through its own function."""
+    dumps = [c10d._dump_fr_trace_json(True, False)]
+    nccl = getattr(c10d, "_dump_nccl_trace_json", None)
+    if nccl is not None:
+        try:
+            dumps.append(nccl(True, False))
+        except Exception:  # no NCCL group yet, or a build without the recorder
+            pass
+    return dumps
 
 
 def _latest_per_group(records: list[dict]) -> dict[str, dict]:

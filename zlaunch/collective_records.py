@@ -45,7 +45,9 @@ from zlaunch.protocol import (
 
 __all__ = [
     "RING",
+    "SAME_SIZES_OPS",
     "RecordFiles",
+    "collective_key",
     "collective_mismatch",
     "enable_flight_recorder",
     "normalize",
@@ -106,14 +108,38 @@ def normalize(entries: list[dict], group_ranks: dict[str, list[int]]) -> list[di
     return records
 
 
+SAME_SIZES_OPS = frozenset(
+    {
+        "all_reduce",
+        "allreduce",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "allgather",
+        "all_gather_into_tensor",
+        "_allgather_base",
+        "reduce_scatter_tensor",
+        "_reduce_scatter_base",
+    }
+)
+"""Operations whose input sizes are the same on every rank (scatter, gather and all_to_all
+legitimately differ between ranks: for them only the operation is compared)."""
+
+
+def collective_key(record: dict) -> tuple:
+    """What must be the same on every rank at one position of a group: the operation, and its
+    sizes where they must agree."""
+    sizes = str(record.get("sizes")) if record.get("op") in SAME_SIZES_OPS else ""
+    return (record.get("seq"), record.get("op"), sizes)
+
+
 def collective_mismatch(mine: dict, peers: dict[int, dict]) -> dict[int, dict]:
     """The peers (rank -> their latest record in ``mine``'s group) at ``mine``'s sequence
     number in another operation or with other sizes: they will never meet ``mine``."""
     return {
         rank: peer
         for rank, peer in peers.items()
-        if peer.get("seq") == mine["seq"]
-        and (peer.get("op"), peer.get("sizes")) != (mine["op"], mine["sizes"])
+        if peer.get("seq") == mine["seq"] and collective_key(peer) != collective_key(mine)
     }
 
 
@@ -138,6 +164,7 @@ class _Watch:
         self.events_fd = events_fd
         self.last_dump: bytes | None = None
         self.rank: int | None = None
+        self.latest: dict[str, dict] = {}
         self.posted: dict[str, tuple] = {}
         self.reported: set[tuple] = set()
 
@@ -171,7 +198,7 @@ class _Watch:
     def compare(self, dist: Any) -> None:
         """Post our position once a collective has waited long enough, and hold it against
         the peers' posts: a mismatch is said at once, once."""
-        latest = getattr(self, "latest", {})
+        latest = self.latest
         now = time.time()
         waiting = {
             g: r

@@ -236,3 +236,8 @@ def test_mismatch_is_same_position_other_collective():
     mine = rec(9, "barrier", "issued", sizes=())
     peers = {1: rec(9, state="issued"), 2: rec(8), 3: rec(9, "barrier", "issued", sizes=())}
     assert collective_mismatch(mine, peers) == {1: peers[1]}
+    # sizes count where every rank passes the same (an all_reduce), not where they may differ
+    reduce = rec(9, state="issued")
+    assert collective_mismatch(reduce, {1: rec(9, sizes=((8,),))}) == {1: rec(9, sizes=((8,),))}
+    scatter = rec(9, "scatter", "issued", sizes=((4,), (4,)))
+    assert collective_mismatch(scatter, {1: rec(9, "scatter", "issued", sizes=((4,),))}) == {}

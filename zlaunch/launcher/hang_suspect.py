@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zlaunch.collective_records import collective_key
+
 __all__ = ["Suspect", "find_suspect", "group_records", "position_words"]
 
 
@@ -80,7 +82,7 @@ def _busiest_group(records: Mapping[int, Sequence[Mapping[str, Any]]]) -> str | 
 
 
 def _key(record: Mapping[str, Any]) -> tuple:
-    return (record["seq"], record["op"], str(record.get("sizes")))
+    return collective_key(dict(record))
 
 
 def find_suspect(

@@ -19,8 +19,8 @@ reads the file (`read_records`) and sends it upstream with the stacks: a SIGSTOP
 file still says what it last did.
 
 The same thread finds the common hang early (`collective_mismatch`): once a collective has
-waited `MISMATCH_AFTER` seconds, the rank posts its position in the job's store and reads its
-peers'; two ranks at the same sequence number of a group in different operations (or sizes)
+waited `MISMATCH_AFTER` seconds, the rank posts its position in the job's store and reads a
+few peers' (`peers_to_ask`); two ranks at the same sequence number of a group in different operations (or sizes)
 will never meet, and the rank says so at once (stderr and a ``collective_mismatch`` event)
 instead of after ``--hang-timeout``.
 """
@@ -51,6 +51,7 @@ __all__ = [
     "collective_mismatch",
     "enable_flight_recorder",
     "normalize",
+    "peers_to_ask",
     "read_records",
     "start_watch",
 ]
@@ -63,6 +64,8 @@ POLL = 0.5
 """Seconds between two looks at the recorder."""
 MISMATCH_AFTER = 1.0
 """Seconds a collective waits before its rank compares positions with its peers."""
+PEERS_ASKED = 4
+"""Peers whose position a waiting rank reads (the group's first rank and its next ones)."""
 _FR_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 _STORE_PREFIX = "zlaunch_collective"
 
@@ -215,9 +218,9 @@ class _Watch:
                 self.posted[group] = position
         for group, record in waiting.items():
             peers = {}
-            for rank in record["ranks"]:
+            for rank in peers_to_ask(record["ranks"], self.rank):
                 key = f"{_STORE_PREFIX}/{group}/{rank}"
-                if rank != self.rank and store.check([key]):
+                if store.check([key]):
                     peers[rank] = json.loads(store.get(key))
             apart = collective_mismatch(record, peers)
             key = (group, record["seq"])
@@ -229,10 +232,10 @@ class _Watch:
         """To the controller, which says it once for every rank (an event), or on stderr when
         no agent listens."""
         if self.events_fd is not None:
-            event = {
+            event = {  # a few peers: one line under PIPE_BUF, so never torn by other events
                 "kind": COLLECTIVE_MISMATCH,
                 "mine": mine,
-                "peers": {str(r): p for r, p in apart.items()},
+                "peers": {str(r): p for r, p in sorted(apart.items())[:PEERS_ASKED]},
             }
             try:
                 os.write(self.events_fd, json.dumps(event).encode() + b"\n")
@@ -247,6 +250,19 @@ class _Watch:
             "will hang\n"
         )
         sys.stderr.flush()
+
+
+def peers_to_ask(group_ranks: list[int], me: int | None) -> list[int]:
+    """Whose posts a waiting rank reads: the group's first rank and the next few after it in
+    the group's ring. Bounded, so the store sees O(ranks) reads however large the job; and
+    enough: when every rank waits and two of them differ, two neighbours in the ring differ,
+    and the first of them reads the other's post."""
+    if me not in group_ranks:
+        return []
+    at = group_ranks.index(me)
+    ring = group_ranks[at + 1 :] + group_ranks[:at]
+    chosen = [group_ranks[0]] + ring[: PEERS_ASKED - 1]
+    return [r for r in dict.fromkeys(chosen) if r != me]
 
 
 def _recorder_dumps(c10d: Any) -> list[bytes]:

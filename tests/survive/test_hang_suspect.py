@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zlaunch.collective_records import RING, collective_mismatch, normalize
+from zlaunch.collective_records import RING, collective_mismatch, normalize, peers_to_ask
 from zlaunch.launcher.hang import hang_failure
 from zlaunch.launcher.hang_suspect import find_suspect, group_records
 
@@ -241,3 +241,14 @@ def test_mismatch_is_same_position_other_collective():
     assert collective_mismatch(reduce, {1: rec(9, sizes=((8,),))}) == {1: rec(9, sizes=((8,),))}
     scatter = rec(9, "scatter", "issued", sizes=((4,), (4,)))
     assert collective_mismatch(scatter, {1: rec(9, "scatter", "issued", sizes=((4,),))}) == {}
+
+
+def test_a_waiting_rank_reads_a_bounded_set_of_peers_that_covers_the_ring():
+    ranks = list(range(1000))
+    assert peers_to_ask(ranks, 0) == [1, 2, 3]
+    assert peers_to_ask(ranks, 998) == [0, 999, 1]
+    assert peers_to_ask([4, 6, 8], 8) == [4, 6]
+    assert peers_to_ask([4, 6, 8], 5) == []  # not in the group
+    # every neighbour pair of the ring is read by one of its two ranks
+    asked = {(me, p) for me in ranks for p in peers_to_ask(ranks, me)}
+    assert all((r, (r + 1) % 1000) in asked for r in ranks)

@@ -14,7 +14,7 @@ HOSTS3 = {0: "node1", 1: "node2", 2: "node3"}
 def rec(seq, op="all_reduce", state="completed", group="0", sizes=((4,),)):
     return {
         "group": group,
-        "ranks": [0, 1, 2],
+        "ranks": [0, 1, 2] if group == "0" else [0, 2],
         "seq": seq,
         "op": op,
         "sizes": [list(s) for s in sizes],
@@ -112,6 +112,18 @@ CASES = [
         [],
         (),
         ["nothing sets a rank apart", "all_reduce #57 (waiting)"],
+    ),
+    (
+        "a subgroup's outsider is not held against it",
+        {
+            0: history(rec(3, group="1", state="issued")),
+            1: DONE56,
+            2: history(rec(2, group="1"), rec(3, group="1", state="issued")),
+        },  # fmt: skip
+        [],
+        [],
+        (),
+        ["nothing sets a rank apart"],
     ),
     (
         "no records (no process group): the stacks decide",

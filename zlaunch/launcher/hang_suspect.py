@@ -105,7 +105,10 @@ def find_suspect(
         for r, rec in last.items()
         if rec is not None and rec["state"] == "issued" and r not in silent
     )
-    others = sorted(set(hosts) - set(waiting))
+    # only the group's members can hold it up (a subgroup's outsiders are elsewhere, rightly)
+    members = {m for recs in records.values() for r in recs if r.get("group") == group
+               for m in r.get("ranks") or ()} or set(hosts)  # fmt: skip
+    others = sorted((set(hosts) & members) - set(waiting))
 
     if waiting and others:
         sides = Counter(_key(last[r]) for r in waiting)

@@ -81,6 +81,15 @@ def _busiest_group(records: Mapping[int, Sequence[Mapping[str, Any]]]) -> str | 
     return max(newest, key=lambda g: newest[g]) if newest else None
 
 
+def _members(
+    records: Mapping[int, Sequence[Mapping[str, Any]]], group: str | None, hosts: Mapping[int, str]
+) -> set[int]:
+    """The group's ranks as its records name them (every rank when they do not)."""
+    named = {m for recs in records.values() for r in recs if r.get("group") == group
+             for m in r.get("ranks") or ()}  # fmt: skip
+    return named or set(hosts)
+
+
 def _key(record: Mapping[str, Any]) -> tuple:
     return collective_key(dict(record))
 
@@ -106,9 +115,7 @@ def find_suspect(
         if rec is not None and rec["state"] == "issued" and r not in silent
     )
     # only the group's members can hold it up (a subgroup's outsiders are elsewhere, rightly)
-    members = {m for recs in records.values() for r in recs if r.get("group") == group
-               for m in r.get("ranks") or ()} or set(hosts)  # fmt: skip
-    others = sorted((set(hosts) & members) - set(waiting))
+    others = sorted((set(hosts) & _members(records, group, hosts)) - set(waiting))
 
     if waiting and others:
         sides = Counter(_key(last[r]) for r in waiting)

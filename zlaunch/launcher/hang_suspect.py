@@ -85,8 +85,11 @@ def _members(
     records: Mapping[int, Sequence[Mapping[str, Any]]], group: str | None, hosts: Mapping[int, str]
 ) -> set[int]:
     """The group's ranks as its records name them (every rank when they do not)."""
-    named = {m for recs in records.values() for r in recs if r.get("group") == group
-             for m in r.get("ranks") or ()}  # fmt: skip
+    named: set[int] = set()
+    for recs in records.values():
+        for record in recs:
+            if record.get("group") == group:
+                named.update(record.get("ranks") or ())
     return named or set(hosts)
 
 

@@ -79,7 +79,14 @@ AGENT_SIDE = [
     *sorted((REPO / "zlaunch" / "agent").glob("*.py")),
     *(
         REPO / "zlaunch" / name
-        for name in ("worker_boot.py", "frames.py", "protocol.py", "collective_records.py")
+        for name in (
+            "worker_boot.py",
+            "worker_group.py",
+            "save_request.py",
+            "frames.py",
+            "protocol.py",
+            "collective_records.py",
+        )
     ),
 ]
 

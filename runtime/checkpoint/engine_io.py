@@ -22,12 +22,13 @@ import torch
 
 from . import jsonable
 from .errors import CheckpointError
+from .formats import open_checkpoint, resolve
 from .module_state import gather_extra, is_frozen_parameter, load_extra, module_tensors
 from .optimizer_state import check_saved_optimizer, load_optimizer_state, saved_optimizer
 from .pieces import PARAM, StagedRange, rank_pieces, stage_pieces
 from .reader import CheckpointReader
 from .rng import rng_state, set_rng_state
-from .storage import resolve_checkpoint, write_checkpoint
+from .storage import write_checkpoint
 
 __all__ = ["save_engine", "load_engine", "SaveRequest", "LoadRequest", "CHECKPOINT_DIR_ENV"]
 
@@ -207,6 +208,9 @@ def _check_extra(reader: CheckpointReader, extra: dict, wanted: dict) -> None:
 def _stage(engine, reader: CheckpointReader, request: LoadRequest) -> _Staged:
     trained = {n: p.shape for n, p in engine.sharding.trained_params().items()}
     names = _check_names(reader, trained, request.module_strict)
+    check_engine = getattr(reader, "check_engine", None)  # what a foreign format must add
+    if check_engine is not None:
+        check_engine(engine)
     kinds = [PARAM]
     if request.with_optimizer:
         kinds += sorted(set(reader.kinds) - {PARAM})
@@ -232,8 +236,8 @@ def _try_stage(engine, load_dir: str, tag, request: LoadRequest):
     """``(path, staged, error)``: every rank gets here, whatever failed, to agree."""
     path = None
     try:
-        path = resolve_checkpoint(load_dir, tag)
-        staged = None if path is None else _stage(engine, CheckpointReader(path), request)
+        path = resolve(load_dir, tag)
+        staged = None if path is None else _stage(engine, open_checkpoint(path), request)
         return path, staged, None
     except CheckpointError as err:
         return path, None, err

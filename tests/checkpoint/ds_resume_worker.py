@@ -1,0 +1,56 @@
+"""One rank of this runtime resuming from the DeepSpeed fixture (run by mp_utils.run_ranks)."""
+
+from __future__ import annotations
+
+import torch
+
+import runtime
+from tests.fixtures.deepspeed import ds_case
+
+
+def resume(load_dir: str, case: str, steps: int, load_optimizer_states: bool = True) -> dict:
+    """Load ``load_dir`` into a fresh engine of the fixture's model (a different random init,
+    so only the load can make it right), train ``steps`` steps on the global batches that
+    follow the save, and return the mean losses and what the load restored."""
+    import torch.distributed as dist
+
+    world = int(__import__("os").environ["WORLD_SIZE"])
+    rank = int(__import__("os").environ["RANK"])
+    model = ds_case.build_model(seed=99)
+    engine, _, _, _ = runtime.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_case.ds_config(case, world)
+    )
+    path, client = engine.load_checkpoint(load_dir, load_optimizer_states=load_optimizer_states)
+    out = {
+        "path": path,
+        "client_state": client,
+        "global_steps": engine.global_steps,
+        "global_samples": engine.global_samples,
+        "lr": engine.get_lr(),
+        "losses": [],
+    }
+    for s in range(steps):
+        ids = ds_case.rank_batch(ds_case.SAVE_STEP + s, rank, world)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        t = loss.detach().float().clone()
+        dist.all_reduce(t)
+        out["losses"].append(float(t) / world)
+    return out
+
+
+def load_only(load_dir: str, case: str) -> str:
+    """Try a load that must fail; the error's message (every rank)."""
+    world = int(__import__("os").environ["WORLD_SIZE"])
+    model = ds_case.build_model(seed=99)
+    engine, _, _, _ = runtime.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_case.ds_config(case, world)
+    )
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    try:
+        engine.load_checkpoint(load_dir)
+    except Exception as err:  # noqa: BLE001 - the test checks the type and message
+        same = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        return f"{type(err).__name__}|{same}|{err}"
+    return "loaded"

@@ -81,7 +81,7 @@ def initialize(
     ``get_data_parallel_group/rank/world_size``; runtime.parallel_groups has one). ZeRO stages
     0-2 then partition and reduce over the data-parallel group, batch sizes count data-parallel
     ranks, and each model-parallel rank checkpoints its own part (runtime.model_parallel).
-    The config's ``activation_checkpointing`` block configures runtime.checkpointing, with the
+    The config's ``activation_checkpointing`` block configures runtime.activation_checkpointing, with the
     mpu's group for ``partition_activations``.
     """
     from . import stacks
@@ -127,7 +127,7 @@ def _data_parallel_size(mpu: Any, env: Any) -> int:
 
 
 def _configure_activation_checkpointing(loaded: Any, resolved: Any, mpu: Any) -> None:
-    from . import checkpointing
+    from . import activation_checkpointing as checkpointing
 
     if "activation_checkpointing" in loaded.raw:
         checkpointing.configure(mpu, deepspeed_config=resolved)
@@ -291,7 +291,7 @@ def __getattr__(name: str):
 
         return Engine
     # runtime.zero.Init, as deepspeed.zero; runtime.dist, as deepspeed.comm;
-    # runtime.checkpointing, as deepspeed.checkpointing
+    # runtime.activation_checkpointing, as deepspeed.checkpointing
     if name in ("zero", "dist", "checkpointing"):
         import importlib
 

@@ -99,7 +99,10 @@ def build_options(**values) -> LaunchOptions:
     `LaunchOptions`; no host is contacted."""
     args = RunArguments(**values)
     num_nodes = resolve_nodes(
-        num_nodes=args.num_nodes, nnodes=args.nnodes, node_rank=args.node_rank, hostfile=args.hostfile
+        num_nodes=args.num_nodes,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        hostfile=args.hostfile,
     )
     args = replace(args, num_nodes=num_nodes)
     cwd = _working_directory(args)
@@ -220,7 +223,7 @@ def _launch_options(
     """The checked pieces (`launch_with`: the launcher and its extra arguments), the worker
     environment and the remaining flags, as one LaunchOptions."""
     from zlaunch.options import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
-    from zlaunch.run_index import default_log_dir
+    from zlaunch.rundir.index import default_log_dir
 
     worker_env = _worker_env(args)
     launcher, launcher_args = launch_with

@@ -24,6 +24,7 @@ from ..train_counters import TrainCounters
 from . import jsonable
 from .errors import CheckpointError
 from .formats import open_checkpoint, resolve
+from .hf_config import hf_configs
 from .module_state import gather_extra, is_frozen_parameter, load_extra, module_tensors
 from .optimizer_state import check_saved_optimizer, load_optimizer_state, saved_optimizer
 from .pieces import PARAM, StagedRange, rank_pieces, stage_pieces
@@ -126,6 +127,7 @@ def _manifest_fields(engine, aliases: dict, excluded: list, client: Any) -> dict
         "loss_scaler": _encoded_state(engine.precision.state_dict(), "loss scaler state"),
         "counters": engine.counters.state_dict(),
         "client_state": client,
+        **hf_configs(engine.module),
     }
 
 

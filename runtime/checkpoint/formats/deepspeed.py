@@ -78,7 +78,11 @@ class DeepSpeedReader:
         self._flats = self._flat_tensors()
         self.kinds = {k: "float32" for k in self._flats}
         self._extra = self._extra_tensors(model_files)
-        self.extra = {n: tuple(t.shape) for n, t in self._extra.items()}
+        # As the native reader gives them: (shard, {"shape", "dtype"}).
+        self.extra = {
+            n: (0, {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")})
+            for n, t in self._extra.items()
+        }
 
     # ------------------------------------------------------------------ files
     def _bad(self, problem: str) -> CheckpointError:
@@ -274,6 +278,9 @@ class DeepSpeedReader:
                     flat = [flat[place.group]]
                 out[a - lo : b - lo] = _flat_slice(flat, span.at + a - span.lo, b - a)
         return out
+
+    def param_group(self, name: str) -> int:
+        return self._places[name].group
 
     def read_full(self, name: str, kind: str = "param") -> torch.Tensor:
         return self.read(name, kind).view(self.shapes[name])

@@ -9,6 +9,7 @@ state dict in memory (a consolidated fp32 copy of the model).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -31,7 +32,11 @@ def write_dcp(
         progress(tensor_bytes(e.shape, e.dtype))
     os.makedirs(dst, exist_ok=True)
     try:
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(dst), no_dist=True)
+        with (
+            warnings.catch_warnings()
+        ):  # "no process group: saving in a single process" is the point
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(dst), no_dist=True)
     except Exception as err:  # noqa: BLE001 - DCP wraps file errors in its own types
         raise CheckpointError(f"cannot write the DCP checkpoint {dst}: {err}") from None
     return sorted(os.listdir(dst))

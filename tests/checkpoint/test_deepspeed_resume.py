@@ -70,3 +70,32 @@ def test_a_checkpoint_of_another_model_is_refused_before_any_change(tmp_path):
             {"load_dir": str(FIXTURE / "zero2_fp32")},
         )
     assert "weight has shape [64, 16] but the model's is [80, 16]" in str(failure.value)
+
+
+def test_zlaunch_resume_from_a_deepspeed_checkpoint_dir(tmp_path):
+    """``zlaunch --resume --checkpoint-dir`` with DeepSpeed's save folder: the ranks resume
+    from it by themselves (runtime.initialize) and continue as DeepSpeed did."""
+    import shutil
+    import subprocess
+    import sys
+
+    ckpt = tmp_path / "ds_ckpt"
+    shutil.copytree(FIXTURE / "zero2_fp32", ckpt)
+    out = tmp_path / "losses.json"
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "zlaunch", "--num-gpus", "2", "--no-color",
+            "--log-dir", str(tmp_path / "runs"), "--resume", "--checkpoint-dir", str(ckpt),
+            str(repo / WORKER), "--case", "zero2_fp32", "--out", str(out),
+        ],
+        cwd=str(repo),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    expected = EXPECTED["cases"]["zero2_fp32"]["after"]
+    assert got["global_steps"] == 3 + STEPS
+    assert max(abs(a - b) for a, b in zip(got["losses"], expected, strict=True)) < 2e-6

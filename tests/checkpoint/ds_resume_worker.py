@@ -22,7 +22,7 @@ def resume(load_dir: str, case: str, steps: int, load_optimizer_states: bool = T
 
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
-    model = ds_case.build_model(seed=99)
+    model = ds_case.model_for(case, seed=99)
     engine, _, _, _ = runtime.initialize(
         model=model, model_parameters=model.parameters(), config=ds_case.ds_config(case, world)
     )
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    model = ds_case.build_model(seed=99)
+    model = ds_case.model_for(args.case, seed=99)
     engine, _, _, _ = runtime.initialize(
         model=model, model_parameters=model.parameters(), config=ds_case.ds_config(args.case, world)
     )

@@ -38,6 +38,7 @@ def resume(world: int, saved: str, config_case: str | None = None, **kwargs) -> 
         ("zero1_fp32", 2, "zero3_fp32"),  # stage 1 -> stage 3
         ("zero3_bf16", 3, None),
         ("zero3_fp32", 4, "zero2_fp32"),  # stage 3 -> stage 2, 4 ranks
+        ("zero3_fp32_tied", 1, "zero1_fp32_tied"),  # tied embedding and head
     ],
 )
 def test_losses_continue_as_deepspeeds_own(saved, world, config_case):

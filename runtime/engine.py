@@ -305,6 +305,10 @@ class Engine(EngineQueries, torch.nn.Module):
         request = LoadRequest(
             load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only
         )
+        if self.mpu is not None:
+            from .checkpoint.formats import refuse_foreign_under_mpu
+
+            refuse_foreign_under_mpu(load_dir, tag)
         return load_engine(self, self.model_parallel.checkpoint_dir(load_dir), tag, request)
 
     def save_16bit_model(

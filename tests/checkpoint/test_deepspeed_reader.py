@@ -198,3 +198,11 @@ def test_zero3_places_split_every_parameter_and_pad_the_last_rank():
     assert places["b"].spans == (Span(0, 1, 0, 3), Span(1, 2, 1, 3))
     with pytest.raises(CheckpointError, match="need 4 elements per rank"):
         zero3_places([{"a": (5,)}, {"b": (2,)}], 5, 2, "x")
+
+
+def test_under_an_mpu_a_deepspeed_checkpoint_is_refused_not_skipped():
+    from runtime.checkpoint.formats import refuse_foreign_under_mpu
+
+    with pytest.raises(CheckpointError, match="with model parallelism"):
+        refuse_foreign_under_mpu(str(FIXTURE / "zero2_fp32"), None)
+    refuse_foreign_under_mpu(str(FIXTURE / "no-such-dir"), None)  # the load says what is missing

@@ -16,7 +16,15 @@ import os
 from ..errors import CheckpointError
 from ..storage import LATEST, MANIFEST, resolve_checkpoint, validate_tag
 
-__all__ = ["NATIVE", "DEEPSPEED", "detect_format", "open_checkpoint", "resolve", "locate"]
+__all__ = [
+    "NATIVE",
+    "DEEPSPEED",
+    "detect_format",
+    "open_checkpoint",
+    "resolve",
+    "locate",
+    "refuse_foreign_under_mpu",
+]
 
 NATIVE = "zlaunch"
 DEEPSPEED = "deepspeed"
@@ -79,3 +87,18 @@ def locate(checkpoint_dir: str, tag: str | None = None) -> str:
             "DeepSpeed model-states file; give --tag or the folder of one checkpoint"
         )
     return path
+
+
+def refuse_foreign_under_mpu(load_dir: str | None, tag: str | None) -> None:
+    """With an mpu each rank loads its ``mp_rank_NN/`` part of a native checkpoint; a DeepSpeed
+    checkpoint keeps its tensor-parallel parts side by side, which is not read here. Say so
+    instead of finding no ``latest`` under ``mp_rank_NN/`` and loading nothing."""
+    if not load_dir:
+        return
+    named = _named_tag(os.path.abspath(str(load_dir)), tag)
+    if named is not None and detect_format(named) == DEEPSPEED:
+        raise CheckpointError(
+            f"{named} is a DeepSpeed checkpoint; with model parallelism (an mpu) only this "
+            "runtime's checkpoints are loaded (DeepSpeed's tensor-parallel parts are not "
+            "resharded here); load it without an mpu, or convert the model's weights"
+        )

@@ -34,7 +34,6 @@ def resume(world: int, saved: str, config_case: str | None = None, **kwargs) -> 
 @pytest.mark.parametrize(
     "saved, world, config_case",
     [
-        ("zero2_fp32", 1, None),
         ("zero1_fp32", 2, "zero3_fp32"),  # stage 1 -> stage 3
         ("zero3_bf16", 3, None),
         ("zero3_fp32", 4, "zero2_fp32"),  # stage 3 -> stage 2, 4 ranks

@@ -5,9 +5,10 @@
 
 The benchmark GPT (examples/gpt.py ``bench_model``, 23.2M parameters, fp32, Adam) trains on
 ``--world-size`` gloo ranks, one thread each. Each round measures, for sync and then async:
-three plain steps (the round's step time), then ``save_checkpoint`` followed by one step. The
-**stall** is that save + step minus the round's median step: the time training lost to the
-save. Sync and async alternate in the same processes, so load from other work on the machine
+three plain steps (the round's step time), then ``save_checkpoint`` followed by ``--after``
+steps (3: long enough for a background write to finish). The **stall** is that save + those
+steps minus as many median steps: the time training lost to the save, including what a
+background write takes from the steps it runs beside (on CPU it competes for the same cores). Sync and async alternate in the same processes, so load from other work on the machine
 hits both alike; judge the ratio, not the absolute seconds. Between measurements the async
 save is waited for (untimed) and every checkpoint is removed (disk stays small).
 """
@@ -80,13 +81,20 @@ def worker(args) -> None:
             t = time.perf_counter()
             path = engine.save_checkpoint(args.dir, tag=f"{mode}{r}", async_save=mode == "async")
             returned = time.perf_counter() - t
-            _step(engine, step, shape)
-            step += 1
+            for _ in range(args.after):
+                _step(engine, step, shape)
+                step += 1
             total = time.perf_counter() - t
+            in_flight = engine.checkpoint_saver.in_flight
             engine.wait_for_checkpoint()
             step_time = statistics.median(plain)
             rows[mode].append(
-                {"step": step_time, "save_call": returned, "stall": total - step_time}
+                {
+                    "step": step_time,
+                    "save_call": returned,
+                    "stall": total - args.after * step_time,
+                    "still_writing": float(in_flight),
+                }
             )
             if rank == 0:
                 shutil.rmtree(path, ignore_errors=True)
@@ -105,6 +113,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--after", type=int, default=3, help="steps timed after the save")
     parser.add_argument("--tiny", action="store_true", help="a 0.1M-parameter model (smoke)")
     parser.add_argument("--json", help="write the per-round numbers here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -130,7 +139,8 @@ def main(argv=None) -> None:
             )
             cmd = [sys.executable, __file__, "--worker", "--dir", f"{tmp}/ckpt"]
             cmd += ["--out", f"{tmp}/rows.json", "--rounds", str(args.rounds)]
-            cmd += ["--stage", str(args.stage)] + (["--tiny"] if args.tiny else [])
+            cmd += ["--stage", str(args.stage), "--after", str(args.after)]
+            cmd += ["--tiny"] if args.tiny else []
             procs.append(subprocess.Popen(cmd, env=env))
         for p in procs:
             if p.wait(timeout=1800):
@@ -140,7 +150,10 @@ def main(argv=None) -> None:
         mode: {k: statistics.median(r[k] for r in rs) for k in ("step", "save_call", "stall")}
         for mode, rs in rows.items()
     }
-    print(f"{args.world_size} ranks, stage {args.stage}, {args.rounds} rounds (medians, seconds)")
+    print(
+        f"{args.world_size} ranks, stage {args.stage}, {args.rounds} rounds, {args.after} steps "
+        "after each save (medians, seconds)"
+    )
     print(f"{'':8}{'step':>10}{'save call':>12}{'stall':>10}")
     for mode, s in summary.items():
         print(f"{mode:8}{s['step']:>10.3f}{s['save_call']:>12.3f}{s['stall']:>10.3f}")

@@ -62,6 +62,10 @@ class Engine(EngineQueries, torch.nn.Module):
         self.dp_world_size, self.dp_rank = self.comm.world_size, self.comm.rank
         self.precision = Precision.from_config(config)
         self.counters = TrainCounters()
+        from .checkpoint.async_save import AsyncSaver, async_save_default
+
+        self.checkpoint_saver = AsyncSaver()
+        self._async_save_default = async_save_default(config.raw)
         self.accumulation = Accumulation(self.gradient_accumulation_steps)
         self._place_module()
         self.sharding: ShardingStrategy = self._build_sharding(optimizer, model_parameters)
@@ -259,6 +263,7 @@ class Engine(EngineQueries, torch.nn.Module):
         client_state=None,
         save_latest=True,
         exclude_frozen_parameters=False,
+        async_save=None,
     ):
         """Write a sharded checkpoint (call on every rank); returns its directory.
 
@@ -266,11 +271,23 @@ class Engine(EngineQueries, torch.nn.Module):
         ``global_step<N>``; ``client_state`` must be JSON-serialisable (nothing is pickled).
         ``exclude_frozen_parameters``: leave out parameters with ``requires_grad`` false (a
         LoRA base model): loading keeps the model's own values for them.
+        ``async_save`` (default: the config's ``checkpoint.async_save``, false): return once
+        the state is copied; the files are written in the background (``latest`` last), and
+        the next save, a load or `wait_for_checkpoint` waits for them.
         """
         from .checkpoint.engine_io import SaveRequest, save_engine
 
-        request = SaveRequest(client_state or {}, save_latest, exclude_frozen_parameters)
+        if async_save is None:
+            async_save = self._async_save_default
+        request = SaveRequest(
+            client_state or {}, save_latest, exclude_frozen_parameters, bool(async_save)
+        )
         return save_engine(self, self.model_parallel.checkpoint_dir(save_dir), tag, request)
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until a background save (``async_save``) is complete on this rank; raises its
+        error if it failed (the previous checkpoint then stays ``latest``)."""
+        self.checkpoint_saver.wait()
 
     def load_checkpoint(
         self,
@@ -288,6 +305,10 @@ class Engine(EngineQueries, torch.nn.Module):
         request = LoadRequest(
             load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only
         )
+        if self.mpu is not None:
+            from .checkpoint.formats import refuse_foreign_under_mpu
+
+            refuse_foreign_under_mpu(load_dir, tag)
         return load_engine(self, self.model_parallel.checkpoint_dir(load_dir), tag, request)
 
     def save_16bit_model(

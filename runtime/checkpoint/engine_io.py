@@ -22,14 +22,17 @@ import torch
 
 from ..train_counters import TrainCounters
 from . import jsonable
+from .async_save import snapshot
 from .errors import CheckpointError
+from .formats import open_checkpoint, resolve
+from .hf_config import hf_configs
 from .load_checks import check_like, check_optimizer_values, check_rng_state
 from .module_state import gather_extra, is_frozen_parameter, load_extra, module_tensors
 from .optimizer_state import check_saved_optimizer, load_optimizer_state, saved_optimizer
 from .pieces import PARAM, StagedRange, rank_pieces, stage_pieces
 from .reader import CheckpointReader
 from .rng import rng_state, set_rng_state
-from .storage import resolve_checkpoint, write_checkpoint
+from .storage import write_checkpoint
 
 __all__ = ["save_engine", "load_engine", "SaveRequest", "LoadRequest", "CHECKPOINT_DIR_ENV"]
 
@@ -45,6 +48,8 @@ class SaveRequest:
     save_latest: bool = True
     exclude_frozen: bool = False
     """Leave out parameters with ``requires_grad`` false (loading keeps the model's)."""
+    async_save: bool = False
+    """Return once the state is snapshotted; write in a background thread (`async_save`)."""
 
 
 @dataclass(frozen=True)
@@ -66,21 +71,27 @@ class LoadRequest:
 
 
 # ---------------------------------------------------------------------------- collectives
-def _agree_fn(engine):
+def _agree_fn(engine, comm=None):
+    """An all-ranks AND of ``ok``; on ``comm`` (the async saver's gloo group: host tensors)."""
+    device = engine.device if comm is None else "cpu"
+    comm = comm or engine.comm
+
     def agree(ok: bool) -> bool:
-        flag = torch.tensor([0.0 if ok else 1.0], device=engine.device)
-        engine.comm.all_reduce(flag)
+        flag = torch.tensor([0.0 if ok else 1.0], device=device)
+        comm.all_reduce(flag)
         return float(flag.item()) == 0.0
 
     return agree
 
 
-def _share_fn(engine):
+def _share_fn(engine, comm=None):
     """rank 0's integer on every rank (names a save's partial directory uniquely)."""
+    device = engine.device if comm is None else "cpu"
+    comm = comm or engine.comm
 
     def share(value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64, device=engine.device)
-        engine.comm.broadcast(t, src=0)
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        comm.broadcast(t, src=0)
         return int(t.item())
 
     return share
@@ -126,6 +137,7 @@ def _manifest_fields(engine, aliases: dict, excluded: list, client: Any) -> dict
         "loss_scaler": _encoded_state(engine.precision.state_dict(), "loss scaler state"),
         "counters": engine.counters.state_dict(),
         "client_state": client,
+        **hf_configs(engine.module),
     }
 
 
@@ -141,21 +153,43 @@ def save_engine(engine, save_dir=None, tag=None, request: SaveRequest = SaveRequ
         extra = {k: v for k, v in extra.items() if k not in excluded}
     rank = engine.comm.rank
     extra = gather_extra(extra, rank)
-    path = write_checkpoint(
-        save_dir,
-        tag,
+    engine.checkpoint_saver.wait()  # one save at a time, in order
+    pieces = rank_pieces(engine.sharding, engine.optimizer.state, rank, engine.comm.world_size)
+    write = dict(
         rank=rank,
         world_size=engine.comm.world_size,
         agree=_agree_fn(engine),
         share=_share_fn(engine),
-        pieces=rank_pieces(engine.sharding, engine.optimizer.state, rank, engine.comm.world_size),
+        pieces=pieces,
         extra=extra if rank == 0 else None,
         rank_state=rng_state(),
         manifest_fields=lambda: _manifest_fields(engine, aliases, excluded, client),
         save_latest=request.save_latest,
     )
+    if request.async_save:
+        return _save_in_background(engine, save_dir, tag, write)
+    path = write_checkpoint(save_dir, tag, **write)
     if rank == 0:
         log.info("saved checkpoint %s", path)
+    return path
+
+
+def _save_in_background(engine, save_dir: str, tag: str, write: dict) -> str:
+    """Snapshot what ``write`` would write, then write it in the engine's saver thread."""
+    saver = engine.checkpoint_saver
+    comm = saver.communicator(engine)
+    fields = write["manifest_fields"]() if write["rank"] == 0 else None
+    write.update(
+        pieces=[(piece, snapshot(kinds)) for piece, kinds in write["pieces"]],
+        extra=None if write["extra"] is None else snapshot(write["extra"]),
+        manifest_fields=lambda: fields,
+        agree=_agree_fn(engine, comm),
+        share=_share_fn(engine, comm),
+    )
+    path = os.path.join(os.path.abspath(save_dir), tag)
+    saver.start(lambda: write_checkpoint(save_dir, tag, **write), path)
+    if write["rank"] == 0:
+        log.info("saving checkpoint %s in the background", path)
     return path
 
 
@@ -207,6 +241,9 @@ def _check_extra(reader: CheckpointReader, extra: dict, wanted: dict) -> None:
 def _stage(engine, reader: CheckpointReader, request: LoadRequest) -> _Staged:
     trained = {n: p.shape for n, p in engine.sharding.trained_params().items()}
     names = _check_names(reader, trained, request.module_strict)
+    check_engine = getattr(reader, "check_engine", None)  # what a foreign format must add
+    if check_engine is not None:
+        check_engine(engine)
     kinds = [PARAM]
     if request.with_optimizer:
         kinds += sorted(set(reader.kinds) - {PARAM})
@@ -251,8 +288,8 @@ def _try_stage(engine, load_dir: str, tag, request: LoadRequest):
     """``(path, staged, error)``: every rank gets here, whatever failed, to agree."""
     path = None
     try:
-        path = resolve_checkpoint(load_dir, tag)
-        staged = None if path is None else _stage(engine, CheckpointReader(path), request)
+        path = resolve(load_dir, tag)
+        staged = None if path is None else _stage(engine, open_checkpoint(path), request)
         return path, staged, None
     except CheckpointError as err:
         return path, None, err
@@ -267,6 +304,7 @@ def load_engine(engine, load_dir=None, tag=None, request: LoadRequest = LoadRequ
     No ``latest`` (and no tag): a warning and ``(None, None)``, as DeepSpeed does.
     """
     load_dir = _default_dir(load_dir, "load_checkpoint")
+    engine.checkpoint_saver.wait()  # a save in flight may be the checkpoint asked for
     path, staged, error = _try_stage(engine, load_dir, tag, request)
     if not _agree_fn(engine)(error is None):
         if error is not None:

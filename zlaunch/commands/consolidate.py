@@ -1,5 +1,7 @@
 """`zlaunch consolidate CKPT_DIR [--tag T] -o model.safetensors [--dtype fp32|bf16|fp16]`.
 
+The name `zlaunch convert CKPT_DIR --to safetensors` had first (the same code, plus --verify).
+
 Turns a sharded checkpoint (any world size, any ZeRO stage) into one safetensors state dict
 that ``model.load_state_dict`` takes, on one machine, without torch.distributed or the engine.
 CKPT_DIR is the save directory (its ``latest``, or ``--tag``) or one checkpoint's directory.
@@ -9,7 +11,6 @@ A bad checkpoint is one line naming the file (exit 1), never a traceback.
 from __future__ import annotations
 
 import os
-import time
 
 import click
 
@@ -40,34 +41,18 @@ def command(checkpoint_dir: str, tag: str | None, output: str, dtype: str, verif
         raise UsageError(
             f"-o {output} is a directory", hint="give a file name, e.g. model.safetensors"
         )
-    from runtime.checkpoint import CheckpointError
-    from runtime.checkpoint.consolidate import (
-        DTYPES,
-        consolidate_state_dict,
-        locate,
-        write_state_dict,
-    )
-    from runtime.checkpoint.reader import CheckpointReader
+    if verify:
+        from runtime.checkpoint import CheckpointError
+        from runtime.checkpoint.formats import NATIVE, detect_format, locate
+        from runtime.checkpoint.reader import CheckpointReader
 
-    start = time.perf_counter()
-    try:
-        if verify:
-            with CheckpointReader(locate(checkpoint_dir, tag)) as reader:
-                reader.verify_checksums()
-        state, path = consolidate_state_dict(checkpoint_dir, tag, DTYPES[dtype])
-        write_state_dict(state, output, {"format": "pt", "source": path, "dtype": dtype})
-        with CheckpointReader(path) as reader:
-            excluded = reader.state("excluded_frozen") or []
-    except CheckpointError as err:
-        raise ZlaunchError(str(err), exit_code=EXIT_BAD_CHECKPOINT) from None
-    numel = sum(t.numel() for t in state.values())
-    click.echo(
-        f"wrote {output}: {len(state)} tensors, {numel:,} elements ({dtype}) from {path} "
-        f"in {time.perf_counter() - start:.2f}s"
-    )
-    if excluded:
-        click.echo(
-            f"note: {len(excluded)} frozen parameter(s) are not in it (saved with "
-            f"exclude_frozen_parameters, e.g. {excluded[0]}); take them from the base model",
-            err=True,
-        )
+        try:
+            path = locate(checkpoint_dir, tag)
+            if detect_format(path) == NATIVE:
+                with CheckpointReader(path) as reader:
+                    reader.verify_checksums()
+        except CheckpointError as err:
+            raise ZlaunchError(str(err), exit_code=EXIT_BAD_CHECKPOINT) from None
+    from zlaunch.commands.convert import run_convert
+
+    run_convert(checkpoint_dir, output, "safetensors", tag, dtype)

@@ -187,6 +187,9 @@ class Attempt:
         self._handle(AttemptPlanned(tuple(slots)))
         if self.number == 0:  # the run's id and where its logs are, as the ranks start
             self.console.note(f"run {run_id}  logs {self.recorder.path}{self.recorder.index_error}")
+            api = self.options.deepspeed_api
+            if api is not None:
+                self.console.note(api.describe())
         for index, spec in enumerate(specs):
             if not self.links.send(index, spec):
                 self._lose_agent(index, "connection closed before the spec was sent")

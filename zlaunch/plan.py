@@ -181,6 +181,11 @@ def _run_env(options: LaunchOptions, run_id: str, attempt: int) -> dict[str, str
     collective_timeout = getattr(options, "collective_timeout", None)
     if collective_timeout is not None:
         env[protocol.COLLECTIVE_TIMEOUT_ENV] = f"{collective_timeout:g}"
+    api = getattr(options, "deepspeed_api", None)
+    if api is not None and api.kind == "bundled":  # `import deepspeed` -> the runtime
+        from zlaunch.deepspeed_api import worker_pythonpath
+
+        env["PYTHONPATH"] = worker_pythonpath(api, options.env.get("PYTHONPATH"))
     return env
 
 

@@ -82,6 +82,7 @@ class RunArguments:
     launcher: str = "auto"
     slurm_args: str | None = None
     mpirun_args: str | None = None
+    runtime: str = "auto"
     environ: Mapping[str, str] | None = None
     """The environment to read (default: os.environ)."""
     home: str | None = None
@@ -260,7 +261,28 @@ def _launch_options(
         min_nodes=args.min_nodes,
         spare_hosts=tuple(spares),
         collective_timeout=args.collective_timeout,
+        deepspeed_api=_deepspeed_api(args, worker_env),
     )
+
+
+def _deepspeed_api(args: RunArguments, worker_env: Mapping[str, str]):
+    """Which runtime serves ``import deepspeed`` in the workers (--runtime; see
+    zlaunch.deepspeed_api). None for a program that is not run by Python (--no-python)."""
+    from zlaunch.deepspeed_api import bundled_path, choose, find_installed
+
+    if args.no_python:
+        if args.runtime == "bundled":
+            raise UsageError(
+                "--runtime bundled needs the script to run under Python",
+                hint="drop --no-python, or run your program with PYTHONPATH set yourself",
+            )
+        return None
+    environ = dict(args.environ)
+    if "PYTHONPATH" in worker_env:
+        environ["PYTHONPATH"] = worker_env["PYTHONPATH"]
+    # Looked up for --runtime bundled too: the start line says when it shadows a real one.
+    installed = find_installed(args.python or sys.executable, environ)
+    return choose(args.runtime, installed, bundled_path())
 
 
 def find_config_in_args(args: Sequence[str]) -> str | None:

@@ -1,0 +1,55 @@
+"""Write reference.json: the `cases.CASES` runs under torchrun with real DeepSpeed.
+
+    python -m tests.hf.make_reference        (needs deepspeed installed: the bench extra)
+
+Per case: the per-step losses and gradient norms the Trainer logged and the logits of the
+`save_model()` output loaded with `from_pretrained`. `test_trainer.py` compares the bundled
+runtime with these numbers, so the comparison needs no DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from tests.hf.cases import CASES, REFERENCE, SCRIPT, losses, probe_logits
+
+
+def run_case(case, out: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    # The repository must be importable (the runtime is not used), the bundled API must not.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "deepspeed_api" not in p
+    )
+    command = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={case.ranks}",
+        "--master-port=0", SCRIPT, *case.args(out),
+    ]  # fmt: skip
+    subprocess.run(command, env=env, check=True)
+    with open(os.path.join(out, "log.json")) as f:
+        history = json.load(f)
+    return {
+        "losses": losses(os.path.join(out, "log.json")),
+        "grad_norms": {r["step"]: r["grad_norm"] for r in history if "grad_norm" in r},
+        "logits": [[round(v, 6) for v in row] for row in probe_logits(os.path.join(out, "model"))],
+    }
+
+
+def main() -> None:
+    version = importlib.metadata.version("deepspeed")
+    reference = {"deepspeed": version, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, case in CASES.items():
+            reference["cases"][name] = run_case(case, os.path.join(tmp, name))
+    with open(REFERENCE, "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
+    print(f"wrote {REFERENCE} (DeepSpeed {version})")
+
+
+if __name__ == "__main__":
+    main()

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 import torch
 
 from ..comm import Communicator
+from .param_status import ZeroParamStatus
 
 __all__ = ["Init", "GatheredParameters", "ParamPartition", "is_partitioned"]
 
@@ -75,6 +76,7 @@ class ParamPartition:
         param.ds_shape = self.shape
         param.ds_numel = self.numel
         param._zero_owner = self
+        param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
     def full_flat(self) -> torch.Tensor:
         """The whole (padded) parameter, gathered from every rank's chunk."""
@@ -90,6 +92,7 @@ class ParamPartition:
         if self.users == 1:
             self._flat = self.full_flat()
             self._param.data = self._flat[: self.numel].view(self.shape)
+            self._param.ds_status = ZeroParamStatus.AVAILABLE
 
     def release_for_user(self, modifier_rank: int | None) -> None:
         if modifier_rank is not None:
@@ -99,6 +102,7 @@ class ParamPartition:
         self.users -= 1
         if self.users == 0:
             self._param.data = torch.empty(0, dtype=self.dtype, device=self.device)
+            self._param.ds_status = ZeroParamStatus.NOT_AVAILABLE
             self._flat = None
 
     def detach_from_param(self) -> None:

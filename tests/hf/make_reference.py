@@ -2,8 +2,8 @@
 
     python -m tests.hf.make_reference        (needs deepspeed installed: the bench extra)
 
-Per case: the per-step losses and gradient norms the Trainer logged and the logits of the
-`save_model()` output loaded with `from_pretrained`. `test_trainer.py` compares the bundled
+Per case (`cases.outcome`): the per-step losses and gradient norms, and the logits of the
+saved model loaded with `from_pretrained` (the adapter's tensors for LoRA). `test_trainer.py` compares the bundled
 runtime with these numbers, so the comparison needs no DeepSpeed.
 """
 
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-from tests.hf.cases import CASES, REFERENCE, SCRIPT, losses, probe_logits
+from tests.hf.cases import CASES, REFERENCE, outcome
 
 
 def run_case(case, out: str) -> dict:
@@ -27,16 +27,10 @@ def run_case(case, out: str) -> dict:
     )
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={case.ranks}",
-        "--master-port=0", SCRIPT, *case.args(out),
+        "--standalone", case.script, *case.args(out),
     ]  # fmt: skip
     subprocess.run(command, env=env, check=True)
-    with open(os.path.join(out, "log.json")) as f:
-        history = json.load(f)
-    return {
-        "losses": losses(os.path.join(out, "log.json")),
-        "grad_norms": {r["step"]: r["grad_norm"] for r in history if "grad_norm" in r},
-        "logits": [[round(v, 6) for v in row] for row in probe_logits(os.path.join(out, "model"))],
-    }
+    return outcome(case, out)
 
 
 def main() -> None:

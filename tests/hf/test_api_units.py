@@ -16,8 +16,12 @@ import pathlib
 import pytest
 import torch
 
-from zlaunch.commands.run_options import auto_keys, build_options, find_config_in_args
-from zlaunch.commands.run_options import validate_config
+from zlaunch.commands.run_options import (
+    auto_keys,
+    build_options,
+    find_config_in_args,
+    validate_config,
+)
 from zlaunch.deepspeed_api import DeepSpeedApi, Installed, choose, worker_pythonpath
 from zlaunch.errors import ConfigError, UsageError
 from zlaunch.plan import build_plan
@@ -130,7 +134,11 @@ def test_auto_config_is_still_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"zero_optimization.reduce_bucket_sise is not a valid"):
         validate_config(str(path), world_size=2)
     # Numbers given for the whole batch triple are checked against the world size as before.
-    data = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}
+    data = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 3,
+    }
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="train_batch_size 8 must equal"):
         validate_config(str(path), world_size=2)
@@ -171,16 +179,20 @@ def test_what_the_runtime_lacks_is_named():
     ds = importlib.import_module(COMPAT)
     missing = importlib.import_module(f"{COMPAT}._missing").NotInBundledRuntime
     with pytest.raises(missing, match=r"deepspeed.tp_model_init is not provided by zlaunch's"):
-        ds.tp_model_init
-    with pytest.raises(missing, match=r"deepspeed.ops.adagrad.DeepSpeedCPUAdagrad .*--runtime deepspeed"):
+        _ = ds.tp_model_init
+    with pytest.raises(
+        missing, match=r"deepspeed.ops.adagrad.DeepSpeedCPUAdagrad .*--runtime deepspeed"
+    ):
         exec(f"from {COMPAT}.ops.adagrad import DeepSpeedCPUAdagrad")
     with pytest.raises(missing, match=r"deepspeed.utils.groups"):
         exec(f"from {COMPAT}.utils import groups")
     with pytest.raises(AttributeError):  # import machinery's probes stay plain
-        ds.__wrapped__
+        _ = ds.__wrapped__
 
 
-@pytest.mark.parametrize("name, mode_key", [("DeepSpeedCPUAdam", "adamw_mode"), ("FusedAdam", "adam_w_mode")])
+@pytest.mark.parametrize(
+    "name, mode_key", [("DeepSpeedCPUAdam", "adamw_mode"), ("FusedAdam", "adam_w_mode")]
+)
 def test_deepspeed_adam_classes_step_as_torch_adam(name, mode_key):
     cls = getattr(importlib.import_module(f"{COMPAT}.ops.adam"), name)
     for decoupled, reference in ((True, torch.optim.AdamW), (False, torch.optim.Adam)):
@@ -203,7 +215,9 @@ def test_deepspeed_adam_classes_step_as_torch_adam(name, mode_key):
 def test_engine_config_reads_as_the_deepspeed_mapping():
     from runtime.config import load_config
 
-    config = load_config({"train_batch_size": 8, "steps_per_print": float("inf"), "zero_optimization": {"stage": 3}})
+    config = load_config(
+        {"train_batch_size": 8, "steps_per_print": float("inf"), "zero_optimization": {"stage": 3}}
+    )
     assert config.steps_per_print is None  # accelerate's "never print"
     assert config.get("zero_optimization", {}).get("stage") == 3
     assert config.get("tensor_parallel", {}) == {}

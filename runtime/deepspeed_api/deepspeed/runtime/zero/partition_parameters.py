@@ -10,12 +10,12 @@ constructors, so there is nothing to wrap: the function returns the constructor 
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 
 import torch
 
 from runtime.zero.init import GatheredParameters, Init
+from runtime.zero.param_status import ZeroParamStatus
 
 from ..._missing import module_getattr
 from ...accelerator import get_accelerator
@@ -29,14 +29,6 @@ __all__ = [
 ]
 
 _orig_torch_arange = torch.arange
-
-
-class ZeroParamStatus(enum.Enum):
-    """DeepSpeed's states of a partitioned parameter."""
-
-    AVAILABLE = 1
-    NOT_AVAILABLE = 2
-    INFLIGHT = 3
 
 
 def zero_wrapper_for_fp_tensor_constructor(fn: Callable, target_fp_dtype=None, target_device=None):  # noqa: ARG001

@@ -1,6 +1,6 @@
 """Write reference.json: the `cases.CASES` runs under torchrun with real DeepSpeed.
 
-    python -m tests.hf.make_reference        (needs deepspeed installed: the bench extra)
+    python -m tests.hf.make_reference [CASE ...]   (needs deepspeed installed: the bench extra)
 
 Per case (`cases.outcome`): the per-step losses and gradient norms, and the logits of the
 saved model loaded with `from_pretrained` (the adapter's tensors for LoRA). `test_trainer.py` compares the bundled
@@ -34,11 +34,19 @@ def run_case(case, out: str) -> dict:
 
 
 def main() -> None:
+    """All cases, or those named on the command line (the others are kept as recorded)."""
     version = importlib.metadata.version("deepspeed")
+    names = sys.argv[1:] or list(CASES)
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        sys.exit(f"unknown case(s) {', '.join(unknown)}; the cases are {', '.join(CASES)}")
     reference = {"deepspeed": version, "cases": {}}
+    if os.path.exists(REFERENCE) and names != list(CASES):
+        with open(REFERENCE) as f:
+            reference["cases"] = json.load(f)["cases"]
     with tempfile.TemporaryDirectory() as tmp:
-        for name, case in CASES.items():
-            reference["cases"][name] = run_case(case, os.path.join(tmp, name))
+        for name in names:
+            reference["cases"][name] = run_case(CASES[name], os.path.join(tmp, name))
     with open(REFERENCE, "w") as f:
         json.dump(reference, f, indent=1)
         f.write("\n")

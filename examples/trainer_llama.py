@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import (
+    AutoModelForCausalLM,
     HfArgumentParser,
     LlamaConfig,
     LlamaForCausalLM,
@@ -34,6 +35,10 @@ class ScriptArguments:
     num_samples: int = field(default=256, metadata={"help": "samples in the synthetic data set"})
     log_file: str | None = field(default=None, metadata={"help": "write the log history here"})
     save_model_dir: str | None = field(default=None, metadata={"help": "trainer.save_model here"})
+    from_config: bool = field(
+        default=False,
+        metadata={"help": "build with AutoModelForCausalLM.from_config (zero.Init under ZeRO-3)"},
+    )
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -65,7 +70,11 @@ def main() -> None:
         max_position_embeddings=script.seq_len,
     )
     torch.manual_seed(training.seed)
-    model = LlamaForCausalLM(config)
+    # TrainingArguments(deepspeed=...) is created first, so from_config sees ZeRO-3 and builds
+    # the model already partitioned (deepspeed.zero.Init), as from_pretrained does.
+    model = (
+        AutoModelForCausalLM.from_config(config) if script.from_config else LlamaForCausalLM(config)
+    )
     data = SyntheticTokens(script.num_samples, script.seq_len, script.vocab_size)
     trainer = Trainer(model=model, args=training, train_dataset=data, eval_dataset=data)
     trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)

@@ -111,6 +111,25 @@ class ParamPartition:
             self._param._zero_owner = None
 
 
+def _offloads_params(source) -> bool:
+    """Whether the config (a Config, a mapping or a file) offloads parameters. Only its
+    ``zero_optimization`` block is read: the Hugging Face integration builds models under Init
+    before it has filled the config's other "auto" values (scheduler steps and the like)."""
+    import os
+    from collections.abc import Mapping
+
+    from ..config import load_config
+
+    if hasattr(source, "zero_optimization"):
+        return source.zero_optimization.offload_param.enabled
+    if isinstance(source, (str, os.PathLike)):
+        from ..config_files import read_file
+
+        source = read_file(source, os.fspath(source))
+    zero = source.get("zero_optimization", {}) if isinstance(source, Mapping) else {}
+    return load_config({"zero_optimization": zero}).zero_optimization.offload_param.enabled
+
+
 class Init:
     """Partition parameters as modules are constructed (see the module docstring).
 
@@ -137,12 +156,8 @@ class Init:
         self.dtype = dtype
         self._group = data_parallel_group
         source = config_dict_or_path if config_dict_or_path is not None else config
-        if remote_device is None and source is not None:
-            from ..config import load_config
-
-            loaded = source if hasattr(source, "zero_optimization") else load_config(source)
-            if loaded.zero_optimization.offload_param.enabled:
-                remote_device = "cpu"
+        if remote_device is None and source is not None and _offloads_params(source):
+            remote_device = "cpu"
         self._remote = remote_device if remote_device not in (None, "none") else None
         self._comm: Communicator | None = None
         self._patched: list[tuple[type, object]] = []

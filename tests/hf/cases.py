@@ -71,8 +71,9 @@ SCRIPTS = {
 }
 
 # zero2: the Trainer's own scheduler (the config has none) and gradient accumulation, saving a
-# checkpoint at step 3 for the resume at another world size. zero3: the config's WarmupDecayLR,
-# gradient checkpointing and the 16-bit gather on save. sft_lora_zero3: TRL's SFTTrainer with a
+# checkpoint at step 3 for the resume at another world size. zero3: the model built under
+# deepspeed.zero.Init (from_config; transformers initialises it gathered on rank 0), the
+# config's WarmupDecayLR, gradient checkpointing and the 16-bit gather on save. sft_lora_zero3: TRL's SFTTrainer with a
 # peft LoRA adapter, in fp32 (SFTConfig turns bf16 on by default; in bf16 Adam turns the last
 # bit of a near-zero gradient into a whole step, and runs drift apart by ~1% in 4 steps). accelerate_zero2: accelerate's loop
 # with a DeepSpeedPlugin and the script's own optimizer.
@@ -86,7 +87,7 @@ CASES = {
         "hf_zero3.json",
         ranks=2,
         grad_accum=2,
-        extra=("--gradient_checkpointing",),
+        extra=("--gradient_checkpointing", "--from_config"),
     ),
     "sft_lora_zero3": Case(
         "sft_lora_zero3", "sft", "hf_zero3.json", ranks=2, grad_accum=1, max_steps=4

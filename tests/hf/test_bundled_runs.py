@@ -54,7 +54,7 @@ def runs(tmp_path_factory):
 
 
 def test_the_bundled_runtime_served_every_run(runs):
-    for out, stderr, _ in runs.values():
+    for _, stderr, _ in runs.values():
         assert "DeepSpeed API: zlaunch's bundled runtime (--runtime bundled;" in stderr
         # The runtime's own step line: its engine, not DeepSpeed's, trained.
         assert "zlaunch: step 1" in stderr

@@ -70,16 +70,24 @@ SCRIPTS = {
     "accelerate": os.path.join(ROOT, "examples", "accelerate_llama.py"),
 }
 
-# zero2: the Trainer's own scheduler (the config has none) and gradient accumulation, saving a
-# checkpoint at step 3 for the resume at another world size. zero3: the model built under
-# deepspeed.zero.Init (from_config; transformers initialises it gathered on rank 0), the
-# config's WarmupDecayLR, gradient checkpointing and the 16-bit gather on save. sft_lora_zero3: TRL's SFTTrainer with a
-# peft LoRA adapter, in fp32 (SFTConfig turns bf16 on by default; in bf16 Adam turns the last
-# bit of a near-zero gradient into a whole step, and runs drift apart by ~1% in 4 steps). accelerate_zero2: accelerate's loop
-# with a DeepSpeedPlugin and the script's own optimizer.
+# zero2: the Trainer's own scheduler (the config has none), gradient accumulation and
+# evaluation, saving a checkpoint at step 3 for the resume at another world size.
+# zero3: the config's WarmupDecayLR, gradient checkpointing and the 16-bit gather on save.
+# (Building the model under zero.Init, --from_config, has no reference: DeepSpeed 0.19.8 on CPU
+# sizes that Init's config for one rank and then refuses its own batch, "8 != 2 * 2 * 1".)
+# sft_lora_zero3: TRL's SFTTrainer with a peft LoRA adapter, in fp32 (SFTConfig turns bf16 on
+# by default; in bf16 Adam turns the last bit of a near-zero gradient into a whole step, and
+# the runs drift apart by ~1% in 4 steps).
+# accelerate_zero2: accelerate's loop with a DeepSpeedPlugin and the script's own optimizer.
 CASES = {
     "zero2": Case(
-        "zero2", "trainer", "hf_zero2.json", ranks=2, grad_accum=2, save_steps=SAVE_STEPS
+        "zero2",
+        "trainer",
+        "hf_zero2.json",
+        ranks=2,
+        grad_accum=2,
+        save_steps=SAVE_STEPS,
+        extra=("--eval_strategy", "steps", "--eval_steps", str(SAVE_STEPS)),
     ),
     "zero3": Case(
         "zero3",
@@ -87,7 +95,7 @@ CASES = {
         "hf_zero3.json",
         ranks=2,
         grad_accum=2,
-        extra=("--gradient_checkpointing", "--from_config"),
+        extra=("--gradient_checkpointing",),
     ),
     "sft_lora_zero3": Case(
         "sft_lora_zero3", "sft", "hf_zero3.json", ranks=2, grad_accum=1, max_steps=4
@@ -110,6 +118,7 @@ def outcome(case: Case, out: str) -> dict:
         result = {
             "losses": {str(r["step"]): r["loss"] for r in rows},
             "grad_norms": {str(r["step"]): r["grad_norm"] for r in rows},
+            "eval_losses": {str(r["step"]): r["eval_loss"] for r in log if "eval_loss" in r},
         }
     model_dir = os.path.join(out, "model")
     if case.kind == "sft":

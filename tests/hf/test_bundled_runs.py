@@ -66,6 +66,9 @@ def test_per_step_losses_equal_deepspeeds(runs, name):
     assert list(got["losses"]) == list(want["losses"])  # the same steps logged
     assert got["losses"] == pytest.approx(want["losses"], rel=LOSS_RTOL)
     assert got["grad_norms"] == pytest.approx(want["grad_norms"], rel=1e-4)
+    assert got.get("eval_losses") == pytest.approx(want.get("eval_losses"), rel=LOSS_RTOL)
+    if name == "zero2":
+        assert list(want["eval_losses"]) == ["3", "6"]
 
 
 @pytest.mark.parametrize("name", ["zero2", "zero3", "accelerate_zero2"])

@@ -75,9 +75,8 @@ SCRIPTS = {
 # zero3: the config's WarmupDecayLR, gradient checkpointing and the 16-bit gather on save.
 # (Building the model under zero.Init, --from_config, has no reference: DeepSpeed 0.19.8 on CPU
 # sizes that Init's config for one rank and then refuses its own batch, "8 != 2 * 2 * 1".)
-# sft_lora_zero3: TRL's SFTTrainer with a peft LoRA adapter, in fp32 (SFTConfig turns bf16 on
-# by default; in bf16 Adam turns the last bit of a near-zero gradient into a whole step, and
-# the runs drift apart by ~1% in 4 steps).
+# sft_lora_zero3: TRL's SFTTrainer with a peft LoRA adapter; it trains in bf16 (SFTConfig's
+# default, which reaches the DeepSpeed config even with --bf16 false here).
 # accelerate_zero2: accelerate's loop with a DeepSpeedPlugin and the script's own optimizer.
 CASES = {
     "zero2": Case(

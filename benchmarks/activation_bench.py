@@ -1,4 +1,4 @@
-"""Activation memory and recomputation cost: runtime.checkpointing beside deepspeed.checkpointing.
+"""Activation memory and recomputation cost: runtime.activation_checkpointing beside deepspeed.checkpointing.
 
 The model is examples/gpt.py at a long sequence (default 1024 tokens). Each configuration runs
 in fresh processes (peak RSS is per process) with one compute thread per process; the training
@@ -143,7 +143,7 @@ def worker(args) -> dict:
 
     mpu = ModelParallelGroups(world)  # everything model-parallel: world 2 = one MP group of 2
     if framework == "zlaunch":
-        import runtime.checkpointing as ck
+        import runtime.activation_checkpointing as ck
 
         ck.configure(
             mpu,
@@ -244,7 +244,7 @@ def timing_worker(args) -> dict:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=0, world_size=1
     )
-    import runtime.checkpointing as ck
+    import runtime.activation_checkpointing as ck
 
     variants = {"none": None, "zlaunch": ck.checkpoint}
     if "deepspeed" in args.frameworks:

@@ -158,9 +158,7 @@ def run_trivial(launcher: Launcher, log) -> dict[str, float]:
     records = wait_records(record_dir, proc, 0)
     if code != 0:
         raise RuntimeError(f"{launcher.name}: trivial job exited {code}")
-    last_done = max(
-        float(open(os.path.join(record_dir, f"done-{r}")).read()) for r in range(WORLD)
-    )
+    last_done = max(float(open(os.path.join(record_dir, f"done-{r}")).read()) for r in range(WORLD))
     return {
         "python_started": max(r["t_start"] for r in records) - t0,
         "all_past_init": max(r["t_init"] for r in records) - t0,

@@ -9,7 +9,7 @@ processes (gloo on CPU, one compute thread per rank), and prints one table:
 
 Columns: median step time after warm-up and its ratio to DDP, peak RSS per rank, model-state
 bytes per rank (measured by walking the objects, see ``bench_utils.reachable_tensor_bytes``)
-beside DESIGN.md's formula, bytes sent per rank per step (intercepted ``torch.distributed``
+beside docs/memory-model.md's formula, bytes sent per rank per step (intercepted ``torch.distributed``
 collectives, see ``bench_utils.CollectiveCounter``), and the loss sequence compared with DDP's.
 See benchmarks/README.md for the method and recorded results.
 """
@@ -622,7 +622,7 @@ def _run_framework(spec: BenchSpec, framework: str, workdir: Path) -> list[dict[
 
 
 def _formula_bytes(stage: int, precision: str, params: int, world: int) -> float:
-    """DESIGN.md's model-state bytes per rank (Adam), without bucket buffers."""
+    """docs/memory-model.md's model-state bytes per rank (Adam), without bucket buffers."""
     n, p = world, params
     if precision == "fp32":
         table = {0: 16 * p, 1: 8 * p + 8 * p / n, 2: 4 * p + 12 * p / n, 3: 16 * p / n}

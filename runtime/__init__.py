@@ -85,7 +85,7 @@ def initialize(
     ranks, and each model-parallel rank checkpoints its own part (runtime.model_parallel).
     ``engine_class``: a subclass of `Engine` to build instead (the DeepSpeed API's
     ``DeepSpeedEngine``, which adds DeepSpeed's names for the Hugging Face integration).
-    The config's ``activation_checkpointing`` block configures runtime.checkpointing, with the
+    The config's ``activation_checkpointing`` block configures runtime.activation_checkpointing, with the
     mpu's group for ``partition_activations``.
     """
     from . import stacks
@@ -131,7 +131,7 @@ def _data_parallel_size(mpu: Any, env: Any) -> int:
 
 
 def _configure_activation_checkpointing(loaded: Any, resolved: Any, mpu: Any) -> None:
-    from . import checkpointing
+    from . import activation_checkpointing as checkpointing
 
     if "activation_checkpointing" in loaded.raw:
         checkpointing.configure(mpu, deepspeed_config=resolved)
@@ -295,7 +295,7 @@ def __getattr__(name: str):
 
         return Engine
     # runtime.zero.Init, as deepspeed.zero; runtime.dist, as deepspeed.comm;
-    # runtime.checkpointing, as deepspeed.checkpointing
+    # runtime.activation_checkpointing, as deepspeed.checkpointing
     if name in ("zero", "dist", "checkpointing"):
         import importlib
 

@@ -29,7 +29,9 @@ from .engine_queries import EngineQueries, LiveLossScale
 from .errors import UnsupportedError
 from .precision import Precision
 from .step_hooks import CheckpointingProfile, StepHook
-from .zero.strategy import ShardingStrategy, StrategyInputs, build_strategy
+from .train_counters import TrainCounters
+from .zero.builder import build_strategy
+from .zero.strategy import ShardingStrategy, StrategyInputs
 
 __all__ = ["Engine", "AccumulationError", "LiveLossScale"]
 
@@ -59,7 +61,7 @@ class Engine(EngineQueries, torch.nn.Module):
         self.comm = self.model_parallel.dp_comm if mpu is not None else Communicator(env.group)
         self.dp_world_size, self.dp_rank = self.comm.world_size, self.comm.rank
         self.precision = Precision.from_config(config)
-        self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
+        self.counters = TrainCounters()
         self.accumulation = Accumulation(self.gradient_accumulation_steps)
         self._place_module()
         self.sharding: ShardingStrategy = self._build_sharding(optimizer, model_parameters)
@@ -72,6 +74,39 @@ class Engine(EngineQueries, torch.nn.Module):
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
         self.resumed_from = self.resumed_client_state = None  # set by zlaunch --resume
         self._build_observers()
+
+    # DeepSpeed's names for the counters, read and set by scripts
+    @property
+    def global_steps(self) -> int:
+        return self.counters.global_steps
+
+    @global_steps.setter
+    def global_steps(self, value: int) -> None:
+        self.counters.global_steps = value
+
+    @property
+    def global_samples(self) -> int:
+        return self.counters.global_samples
+
+    @global_samples.setter
+    def global_samples(self, value: int) -> None:
+        self.counters.global_samples = value
+
+    @property
+    def micro_steps(self) -> int:
+        return self.counters.micro_steps
+
+    @micro_steps.setter
+    def micro_steps(self, value: int) -> None:
+        self.counters.micro_steps = value
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.counters.skipped_steps
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self.counters.skipped_steps = value
 
     def _place_module(self) -> None:
         """Move the module to this rank's device (and the 16-bit dtype under mixed precision)."""
@@ -269,6 +304,6 @@ class Engine(EngineQueries, torch.nn.Module):
                 "of the weights and there is no merge of tensor-parallel shards here; use "
                 "save_checkpoint (one part per model-parallel rank, mp_rank_NN/)"
             )
-        from .zero.stage3_save import save_16bit_model
+        from .zero.stage3.save import save_16bit_model
 
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)

@@ -1,7 +1,7 @@
 """Model-state memory per GPU and per node's CPU, for each ZeRO stage and offload choice.
 
 Pure arithmetic, no torch: `zlaunch estimate` runs on a laptop. For Ψ parameters and N
-data-parallel ranks, Adam, the bytes per parameter are (DESIGN.md):
+data-parallel ranks, Adam, the bytes per parameter are (docs/memory-model.md):
 
     mixed precision (fp16/bf16): 2 (16-bit params) + 2 (16-bit grads) + 12 (fp32 master, m, v)
     fp32:                        4 (params)        + 4 (grads)        + 8  (m, v)

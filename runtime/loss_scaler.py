@@ -1,4 +1,4 @@
-"""fp16 loss scaling with DeepSpeed's semantics (REFERENCE.md, "Dynamic loss scaler").
+"""fp16 loss scaling with DeepSpeed's semantics (docs/deepspeed-compat.md, "Dynamic loss scaling").
 
 Pure Python: the engine decides overflow (one collective that also carries the gradient norm)
 and tells the scaler with `update(overflow)`. On overflow the engine skips the optimizer step

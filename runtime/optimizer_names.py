@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .config_values import ConfigError, describe, did_you_mean
+from .config.values import ConfigError, describe, did_you_mean
 
 __all__ = ["OPTIMIZER_PARAMS", "check_optimizer"]
 

@@ -7,17 +7,26 @@ between boundaries. Hooks that run collectives must run on every rank.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .engine import Engine
     from .zero.optimizer import StepOutcome
 
-__all__ = ["StepHook", "CheckpointingProfile"]
+__all__ = ["StepEngine", "StepHook", "CheckpointingProfile"]
+
+
+class StepEngine(Protocol):
+    """What a hook may read of the engine that calls it (the engine is one; hooks are
+    written against this, so the engine's module and theirs do not import each other)."""
+
+    config: Any
+    global_steps: int
+
+    def log_metrics(self, values: dict[str, Any], step: int) -> None: ...
 
 
 class StepHook(Protocol):
-    def after_step(self, engine: Engine, outcome: StepOutcome | None) -> None: ...
+    def after_step(self, engine: StepEngine, outcome: StepOutcome | None) -> None: ...
 
 
 class CheckpointingProfile:
@@ -25,14 +34,14 @@ class CheckpointingProfile:
     blocks, sent with the step metrics (the same steps: the first and every
     ``steps_per_print``-th, from rank 0)."""
 
-    def after_step(self, engine: Engine, outcome: StepOutcome | None) -> None:
+    def after_step(self, engine: StepEngine, outcome: StepOutcome | None) -> None:
         if outcome is None:
             return
         every = int(engine.config.steps_per_print or 0)
         step = engine.global_steps
         if step != 1 and not (every > 0 and step % every == 0):
             return
-        from . import checkpointing
+        from . import activation_checkpointing as checkpointing
 
         timings = checkpointing.take_profile()
         if timings:

@@ -74,22 +74,31 @@ def test_shared_variable_names_are_spelled_once():
         assert f'"{name}"' in protocol
 
 
-AGENT_SIDE = ("agent.py", "agent_workers.py", "agent_output.py", "agent_upstream.py",
-              "worker_boot.py", "netinfo.py", "frames.py")  # fmt: skip
+# The agent's whole folder, and the modules its nodes and workers load beside it.
+AGENT_SIDE = [
+    *sorted((REPO / "zlaunch" / "agent").glob("*.py")),
+    *(REPO / "zlaunch" / name for name in ("worker_boot.py", "frames.py", "protocol.py")),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def test_the_agent_side_imports_only_the_standard_library_and_itself():
     # The agent and the worker boot run on every node, under whatever Python is there: the
     # controller's dependencies (click, rich, fabric) may not be installed.
-    own = {"zlaunch", "zlaunch.protocol"} | {f"zlaunch.{name[:-3]}" for name in AGENT_SIDE}
+    assert len(AGENT_SIDE) >= 8, "the agent folder was not found"
+    own = {"zlaunch", "zlaunch.agent"} | {_module_name(path) for path in AGENT_SIDE}
     found = {}
-    for name in AGENT_SIDE:
-        used = _imports(REPO / "zlaunch" / name)
+    for path in AGENT_SIDE:
+        used = _imports(path)
         other = {
             n
             for n in used - own
             if n.split(".")[0] not in sys.stdlib_module_names and n != "__future__"
         }
         if other:
-            found[name] = sorted(other)
+            found[str(path.relative_to(REPO))] = sorted(other)
     assert found == {}

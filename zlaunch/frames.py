@@ -305,7 +305,11 @@ class Signal:
     ranks: list[int] | None = _wire("ranks", _nullable(_INT_LIST), omit_default=True, default=None)
 
 
-Frame = Union[Hello, Out, Started, Exited, Event, Error, Bye, Spec, Heartbeat, Stop, Signal]
+UpFrame = Union[Hello, Out, Started, Exited, Event, Error, Bye]
+"""What an agent sends the controller."""
+DownFrame = Union[Spec, Heartbeat, Stop, Signal]
+"""What the controller sends an agent."""
+Frame = Union[UpFrame, DownFrame]
 FRAME_TYPES: dict[str, type[Frame]] = {
     cls.KIND: cls
     for cls in (Hello, Out, Started, Exited, Event, Error, Bye, Spec, Heartbeat, Stop, Signal)

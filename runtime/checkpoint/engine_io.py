@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..train_counters import TrainCounters
 from . import jsonable
 from .errors import CheckpointError
 from .module_state import gather_extra, is_frozen_parameter, load_extra, module_tensors
@@ -34,8 +35,6 @@ __all__ = ["save_engine", "load_engine", "SaveRequest", "LoadRequest", "CHECKPOI
 log = logging.getLogger("runtime.checkpoint")
 
 from zlaunch.protocol import CHECKPOINT_DIR_ENV  # noqa: E402 - the shared name
-
-_COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ def _manifest_fields(engine, aliases: dict, excluded: list, client: Any) -> dict
             sched.state_dict() if hasattr(sched, "state_dict") else None, "lr_scheduler state"
         ),
         "loss_scaler": _encoded_state(engine.precision.state_dict(), "loss scaler state"),
-        "counters": {key: getattr(engine, key) for key in _COUNTERS},
+        "counters": engine.counters.state_dict(),
         "client_state": client,
     }
 
@@ -220,8 +219,12 @@ def _stage(engine, reader: CheckpointReader, request: LoadRequest) -> _Staged:
     extra = {n: reader.read_extra(n) for n in wanted if n in reader.extra}
     # Decoded now, before the agreement: a malformed entry must fail every rank together,
     # not one rank after the others moved on.
-    for key in ("client_state", "lr_scheduler", "loss_scaler", "counters"):
+    for key in ("client_state", "lr_scheduler", "loss_scaler"):
         reader.state(key)
+    try:  # the counters are checked on a scratch copy: nothing of the engine changes yet
+        TrainCounters().load_state_dict(reader.state("counters") or {})
+    except ValueError as err:
+        raise CheckpointError(f"{reader.manifest_path}: {err}") from None
     reader.rank_state(engine.comm.rank % reader.world_size)
     if request.module_strict:
         _check_extra(reader, extra, wanted)
@@ -285,8 +288,5 @@ def _commit(engine, staged: _Staged, request: LoadRequest) -> None:
     if request.with_scheduler and sched is not None and saved_sched is not None:
         sched.load_state_dict(saved_sched)
     engine.precision.load_state_dict(reader.state("loss_scaler"))
-    counters = reader.state("counters") or {}
-    for key in _COUNTERS:
-        if key in counters:
-            setattr(engine, key, int(counters[key]))
+    engine.counters.load_state_dict(reader.state("counters") or {})
     set_rng_state(reader.rank_state(engine.comm.rank % reader.world_size))

@@ -2,7 +2,7 @@
 
 Both take the engine's metrics event (runtime.metrics) and write its numeric fields under
 DeepSpeed's names (``Train/Samples/train_loss``, ... against the number of samples seen), like
-the tensorboard block. `comet` is refused before launch (runtime.config_features).
+the tensorboard block. `comet` is refused before launch (runtime.config.features).
 """
 
 from __future__ import annotations

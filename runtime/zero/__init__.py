@@ -24,7 +24,7 @@ def __getattr__(name: str):
 
         return getattr(leaf_modules, name)
     if name in __all__:
-        from . import init
+        from . import init_context as init
 
         return getattr(init, name)
     raise AttributeError(f"module 'runtime.zero' has no attribute {name!r}")

@@ -4,7 +4,7 @@ Each rank steps only what it owns: for stage 0 every group whole, for stages 1 a
 of every group. Master weights are one tensor per owned group range:
 
 * fp32 without offload: a *view* of the flat parameter buffer (no copy; the parameters are the
-  master weights, which is what DESIGN.md's fp32 formulas count);
+  master weights, which is what the fp32 formulas of docs/memory-model.md count);
 * mixed precision: an fp32 copy; the step's fp32 gradient is made from the 16-bit shard and
   freed after the step;
 * offload: an fp32 copy in (pinned) CPU memory with a persistent CPU gradient buffer; the

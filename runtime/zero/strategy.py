@@ -2,7 +2,7 @@
 
 Stages 0-2 (`flat_strategy`: one flat buffer cut into buckets, gradients reduced bucket by
 bucket while backward runs) and stage 3 (`stage3_build`: parameters partitioned per module
-unit, gathered when modules run) are siblings behind `ShardingStrategy`; `build_strategy`
+unit, gathered when modules run) are siblings behind `ShardingStrategy`; `runtime.zero.builder`
 picks one from the config. The engine holds that one object and calls nothing else of ZeRO.
 """
 
@@ -20,7 +20,7 @@ from ..precision import Precision
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
 from .partition import FlatLayout
 
-__all__ = ["ShardingStrategy", "StrategyInputs", "TrainedParam", "build_strategy"]
+__all__ = ["ShardingStrategy", "StrategyInputs", "TrainedParam"]
 
 
 @dataclass(frozen=True)
@@ -149,13 +149,3 @@ def single_dtype(params: list[torch.nn.Parameter]) -> torch.dtype:
             "cast the model to one dtype, or enable fp16/bf16 in the config"
         )
     return dtypes.pop()
-
-
-def build_strategy(inputs: StrategyInputs) -> ShardingStrategy:
-    if inputs.config.zero_optimization.stage == 3:
-        from .stage3_build import build_stage3
-
-        return build_stage3(inputs)
-    from .flat_strategy import build_flat_strategy
-
-    return build_flat_strategy(inputs)

@@ -15,7 +15,7 @@ import pytest
 from tests.hardening.helpers import zlaunch
 from tests.launcher.helpers import alive
 from zlaunch.commands.runs_common import controller_alive
-from zlaunch.rundir import RunDir, process_identity
+from zlaunch.rundir.layout import RunDir, process_identity
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ def test_output_without_newlines_of_any_bytes_reaches_the_log_and_the_job_succee
 
 def test_agent_output_frames_stay_far_below_the_limit_whatever_the_bytes():
     # Worst case of one read: the piece limit plus a whole read, every byte escaped.
-    from zlaunch.agent_output import READ_SIZE
+    from zlaunch.agent.output import READ_SIZE
 
     worst = bytes([0x80]) * (frames.MAX_PIECE_BYTES + READ_SIZE)
     frame = frames.Out(0, "o", [frames.line_text(worst)], partial=True)

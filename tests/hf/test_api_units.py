@@ -158,15 +158,15 @@ def test_distribution_metadata_is_deepspeed_0_19_8():
 
 
 def test_modules_map_to_the_runtime():
-    import runtime.checkpointing
+    import runtime.activation_checkpointing
     import runtime.dist
     from runtime.engine import Engine
-    from runtime.zero.init import GatheredParameters, Init
+    from runtime.zero import GatheredParameters, Init
 
     ds = importlib.import_module(COMPAT)
     assert ds.zero.Init is Init and ds.zero.GatheredParameters is GatheredParameters
     assert ds.comm.get_rank is runtime.dist.get_rank
-    assert ds.checkpointing.checkpoint is runtime.checkpointing.checkpoint
+    assert ds.checkpointing.checkpoint is runtime.activation_checkpointing.checkpoint
     assert issubclass(ds.DeepSpeedEngine, Engine)
     assert ds.runtime.engine.DeepSpeedEngine is ds.DeepSpeedEngine
     assert sorted(ds.runtime.lr_schedules.VALID_LR_SCHEDULES) == [

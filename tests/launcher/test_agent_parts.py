@@ -13,9 +13,9 @@ import time
 import pytest
 
 from zlaunch import frames, protocol
-from zlaunch.agent_output import MAX_EVENT_BYTES, PROGRESS_INTERVAL, OutputPump
-from zlaunch.agent_upstream import MAX_PENDING_OUTPUT, Upstream
-from zlaunch.agent_workers import EVENTS, StartFailed, WorkerGroup, boot_argv, start_worker
+from zlaunch.agent.output import MAX_EVENT_BYTES, PROGRESS_INTERVAL, OutputPump
+from zlaunch.agent.upstream import MAX_PENDING_OUTPUT, Upstream
+from zlaunch.agent.workers import EVENTS, StartFailed, WorkerGroup, boot_argv, start_worker
 
 
 class FakeWorker:
@@ -213,7 +213,7 @@ class AgentInProcess:
     """An Agent whose stdout is a pipe read here; its loop does not run."""
 
     def __init__(self):
-        from zlaunch.agent import Agent
+        from zlaunch.agent.loop import Agent
 
         self.stdin_r, self.stdin_w = os.pipe()
         self.out_r, self.out_w = os.pipe()
@@ -226,7 +226,6 @@ class AgentInProcess:
             return list(self.reader.feed(os.read(self.out_r, 1 << 20)))
         except BlockingIOError:
             return []
-
 
     def close(self) -> None:
         self.agent.sel.close()
@@ -244,7 +243,7 @@ def local_agent():
 
 
 def test_an_unreadable_spec_stops_the_agent_at_once(local_agent):
-    from zlaunch.agent import AgentPhase
+    from zlaunch.agent.loop import AgentPhase
 
     agent = local_agent.agent
     before = time.monotonic()
@@ -259,7 +258,7 @@ def test_an_unreadable_spec_stops_the_agent_at_once(local_agent):
 
 
 def test_a_spec_after_a_stop_starts_nothing(local_agent):
-    from zlaunch.agent import AgentPhase
+    from zlaunch.agent.loop import AgentPhase
 
     agent = local_agent.agent
     agent._handle(frames.Stop(2.0))
@@ -285,7 +284,7 @@ def test_a_second_stop_may_bring_the_kill_closer_never_push_it_back(
 
 
 def test_an_empty_spec_is_a_finished_node(local_agent):
-    from zlaunch.agent import AgentPhase
+    from zlaunch.agent.loop import AgentPhase
 
     agent = local_agent.agent
     agent._handle(frames.Spec(grace=1.0, heartbeat_timeout=5.0, workers=[]))
@@ -307,7 +306,7 @@ def test_heartbeats_are_echoed(local_agent):
     ],
 )
 def test_hello_says_both_ends_of_the_ssh_connection(monkeypatch, ssh_connection, client_addr, addr):
-    from zlaunch.agent import hello
+    from zlaunch.agent.loop import hello
 
     if ssh_connection is None:
         monkeypatch.delenv("SSH_CONNECTION", raising=False)

@@ -7,8 +7,8 @@ import os
 import threading
 import time
 
-from zlaunch.console import Console
-from zlaunch.console_writer import BackgroundWriter
+from zlaunch.console.terminal import Console
+from zlaunch.console.writer import BackgroundWriter
 
 
 def _pipe():

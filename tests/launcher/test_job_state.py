@@ -1,5 +1,5 @@
 """The job's lifecycle, transition by transition: events in, actions out, no threads,
-processes or sockets (zlaunch/job_state.py, zlaunch/restart_policy.py)."""
+processes or sockets (zlaunch/launcher/state.py, zlaunch/launcher/restart_policy.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from zlaunch import protocol
-from zlaunch.job_state import (
+from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
+from zlaunch.launcher.state import (
     STOP_SLACK,
     AgentCutOff,
     AgentFinished,
@@ -31,11 +32,10 @@ from zlaunch.job_state import (
     SignalReceived,
     StacksReady,
     StepReached,
-    Stop,
+    StopRanks,
     Tick,
 )
-from zlaunch.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
-from zlaunch.run_records import REASON_HANG, Failure, RankPhase, RunStatus
+from zlaunch.rundir.records import REASON_HANG, Failure, RankPhase, RunStatus
 
 HOSTS = ("node1", "node2")
 SLOTS = tuple(RankSlot(rank=r, local_rank=r % 2, host=HOSTS[r // 2], node=r // 2) for r in range(4))
@@ -80,35 +80,35 @@ FIRST_EVENTS = [
     pytest.param(RankExited(1, 101, 0, None), [RecordRanks], RunStatus.RUNNING, 0, id="clean-exit"),
     pytest.param(
         RankExited(1, 101, 3, None, ("boom",)),
-        [RecordRanks, Note, SetStatus, Stop],
+        [RecordRanks, Note, SetStatus, StopRanks],
         RunStatus.STOPPING,
         1,
         id="first-failure",
     ),
     pytest.param(
         RankExited(1, 101, None, int(signal.SIGKILL)),
-        [RecordRanks, Note, SetStatus, Stop],
+        [RecordRanks, Note, SetStatus, StopRanks],
         RunStatus.STOPPING,
         1,
         id="killed-by-signal",
     ),
     pytest.param(
         AgentLost(1, "connection to the agent lost"),
-        [RecordRanks, Note, SetStatus, Stop],
+        [RecordRanks, Note, SetStatus, StopRanks],
         RunStatus.STOPPING,
         1,
         id="lost-agent",
     ),
     pytest.param(
         SignalReceived(int(signal.SIGTERM)),
-        [Note, SetStatus, Stop],
+        [Note, SetStatus, StopRanks],
         RunStatus.STOPPING,
         0,
         id="sigterm",
     ),
     pytest.param(
         SignalReceived(int(signal.SIGINT)),
-        [Note, SetStatus, Stop],
+        [Note, SetStatus, StopRanks],
         RunStatus.STOPPING,
         0,
         id="ctrl-c",
@@ -127,7 +127,7 @@ def test_transitions_from_running(event, expected, phase, failures):
     assert kinds(actions) == expected
     assert machine.phase is phase
     assert len(machine.failures) == failures
-    stops = [a for a in actions if isinstance(a, Stop)]
+    stops = [a for a in actions if isinstance(a, StopRanks)]
     assert all(stop.grace == 3.0 for stop in stops)
 
 
@@ -169,10 +169,10 @@ def test_lost_agent_loses_its_unfinished_ranks_and_names_its_host():
 def test_second_ctrl_c_kills_now_and_a_third_changes_nothing():
     machine = running()
     first = machine.handle(SignalReceived(int(signal.SIGINT)), now=1.0)
-    assert first[-1] == Stop(3.0)
+    assert first[-1] == StopRanks(3.0)
     assert "Ctrl-C again to kill now" in notes(first)[0]
     second = machine.handle(SignalReceived(int(signal.SIGINT)), now=1.2)
-    assert second == [Note("killing all ranks now", error=True), Stop(0.0)]
+    assert second == [Note("killing all ranks now", error=True), StopRanks(0.0)]
     assert machine.stop_grace == 0.0
     assert machine.handle(SignalReceived(int(signal.SIGTERM)), now=1.3) == []
     assert machine.outcome().ending == Ending.INTERRUPTED
@@ -185,7 +185,7 @@ def test_first_ctrl_c_with_a_checkpoint_dir_saves_then_the_second_stops():
     assert kinds(first) == [Note, SignalRanks] and first[1] == SignalRanks(SAVE)
     assert machine.save_requested and not machine.stopping
     second = machine.handle(SignalReceived(int(signal.SIGINT)), now=2.0)
-    assert kinds(second) == [Note, SetStatus, Stop]
+    assert kinds(second) == [Note, SetStatus, StopRanks]
     assert notes(second)[0].endswith("; no checkpoint is written now")
 
 
@@ -207,7 +207,7 @@ def test_ctrl_c_says_why_nothing_is_saved(policy, ending):
 def test_ctrl_c_before_the_plan_stops_without_saving():
     machine = AttemptMachine(HOSTS, Policy(grace=3.0, checkpoint_dir=True, save_signal=SAVE))
     actions = machine.handle(SignalReceived(int(signal.SIGINT)), now=0.0)
-    assert kinds(actions) == [Note, SetStatus, Stop] and machine.interrupt == signal.SIGINT
+    assert kinds(actions) == [Note, SetStatus, StopRanks] and machine.interrupt == signal.SIGINT
 
 
 def test_save_signal_is_forwarded_once_and_refused_without_a_checkpoint_dir():
@@ -239,7 +239,7 @@ def test_hang_collects_stacks_then_stops_with_the_hang_as_root_cause():
     assert actions[-1] == CaptureStacks((0,))
     assert machine.handle(HangDue(idle_s=32.0, timeout_s=30.0), now=32.0) == []  # once
     hang = Failure(host="node1, node2", rank="all", exit_code=124, reason=REASON_HANG, message="m")
-    assert kinds(machine.handle(HangStacksIn(hang), now=36.0)) == [SetStatus, Stop]
+    assert kinds(machine.handle(HangStacksIn(hang), now=36.0)) == [SetStatus, StopRanks]
     for slot in SLOTS:
         machine.handle(RankExited(slot.rank, None, None, int(signal.SIGTERM)), now=37.0)
     outcome = machine.outcome()

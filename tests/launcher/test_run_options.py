@@ -52,9 +52,7 @@ def test_two_different_configs_are_refused(tmp_path):
     (tmp_path / "ds.json").write_text("{}")
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(UsageError, match="differs from the script's config"):
-        options(
-            tmp_path, config=str(tmp_path / "other.json"), script_args=("--config", "ds.json")
-        )
+        options(tmp_path, config=str(tmp_path / "other.json"), script_args=("--config", "ds.json"))
 
 
 def test_program_checks_come_before_the_hosts(tmp_path):

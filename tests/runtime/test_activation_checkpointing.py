@@ -1,4 +1,4 @@
-"""runtime.checkpointing in one process: recomputation replays RNG (bitwise-equal gradients with
+"""runtime.activation_checkpointing in one process: recomputation replays RNG (bitwise-equal gradients with
 dropout), both variants, and each option observed through what autograd holds between forward
 and backward (saved-tensor hooks), not through the module's own counters.
 
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import runtime
-import runtime.checkpointing as ck
+import runtime.activation_checkpointing as ck
 from runtime.config import ConfigError, load_config
 from tests.runtime.cli_utils import dry_run
 
@@ -334,7 +334,9 @@ def test_initialize_configures_from_the_block_and_reports_profile(single_process
 
 
 def test_reachable_as_deepspeed_checkpointing_is():
-    assert runtime.checkpointing is ck  # import runtime as deepspeed; deepspeed.checkpointing
+    assert (
+        runtime.activation_checkpointing is ck
+    )  # import runtime as deepspeed; deepspeed.checkpointing
 
 
 def test_config_block_is_validated():
@@ -351,8 +353,9 @@ def test_config_block_is_validated():
 
 
 def test_unknown_key_exits_2_before_launch_naming_the_nearest(tmp_path):
-    done = dry_run(tmp_path,
-        '{"train_batch_size": 2, "activation_checkpointing": {"partition_activation": true}}'
+    done = dry_run(
+        tmp_path,
+        '{"train_batch_size": 2, "activation_checkpointing": {"partition_activation": true}}',
     )
     assert done.returncode == 2, done.stderr
     assert "activation_checkpointing.partition_activation" in done.stderr

@@ -1,23 +1,27 @@
-"""runtime.config_keys: the one check of which keys a config mapping may hold."""
+"""runtime.config.keys: the one check of which keys a config mapping may hold."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.config_keys import Setting, check_keys
-from runtime.config_values import ConfigError
+from runtime.config.keys import Setting, check_keys
+from runtime.config.values import ConfigError
 
 FIELDS = ("stage", "overlap_comm")
 
 
 def test_fields_and_aliases_become_settings_in_order():
-    settings = check_keys("zero", {"overlap": True, "stage": 2}, FIELDS, aliases={"overlap": "overlap_comm"})
+    settings = check_keys(
+        "zero", {"overlap": True, "stage": 2}, FIELDS, aliases={"overlap": "overlap_comm"}
+    )
     assert settings == [Setting("overlap", "overlap_comm", True), Setting("stage", "stage", 2)]
 
 
 def test_alias_and_field_together_are_refused():
     with pytest.raises(ConfigError, match="zero.overlap and zero.overlap_comm both set"):
-        check_keys("zero", {"overlap": 1, "overlap_comm": 1}, FIELDS, aliases={"overlap": "overlap_comm"})
+        check_keys(
+            "zero", {"overlap": 1, "overlap_comm": 1}, FIELDS, aliases={"overlap": "overlap_comm"}
+        )
 
 
 def test_accepted_keys_pass_or_are_refused_by_their_check():

@@ -273,7 +273,7 @@ def test_mixed_precision_trains(ranks, precision):
 
 
 def expected_model_state_bytes(stage: int, precision: str, psi: int, n: int) -> float:
-    """DESIGN.md's formulas plus the configured bucket buffers (gloo)."""
+    """docs/memory-model.md's formulas plus the configured bucket buffers (gloo)."""
     if precision == "fp32":
         states = {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n}[stage]
         grad_bytes = 4

@@ -12,7 +12,7 @@ import runtime
 from runtime.accumulation import Accumulation, AccumulationError
 from runtime.client_optimizer import build_lr_scheduler, optimizer_factory, param_groups_of
 from runtime.zero.flat_strategy import FlatStrategy
-from runtime.zero.stage3_build import Stage3Strategy
+from runtime.zero.stage3.build import Stage3Strategy
 from runtime.zero.strategy import TrainedParam
 from tests.runtime.test_engine_api import single_process_group  # noqa: F401 - autouse fixture
 

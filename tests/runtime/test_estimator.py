@@ -1,4 +1,4 @@
-"""runtime.estimator and `zlaunch estimate`: DESIGN.md's formulas, buffers, no torch needed."""
+"""runtime.estimator and `zlaunch estimate`: docs/memory-model.md's formulas, buffers, no torch needed."""
 
 import json
 import os

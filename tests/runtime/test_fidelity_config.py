@@ -8,6 +8,7 @@ Where DeepSpeed is installed, its own config reader (DeepSpeedConfig) reads the 
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -39,6 +40,13 @@ def deepspeed_config_class():
     return DeepSpeedConfig
 
 
+def deepspeed_or_skip():
+    DeepSpeedConfig = deepspeed_config_class()
+    if DeepSpeedConfig is None:
+        pytest.skip("deepspeed is not installed (pip install '.[test]' brings it)")
+    return DeepSpeedConfig
+
+
 def error_of(source) -> str:
     with pytest.raises(ConfigError) as info:
         load_config(source)
@@ -55,9 +63,13 @@ def test_comments_and_trailing_commas_load_as_in_deepspeed(tmp_path):
     assert (ours.train_batch_size, ours.gradient_clipping) == (24, 0.5)
     assert ours.zero_optimization.stage == 2
     assert ours.optimizer.params == {"lr": 1e-3, "betas": [0.9, 0.95]}
-    DeepSpeedConfig = deepspeed_config_class()
-    if DeepSpeedConfig is None:
-        pytest.skip("deepspeed is not installed; our half ran")
+
+
+def test_deepspeed_reads_the_same_hjson_file(tmp_path):
+    DeepSpeedConfig = deepspeed_or_skip()
+    path = tmp_path / "ds.json"
+    path.write_text(HJSON_TEXT)
+    ours = load_config(path).resolve(world_size=1)
     theirs = DeepSpeedConfig(str(path))
     assert (theirs.train_batch_size, theirs.gradient_clipping) == (24, 0.5)
     assert theirs.zero_optimization_stage == 2 and theirs.optimizer_params == ours.optimizer.params
@@ -76,9 +88,11 @@ def test_duplicates_and_suggestions_survive_hjson(tmp_path):
     assert error_of(path).endswith(
         "zero_optimization.stge is not a valid key; did you mean 'stage'?"
     )
-    DeepSpeedConfig = deepspeed_config_class()
-    if DeepSpeedConfig is None:
-        pytest.skip("deepspeed is not installed; our half ran")
+
+
+def test_deepspeed_refuses_duplicate_keys_too(tmp_path):
+    DeepSpeedConfig = deepspeed_or_skip()
+    path = tmp_path / "ds.json"
     path.write_text('{"train_batch_size": 8, "train_batch_size": 16}')
     with pytest.raises(ValueError, match="Duplicate"):
         DeepSpeedConfig(str(path))  # DeepSpeed refuses duplicates too
@@ -199,47 +213,50 @@ def test_refused_in_the_config_reader(extra, words):
     assert words in error_of({"train_batch_size": 2, **extra})
 
 
+DISABLED_BLOCKS = {
+    "train_batch_size": 2,
+    "flops_profiler": {"enabled": False},
+    "wandb": {"enabled": False},
+    "csv_monitor": {"enabled": False},
+    "comms_logger": {"enabled": False},
+    "activation_checkpointing": {"partition_activations": False},
+    "wall_clock_breakdown": False,
+    "checkpoint": {"load_universal": False, "tag_validation": "Warn"},
+    "compile": {"deepcompile": False},
+    "timers": {"throughput": {"enabled": True}},
+    "disable_allgather": False,
+    "dump_state": False,
+    "memory_breakdown": False,
+    "prescale_gradients": False,
+    "gradient_predivide_factor": 1.0,
+    "communication_data_type": None,
+    "tensorboard": {"enabled": False},
+    "comet": {"enabled": False},
+    "autotuning": {"enabled": False},
+    "data_efficiency": {"enabled": False},
+    "hybrid_engine": {"enabled": False},
+    "torch_autocast": {"enabled": False},
+    "zero_allow_untested_optimizer": True,
+    "managed_gradient_accumulation": True,
+    "gradient_allreduce_op": "mean",
+    "disable_python_gc": False,
+    "tensor_parallel": {"autotp_size": 0},
+    "pipeline": {"stages": "auto"},
+    "aio": {"block_size": 1048576},
+    "seq_parallel_communication_data_type": "fp32",
+    "data_types": {"grad_accum_dtype": None},
+    "zero_force_ds_cpu_optimizer": True,
+    "expert_parallel": {"enabled": False},
+}
+
+
 def test_disabled_blocks_deepspeed_accepts_are_accepted():
-    source = {
-        "train_batch_size": 2,
-        "flops_profiler": {"enabled": False},
-        "wandb": {"enabled": False},
-        "csv_monitor": {"enabled": False},
-        "comms_logger": {"enabled": False},
-        "activation_checkpointing": {"partition_activations": False},
-        "wall_clock_breakdown": False,
-        "checkpoint": {"load_universal": False, "tag_validation": "Warn"},
-        "compile": {"deepcompile": False},
-        "timers": {"throughput": {"enabled": True}},
-        "disable_allgather": False,
-        "dump_state": False,
-        "memory_breakdown": False,
-        "prescale_gradients": False,
-        "gradient_predivide_factor": 1.0,
-        "communication_data_type": None,
-        "tensorboard": {"enabled": False},
-        "comet": {"enabled": False},
-        "autotuning": {"enabled": False},
-        "data_efficiency": {"enabled": False},
-        "hybrid_engine": {"enabled": False},
-        "torch_autocast": {"enabled": False},
-        "zero_allow_untested_optimizer": True,
-        "managed_gradient_accumulation": True,
-        "gradient_allreduce_op": "mean",
-        "disable_python_gc": False,
-        "tensor_parallel": {"autotp_size": 0},
-        "pipeline": {"stages": "auto"},
-        "aio": {"block_size": 1048576},
-        "seq_parallel_communication_data_type": "fp32",
-        "data_types": {"grad_accum_dtype": None},
-        "zero_force_ds_cpu_optimizer": True,
-        "expert_parallel": {"enabled": False},
-    }
-    load_config(source)
-    DeepSpeedConfig = deepspeed_config_class()
-    if DeepSpeedConfig is None:
-        pytest.skip("deepspeed is not installed; our half ran")
-    DeepSpeedConfig(source)
+    load_config(copy.deepcopy(DISABLED_BLOCKS))
+
+
+def test_deepspeed_accepts_the_same_disabled_blocks():
+    DeepSpeedConfig = deepspeed_or_skip()
+    DeepSpeedConfig(copy.deepcopy(DISABLED_BLOCKS))
 
 
 REMOVED_IN_DEEPSPEED = {
@@ -259,9 +276,11 @@ def test_blocks_deepspeed_removed_are_accepted_here_while_disabled(key):
     """DeepSpeed 0.19.8 refuses these blocks even disabled (the features were removed); here a
     disabled one is accepted, an enabled one refused (README: differences)."""
     load_config({"train_batch_size": 2, key: REMOVED_IN_DEEPSPEED[key]})
-    DeepSpeedConfig = deepspeed_config_class()
-    if DeepSpeedConfig is None:
-        pytest.skip("deepspeed is not installed; our half ran")
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED_IN_DEEPSPEED))
+def test_deepspeed_refuses_the_removed_blocks_even_disabled(key):
+    DeepSpeedConfig = deepspeed_or_skip()
     with pytest.raises(Exception, match="removed|no longer supported"):
         DeepSpeedConfig({"train_batch_size": 2, key: REMOVED_IN_DEEPSPEED[key]})
 
@@ -269,9 +288,7 @@ def test_blocks_deepspeed_removed_are_accepted_here_while_disabled(key):
 def test_deepspeed_ignores_what_is_refused_here():
     """The other reading: DeepSpeed accepts an unknown key silently (a misspelt
     gradient_clipping trains unclipped) - the reason this runtime refuses it."""
-    DeepSpeedConfig = deepspeed_config_class()
-    if DeepSpeedConfig is None:
-        pytest.skip("deepspeed is not installed")
+    DeepSpeedConfig = deepspeed_or_skip()
     theirs = DeepSpeedConfig({"train_batch_size": 2, "gradient_clipings": 0.5})
     assert theirs.gradient_clipping != 0.5
 

@@ -105,7 +105,7 @@ def test_one_cycle_matches_deepspeed_step_by_step(params):
     assert flat(ours_trace) == pytest.approx(flat(their_trace), rel=1e-12, abs=1e-15)
 
 
-def test_lr_range_test_per_group_min_lr_matches_deepspeed():
+def test_lr_range_test_keeps_a_min_lr_per_group():
     params = {"lr_range_test_min_lr": [0.001, 0.01], "lr_range_test_step_size": 3}
     ours_opt = adam_groups()
     ours = scheduler_from_config("LRRangeTest", params, ours_opt)
@@ -114,9 +114,17 @@ def test_lr_range_test_per_group_min_lr_matches_deepspeed():
         ours.step()
         ours_lrs.append([float(g["lr"]) for g in ours_opt.param_groups])
     assert ours_lrs[0] == [0.001, 0.01] and ours_lrs[-1][1] == pytest.approx(10 * ours_lrs[-1][0])
-    schedules = _deepspeed_schedules()
-    if schedules is None:
-        pytest.skip("deepspeed is not installed; our half ran")
+
+
+def test_lr_range_test_per_group_min_lr_is_deepspeeds():
+    schedules = deepspeed_or_skip()
+    params = {"lr_range_test_min_lr": [0.001, 0.01], "lr_range_test_step_size": 3}
+    ours_opt = adam_groups()
+    ours = scheduler_from_config("LRRangeTest", params, ours_opt)
+    ours_lrs = [[float(g["lr"]) for g in ours_opt.param_groups]]
+    for _ in range(10):
+        ours.step()
+        ours_lrs.append([float(g["lr"]) for g in ours_opt.param_groups])
     their_opt = adam_groups()
     theirs = schedules.LRRangeTest(their_opt, **params)
     their_lrs = [[float(g["lr"]) for g in their_opt.param_groups]]
@@ -136,16 +144,19 @@ NEGATIVE = [
 
 
 @pytest.mark.parametrize(("kind", "params"), NEGATIVE)
-def test_non_positive_step_sizes_are_refused_like_deepspeed(kind, params):
+def test_non_positive_step_sizes_are_refused(kind, params):
     key = next(k for k in params if k.endswith("step_size"))
     with pytest.raises(ConfigError, match=f"scheduler.params.{key} must be >= "):
         load_config({"train_batch_size": 1, "scheduler": {"type": kind, "params": params}})
     cls = {"OneCycle": OneCycle, "LRRangeTest": LRRangeTest}[kind]
     with pytest.raises(ConfigError, match=f"scheduler.params.{key} must be"):
         cls(adam_groups(1), **params)  # the class alone refuses too (lr would go negative)
-    schedules = _deepspeed_schedules()
-    if schedules is None:
-        pytest.skip("deepspeed is not installed; our half ran")
+
+
+@pytest.mark.parametrize(("kind", "params"), NEGATIVE)
+def test_deepspeed_refuses_non_positive_step_sizes_too(kind, params):
+    schedules = deepspeed_or_skip()
+    key = next(k for k in params if k.endswith("step_size"))
     with pytest.raises(ValueError, match=key):
         getattr(schedules, kind)(adam_groups(1), **params)
 

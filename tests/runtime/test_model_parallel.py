@@ -2,7 +2,7 @@
 
 The model is a small tensor-parallel transformer written below (Megatron's column- and
 row-parallel linears over the model-parallel group); its blocks run through
-runtime.checkpointing with ``partition_activations``. One spawn trains it at ZeRO stages 0, 1
+runtime.activation_checkpointing with ``partition_activations``. One spawn trains it at ZeRO stages 0, 1
 and 2 (`runtime.initialize(mpu=...)`), saves a checkpoint halfway, reloads it into a fresh
 engine, measures what partitioned checkpoints hold, and asks for stage 3 (refused). The
 reference trains the full model in this process on the concatenated batch with torch's AdamW
@@ -229,7 +229,7 @@ def _steps(engine, dp_rank: int, first: int, last: int):
 
 
 def _train(runtime, mpu, stage: int, out_dir: str) -> dict:
-    import runtime.checkpointing as ck
+    import runtime.activation_checkpointing as ck
 
     mp_rank, dp_rank = mpu.get_model_parallel_rank(), mpu.get_data_parallel_rank()
     group = mpu.get_model_parallel_group()
@@ -277,7 +277,7 @@ def _held_bytes(model, x) -> int:
 
 
 def _partition_effect(mpu) -> dict:
-    import runtime.checkpointing as ck
+    import runtime.activation_checkpointing as ck
 
     group = mpu.get_model_parallel_group()
     model = shard(full_model(layers=3), mpu.get_model_parallel_rank(), MP, group, ck.checkpoint)

@@ -105,7 +105,9 @@ def _train(runtime, rank, zero):
     stores = [u.store for u in engine.sharding.coordinator.units if u.frozen]
     x, y = batches(WORLD)
     losses = train_steps(engine, x, y, rank, WORLD, 0, STEPS)
-    peak_live = engine.sharding.coordinator.peak_live_numel  # before GatheredParameters gathers everything
+    peak_live = (
+        engine.sharding.coordinator.peak_live_numel
+    )  # before GatheredParameters gathers everything
     return {
         "losses": losses,
         "peak_live": peak_live,

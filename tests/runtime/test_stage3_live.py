@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import torch
 
 from runtime.zero.param_offload import ShardStore
-from runtime.zero.stage3_hooks import install_hooks, tensors_in, unit_owners
-from runtime.zero.stage3_live import LiveUnits, SavedInUnit
-from runtime.zero.stage3_prefetch import FetchPlanner
-from runtime.zero.stage3_units import Unit, UnitState, plan_units
+from runtime.zero.stage3.hooks import install_hooks, tensors_in, unit_owners
+from runtime.zero.stage3.live import LiveUnits, SavedInUnit
+from runtime.zero.stage3.prefetch import FetchPlanner
+from runtime.zero.stage3.units import Unit, UnitState, plan_units
 
 
 class Experts(torch.nn.Module):

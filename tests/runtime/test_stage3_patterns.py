@@ -45,7 +45,7 @@ def rank_runs_other_branch(b_out: int, diverge_at: int, zero: dict | None = None
     import torch.distributed as dist
 
     import runtime
-    from runtime.zero.stage3_sequence import RankMismatchError
+    from runtime.zero.stage3.sequence import RankMismatchError
 
     model = Branchy(b_out)
     config = dict(CONFIG, zero_optimization={**CONFIG["zero_optimization"], **(zero or {})})
@@ -97,7 +97,7 @@ def switch_with_leaves(mode: str) -> dict:
     declared ("declared"), or neither ("none": detection switched off)."""
     import runtime
     import runtime.zero.leaf_modules as leaf_modules
-    from runtime.zero.stage3_sequence import RankMismatchError
+    from runtime.zero.stage3.sequence import RankMismatchError
     from tests.zoo import training
     from tests.zoo.models import ZOO
 
@@ -181,7 +181,7 @@ def test_parameter_reads_reach_the_coordinator_and_copies_stay_plain():
     parameters or the state dict does not; a copy of the model carries no coordinator."""
     import copy
 
-    from runtime.zero.stage3_access import FetchingParameters, install, uninstall
+    from runtime.zero.stage3.access import FetchingParameters, install, uninstall
 
     model = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
     out_proj_weight = model.self_attn.out_proj.weight

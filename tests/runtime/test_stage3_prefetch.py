@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from runtime.zero.stage3_prefetch import FetchPlanner, reuse_distances
+from runtime.zero.stage3.prefetch import FetchPlanner, reuse_distances
 
 
 def test_reuse_distance_counts_elements_fetched_in_between():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.zero.stage3_optimizer import plan_sub_groups
-from runtime.zero.stage3_units import plan_units
+from runtime.zero.stage3.optimizer import plan_sub_groups
+from runtime.zero.stage3.units import plan_units
 
 
 class Tied(torch.nn.Module):
@@ -53,7 +53,7 @@ def test_sub_groups_tile_the_step():
 
 
 def test_zero_init_patches_and_restores_module_classes():
-    import runtime.zero.init as zinit
+    import runtime.zero.init_context as zinit
 
     before = torch.nn.Linear.__init__
     init = zinit.Init(enabled=True)

@@ -244,7 +244,10 @@ def test_csv_rows_match_the_metrics_events(tmp_path):
         [e["time_forward"] * 1e3 for e in events]
     )
     assert [float(v) for _, v in rows("Train_Samples_lr")[1:]] == [e["lr"] for e in events]
-    assert rows("Train_Samples_accuracy") == [["step", "accuracy"], [str(events[-1]["samples"]), "0.75"]]
+    assert rows("Train_Samples_accuracy") == [
+        ["step", "accuracy"],
+        [str(events[-1]["samples"]), "0.75"],
+    ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
@@ -438,7 +441,7 @@ BREAKDOWN_EVENT = {
 def test_live_breakdown_bar_is_proportional_and_names_the_straggler():
     from rich.console import Console
 
-    from zlaunch.live_breakdown import BAR_WIDTH, breakdown_text, renderables
+    from zlaunch.console.live_breakdown import BAR_WIDTH, breakdown_text, renderables
 
     items = renderables(BREAKDOWN_EVENT)
     # 10 + 20 + 4 + 0 + 6 = 40 ms over 40 cells: one cell per ms, coloured per part
@@ -467,8 +470,8 @@ def test_live_panel_keeps_the_split_between_report_steps_and_plain_lines_carry_i
 
     from rich.console import Console as RichConsole
 
-    from zlaunch.console import Console
-    from zlaunch.live_view import LiveView, format_metrics
+    from zlaunch.console.live_view import LiveView, format_metrics
+    from zlaunch.console.terminal import Console
 
     view = LiveView(Console(color=False, out=io.BytesIO(), err=io.StringIO()), io.StringIO())
     try:
@@ -501,11 +504,18 @@ def test_comms_logger_verbose_lines_prof_ops_and_summary_table(caplog):
         logger.on_done("all_reduce", 1 << 20, 1 << 20, 0.004, 0.0, 2)
         logger.on_done("all_gather", 4096, 2048, 0.001, 0.0, 2)  # not in prof_ops
     (row,) = logger.summary()
-    assert (row["kind"], row["size"], row["count"], row["bytes"]) == ("all_reduce", 1 << 20, 2, 2 << 20)
+    assert (row["kind"], row["size"], row["count"], row["bytes"]) == (
+        "all_reduce",
+        1 << 20,
+        2,
+        2 << 20,
+    )
     assert row["mean_latency_s"] == pytest.approx(0.003)
     assert row["algbw_gbps"] == pytest.approx((1 << 20) / 0.003 / 1e9)
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 1.0)  # 2(n-1)/n at n = 2
-    assert len(caplog.messages) == 2 and "comm op: all_reduce | time (ms): 2.000" in caplog.messages[0]
+    assert (
+        len(caplog.messages) == 2 and "comm op: all_reduce | time (ms): 2.000" in caplog.messages[0]
+    )
     assert "caller test_comms_logger_verbose_lines" in caplog.messages[0]
     table = format_summary(logger.summary())
     assert "all_reduce" in table and "1.00 MiB" in table and "busbw GB/s" in table

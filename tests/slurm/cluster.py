@@ -8,7 +8,7 @@ Built on the SSH test cluster (:class:`tests.cluster.Cluster`: namespaces, bridg
       ├── netns P-node2  hostname node2  sshd, slurmd -N node2
       └── netns P-node3  hostname node3  sshd, slurmd -N node3
 
-Facts this rests on (``shared/SLURM.md``): slurmd enters its namespace with ``nsenter`` (``ip
+Facts this rests on (docs/slurm-test-cluster.md): slurmd enters its namespace with ``nsenter`` (``ip
 netns exec`` hides /sys/fs/cgroup and slurmd 22.05 then dies), with ``unshare --uts --mount``
 for its hostname and a private bind-mounted ``/etc/hosts``; per-node spool, pid, log and TmpFS
 paths (``%n``); no cgroups (``proctrack/linuxproc``, ``task/none``), so a double-forked task

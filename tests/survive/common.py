@@ -43,7 +43,6 @@ def step_means(rows: list[dict], attempt: int) -> dict[int, float]:
     return {s: sum(v) / len(v) for s, v in by_step.items()}
 
 
-
 def elastic_job(cluster, tmp: Path, *flags: str, steps: int = STEPS) -> list[str]:
     """The zlaunch command of the elastic job on node1..node3, one rank each."""
     return [

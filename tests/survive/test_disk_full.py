@@ -13,6 +13,8 @@ import pytest
 from tests.launcher.helpers import alive, seconds_until
 from tests.survive.common import REPO, WORKER, config
 
+FAKE_WORKER = str(REPO / "tests" / "launcher" / "fake_worker.py")
+
 pytestmark = pytest.mark.faults
 
 
@@ -61,3 +63,24 @@ def _job_processes(out) -> list[int]:
             if str(out).encode() in cmd and alive(int(entry)):
                 mine.append(int(entry))
     return mine
+
+
+def test_a_full_log_directory_never_stops_the_job(small_disk, tmp_path):
+    """--log-dir on a 400 KiB file system and ranks that print 2 MiB: the rank logs fill it.
+    The job still ends with the script's exit code, every rank ran to its end, and the console
+    says once per file what could not be written."""
+    record = tmp_path / "record"
+    proc = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "--no-color", "--num-gpus", "2",
+         "--log-dir", str(small_disk), FAKE_WORKER, "--record-dir", str(record),
+         "--lines", "12000"],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in record.glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
+    full = [line for line in proc.stderr.splitlines() if "No space left on device" in line]
+    assert full and all("the job goes on" in line for line in full), proc.stderr[-3000:]
+    said = [line.split(" in ")[0] for line in full]
+    assert len(said) == len(set(said)), "each file's failure is said once"
+    # every line still reached the console
+    assert proc.stdout.count("seq=") + proc.stderr.count("seq=") == 2 * 12000

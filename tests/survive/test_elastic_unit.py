@@ -6,9 +6,9 @@ import pytest
 
 from runtime.config import ConfigError, load_config
 from runtime.elastic_batch import BatchOverride, batch_for_world, override_from_env
-from zlaunch.elastic import next_hosts
 from zlaunch.errors import LaunchError
 from zlaunch.hostfile import Host
+from zlaunch.launcher.elastic import next_hosts
 
 
 def _hosts(*names):

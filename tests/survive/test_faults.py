@@ -44,8 +44,10 @@ def _run_with_fault(cluster, tmp_path, flags, inject, heal):
     job = _start(elastic_job(cluster, tmp_path, *flags))
     try:
         reached = seconds_until(
-            lambda: (tmp_path / "ckpt" / "latest").exists()
-            and any(r["step"] >= 5 for r in losses(tmp_path / "out")),
+            lambda: (
+                (tmp_path / "ckpt" / "latest").exists()
+                and any(r["step"] >= 5 for r in losses(tmp_path / "out"))
+            ),
             120,
         )
         assert reached is not None, "the job never reached step 5"
@@ -117,9 +119,7 @@ def test_controller_route_lost_for_ten_seconds(cluster, tmp_path):
     steps = 40
     job = _start(elastic_job(cluster, tmp_path, "--max-restarts", "1", steps=steps))
     try:
-        reached = seconds_until(
-            lambda: any(r["step"] >= 5 for r in losses(tmp_path / "out")), 120
-        )
+        reached = seconds_until(lambda: any(r["step"] >= 5 for r in losses(tmp_path / "out")), 120)
         assert reached is not None
         cut()
         node2_gone = seconds_until(lambda: not cluster.pids("node2"), 30)
@@ -165,8 +165,19 @@ def test_lossy_slow_link_completes_or_is_explained(cluster, tmp_path):
         flags,
         inject=lambda: _ns(cluster, "node2", *netem),
         heal=lambda: subprocess.run(
-            ["ip", "netns", "exec", cluster.namespace("node2"),
-             "tc", "qdisc", "del", "dev", "eth0", "root"], check=False,
+            [
+                "ip",
+                "netns",
+                "exec",
+                cluster.namespace("node2"),
+                "tc",
+                "qdisc",
+                "del",
+                "dev",
+                "eth0",
+                "root",
+            ],
+            check=False,
         ),  # fmt: skip
     )
     assert code == 0, text[-4000:]

@@ -135,8 +135,8 @@ def test_panel_tells_lost_ranks_from_failed_ones():
 
     from rich.console import Console as RichConsole
 
-    from zlaunch.console import Console
-    from zlaunch.live_view import LiveView
+    from zlaunch.console.live_view import LiveView
+    from zlaunch.console.terminal import Console
 
     view = LiveView(Console(color=False, out=io.BytesIO(), err=io.StringIO()), io.StringIO())
     try:

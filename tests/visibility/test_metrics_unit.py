@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from runtime.metrics import EventSink, _token_count
-from zlaunch.console import Console
-from zlaunch.live_view import PlainView, format_metrics
+from zlaunch.console.live_view import PlainView, format_metrics
+from zlaunch.console.terminal import Console
 
 EVENT = {
     "kind": "metrics", "source": "engine", "step": 20, "samples": 640, "total_steps": 100,
@@ -84,7 +84,7 @@ def test_plain_view_prints_one_escape_free_line_per_event():
 
 def test_last_engine_row_reads_the_tail_of_a_long_metrics_file(tmp_path):
     from zlaunch.commands.runs_common import last_engine_row
-    from zlaunch.rundir import RunDir
+    from zlaunch.rundir.layout import RunDir
 
     rows = [dict(EVENT, step=s) for s in range(1, 3001)]  # ~1 MB: many tail blocks
     rows.append({"kind": "metrics", "source": "user", "step": 3000, "acc": 1.0})
@@ -100,7 +100,7 @@ def test_last_engine_row_reads_the_tail_of_a_long_metrics_file(tmp_path):
 def test_panel_shows_progress_metrics_and_a_host_summary_when_there_are_many():
     from rich.console import Console as RichConsole
 
-    from zlaunch.live_view import JobView, LiveView
+    from zlaunch.console.live_view import JobView, LiveView
 
     view = JobView(Console(color=False, out=io.BytesIO(), err=io.StringIO()))
     view.start("run-9", {f"node{i}": 2 for i in range(1, 13)})

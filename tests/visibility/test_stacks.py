@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tests.visibility.helpers import ranks_state, wait_for, zlaunch
-from zlaunch.commands.stacks import group_ranks, parse_dump
+from zlaunch.stack_dumps import group_ranks, parse_dump
 
 STUCK = str(Path(__file__).with_name("stuck.py"))
 

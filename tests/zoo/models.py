@@ -232,7 +232,9 @@ ZOO: dict[str, ZooModel] = {
     "torch_checkpoint_reentrant": ZooModel(
         _seeded(lambda: _Checkpointed(True)), _token_ce, needs="torch"
     ),
-    "llama": ZooModel(_seeded(_hf("LlamaConfig", "LlamaForCausalLM", **_decoder_config())), _lm_loss),
+    "llama": ZooModel(
+        _seeded(_hf("LlamaConfig", "LlamaForCausalLM", **_decoder_config())), _lm_loss
+    ),
     "llama_tied_checkpointed": ZooModel(
         _seeded(
             lambda: _tie(_llama_checkpointed(False)()),

@@ -95,7 +95,11 @@ def test_model_trains_like_one_process_at_every_stage(name):
     for stage in STAGES:
         for rank, result in enumerate(results):
             problems = check_against_reference(
-                step_losses(results, stage), result[stage]["params"], ref_losses, ref_params, initial
+                step_losses(results, stage),
+                result[stage]["params"],
+                ref_losses,
+                ref_params,
+                initial,
             )
             if problems:
                 failures[f"stage {stage} rank {rank}"] = problems

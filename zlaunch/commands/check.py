@@ -196,7 +196,7 @@ def command(
     no_color,
 ) -> None:
     """Check that every host is ready to run a job: ssh, python, zlaunch, torch, GPUs, cwd, port."""
-    from zlaunch.console import print_table
+    from zlaunch.console.terminal import print_table
     from zlaunch.hostfile import default_hosts, load_hostfile
     from zlaunch.options import SshOptions
     from zlaunch.selectors import select_hosts

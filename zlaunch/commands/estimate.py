@@ -274,7 +274,7 @@ def _print_json(params: int, nodes: int, gpus_per_node: int, precision: str, row
 def _print_table(
     params: int, nodes: int, gpus_per_node: int, precision: str, rows, no_color: bool
 ) -> None:
-    from zlaunch.console import print_table
+    from zlaunch.console.terminal import print_table
 
     kind = "fp32" if precision == "fp32" else f"{precision} mixed precision"
     title = (

@@ -20,7 +20,7 @@ import click
 
 from zlaunch.commands.runs_common import open_run, run_ended, run_options
 from zlaunch.errors import UsageError
-from zlaunch.rundir import RunDir, host_dirname
+from zlaunch.rundir.layout import RunDir, host_dirname
 
 __all__ = ["command", "parse_ranks"]
 

@@ -8,7 +8,7 @@ import os
 import click
 
 from zlaunch.commands.runs_common import effective_status, known_runs, last_engine_row
-from zlaunch.console import print_table
+from zlaunch.console.terminal import print_table
 from zlaunch.options import DEFAULT_LOG_DIR
 
 __all__ = ["command"]

@@ -33,9 +33,9 @@ SPLIT = (
 
 
 def split_series(rows: list[dict[str, Any]]) -> tuple[list[int], dict[str, list[float]]]:
-    """Steps and the stacked parts (ms) of the wall-clock split (zlaunch.live_breakdown.split:
+    """Steps and the stacked parts (ms) of the wall-clock split (zlaunch.console.live_breakdown.split:
     waits taken out of the phase that holds them, adding up to the measured total)."""
-    from zlaunch.live_breakdown import split
+    from zlaunch.console.live_breakdown import split
 
     steps: list[int] = []
     parts: dict[str, list[float]] = {key: [] for key, _, _ in SPLIT}
@@ -172,8 +172,9 @@ def _plot_split(ax, steps, parts, rows, locator) -> None:
     ax.grid(True, alpha=0.3)
     ax.xaxis.set_major_locator(locator(integer=True))
     if not steps:
-        ax.text(0.5, 0.5, "no wall_clock_breakdown", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5, 0.5, "no wall_clock_breakdown", ha="center", va="center", transform=ax.transAxes
+        )
         return
     ax.stackplot(
         steps,
@@ -202,13 +203,20 @@ def _plot_mfu(ax, mfu_steps, mfu, tflops_steps, tflops, rows, locator) -> None:
     ax.grid(True, alpha=0.3)
     ax.xaxis.set_major_locator(locator(integer=True))
     if mfu:
-        ax.plot(mfu_steps, [m * 100 for m in mfu], marker="o", markersize=3, color="tab:cyan",
-                label="MFU %")
+        ax.plot(
+            mfu_steps,
+            [m * 100 for m in mfu],
+            marker="o",
+            markersize=3,
+            color="tab:cyan",
+            label="MFU %",
+        )
         ax.set_ylabel("MFU %")
     if tflops:
         twin = ax.twinx() if mfu else ax
-        twin.plot(tflops_steps, tflops, linestyle="--", color="tab:brown",
-                  label="TFLOP/s per device")
+        twin.plot(
+            tflops_steps, tflops, linestyle="--", color="tab:brown", label="TFLOP/s per device"
+        )
         twin.set_ylabel("TFLOP/s per device")
     if not (mfu or tflops):
         ax.text(0.5, 0.5, "no FLOP count", ha="center", va="center", transform=ax.transAxes)

@@ -104,7 +104,10 @@ def build_options(**values) -> LaunchOptions:
     `LaunchOptions`; no host is contacted."""
     args = RunArguments(**values)
     num_nodes = resolve_nodes(
-        num_nodes=args.num_nodes, nnodes=args.nnodes, node_rank=args.node_rank, hostfile=args.hostfile
+        num_nodes=args.num_nodes,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        hostfile=args.hostfile,
     )
     args = replace(args, num_nodes=num_nodes)
     cwd = _working_directory(args)
@@ -225,7 +228,7 @@ def _launch_options(
     """The checked pieces (`launch_with`: the launcher and its extra arguments), the worker
     environment and the remaining flags, as one LaunchOptions."""
     from zlaunch.options import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
-    from zlaunch.run_index import default_log_dir
+    from zlaunch.rundir.index import default_log_dir
 
     worker_env = _worker_env(args)
     launcher, launcher_args = launch_with
@@ -343,7 +346,7 @@ def validate_config(path: str, world_size: int) -> None:
     try:
         from runtime.config import ConfigError as RuntimeConfigError
         from runtime.config import load_config
-        from runtime.config_schema import BATCH_KEYS
+        from runtime.config.schema import BATCH_KEYS
     except ImportError as err:
         raise ConfigError(
             f"cannot validate {path}: runtime.config is unavailable ({err})"
@@ -380,7 +383,7 @@ def _load_leaving_autos(path: str, load_config, error_type):
     """(config, "auto" key paths, blocks left unchecked). A block whose check fails on a key
     written "auto" (WarmupDecayLR's total_num_steps, which the Trainer fills in) cannot be
     checked before the script fills it: it is checked without that block instead."""
-    from runtime.config_files import read_file
+    from runtime.config.files import read_file
 
     data = read_file(path, path)
     autos = auto_keys(data)

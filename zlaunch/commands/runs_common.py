@@ -17,9 +17,9 @@ import click
 from zlaunch.clip import clip
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.options import DEFAULT_LOG_DIR
-from zlaunch.run_index import default_log_dir, index_dir, indexed_run_paths
-from zlaunch.run_records import RunStatus
-from zlaunch.rundir import RunDir, list_runs, lock_holder, process_identity
+from zlaunch.rundir.index import default_log_dir, index_dir, indexed_run_paths
+from zlaunch.rundir.layout import RunDir, list_runs, lock_holder, process_identity
+from zlaunch.rundir.records import RunStatus
 
 __all__ = [
     "run_options",

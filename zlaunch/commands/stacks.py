@@ -22,48 +22,12 @@ from zlaunch.commands.runs_common import (
     open_run,
     run_options,
 )
-from zlaunch.console import rank_ranges
-from zlaunch.console_stacks import STACK_FRAME as _FRAME
-from zlaunch.console_stacks import STACK_HEADER as _HEADER
 from zlaunch.errors import ZlaunchError
-from zlaunch.run_records import RankPhase, RankRow, RanksFile
+from zlaunch.rank_ranges import rank_ranges
+from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
+from zlaunch.stack_dumps import QUIET_AFTER, group_ranks, parse_dump, stack_line_count
 
-__all__ = ["command", "parse_dump", "group_ranks"]
-
-
-QUIET_AFTER = 0.3
-"""Seconds without new stack lines after which a rank's dump is taken as complete."""
-
-
-def parse_dump(text: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
-    """The thread stacks in a chunk of rank log (other lines ignored), thread ids dropped;
-    None when it holds no dump. The thread that received the signal ("current") comes first."""
-    threads: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header:
-            threads.append(("main" if header.group(1) == "Current thread" else "thread", []))
-        elif threads and _FRAME.match(line):
-            threads[-1][1].append(line.strip())
-    if not threads:
-        return None
-    for _, frames in threads:  # zlaunch.worker_boot's and runpy's frames under the script
-        while frames and ("<frozen runpy>" in frames[-1] or "worker_boot.py" in frames[-1]):
-            frames.pop()
-    threads.sort(key=lambda t: t[0] != "main")
-    return tuple((kind, tuple(frames)) for kind, frames in threads)
-
-
-def _stack_line_count(text: str) -> int:
-    return sum(1 for line in text.splitlines() if _HEADER.match(line) or _FRAME.match(line))
-
-
-def group_ranks(dumps: dict[int, Any]) -> list[tuple[list[int], Any]]:
-    """Ranks with identical stacks together; the largest group first."""
-    groups: dict[Any, list[int]] = {}
-    for rank, dump in sorted(dumps.items()):
-        groups.setdefault(dump, []).append(rank)
-    return sorted(((ranks, dump) for dump, ranks in groups.items()), key=lambda g: -len(g[0]))
+__all__ = ["command"]
 
 
 def _read_from(path: str, offset: int) -> bytes:
@@ -124,7 +88,7 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
             if r in dumps:
                 continue
             text = _read_from(path, start[r]).decode("utf-8", errors="replace")
-            n = _stack_line_count(text)
+            n = stack_line_count(text)
             if n != seen_lines[r]:
                 seen_lines[r], changed_at[r] = n, now
             elif n and now - changed_at[r] >= QUIET_AFTER:

@@ -15,9 +15,9 @@ from typing import Any
 import click
 
 from zlaunch.commands.runs_common import effective_status, last_engine_row, open_run, run_options
-from zlaunch.console import print_table
-from zlaunch.live_view import format_metrics
-from zlaunch.run_records import RankPhase, RankRow, RanksFile
+from zlaunch.console.live_view import format_metrics
+from zlaunch.console.terminal import print_table
+from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
 
 __all__ = ["command", "rank_rows"]
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from zlaunch.errors import LaunchError
 from zlaunch.hostfile import Host
-from zlaunch.transport import Link
+from zlaunch.transport.link import Link
 
 __all__ = ["LocalLink"]
 

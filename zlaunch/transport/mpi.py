@@ -47,6 +47,9 @@ class MpiLink(LocalLink):
     ) -> MpiLink:
         environ = os.environ if environ is None else environ
         mpirun = require_program(
-            "mpirun", environ, "mpi", "load Open MPI (module load openmpi), or use --hostfile over SSH"
+            "mpirun",
+            environ,
+            "mpi",
+            "load Open MPI (module load openmpi), or use --hostfile over SSH",
         )
         return cls.start(host, mpirun_argv(host.name, argv, extra, mpirun=mpirun))

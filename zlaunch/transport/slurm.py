@@ -198,7 +198,10 @@ class SlurmLink(LocalLink):
     ) -> SlurmLink:
         environ = os.environ if environ is None else environ
         srun = require_program(
-            "srun", environ, "slurm", "load Slurm's client tools (module load slurm), or use --hostfile over SSH"
+            "srun",
+            environ,
+            "slurm",
+            "load Slurm's client tools (module load slurm), or use --hostfile over SSH",
         )
         job = job_id(environ)
         link = cls.start(host, srun_argv(host.name, job, argv, extra, srun=srun))

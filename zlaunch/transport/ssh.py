@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from zlaunch.errors import HostUnreachable
 from zlaunch.hostfile import Host
 from zlaunch.options import SshOptions
-from zlaunch.transport import Link
+from zlaunch.transport.link import Link
 
 __all__ = ["SshLink", "remote_command"]
 
@@ -143,9 +143,7 @@ def _connection(host: Host, ssh: SshOptions):
     every wait bounded by --ssh-timeout (zlaunch never prompts)."""
     import fabric
 
-    config = (
-        fabric.Config(runtime_ssh_path=ssh.config_file) if ssh.config_file else fabric.Config()
-    )
+    config = fabric.Config(runtime_ssh_path=ssh.config_file) if ssh.config_file else fabric.Config()
     connect_kwargs = {
         "look_for_keys": True,
         "allow_agent": True,

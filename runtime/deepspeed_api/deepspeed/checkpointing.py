@@ -1,10 +1,10 @@
-"""``deepspeed.checkpointing``: activation checkpointing (`runtime.checkpointing`)."""
+"""``deepspeed.checkpointing``: activation checkpointing (`runtime.activation_checkpointing`)."""
 
 from __future__ import annotations
 
-from runtime.checkpointing import *  # noqa: F403 - runtime.checkpointing under DeepSpeed's name
-from runtime.checkpointing import __all__ as _all
-from runtime.checkpointing import partition_activations_in_checkpoint, set_num_layers
+from runtime.activation_checkpointing import *  # noqa: F403 - runtime.activation_checkpointing under DeepSpeed's name
+from runtime.activation_checkpointing import __all__ as _all
+from runtime.activation_checkpointing import partition_activations_in_checkpoint, set_num_layers
 
 from ._missing import module_getattr
 

@@ -28,7 +28,7 @@ class DeepSpeedEngine(Engine):
         """The full weights (the module's dtype, CPU) on rank 0, ``{}`` on the others; a
         collective. accelerate's ``get_state_dict`` and ``Trainer.save_model`` call it at
         ZeRO-3; at other stages the parameters are whole and it returns them the same way."""
-        from runtime.zero.stage3_save import consolidated_state_dict
+        from runtime.zero.stage3.save import consolidated_state_dict
 
         return consolidated_state_dict(self.module, self.global_rank, exclude_frozen_parameters)
 

@@ -8,8 +8,8 @@ import logging
 import torch
 
 from runtime.dist import is_initialized
-from runtime.zero.init import GatheredParameters
-from runtime.zero.leaf_modules import (
+from runtime.zero import (
+    GatheredParameters,
     get_z3_leaf_modules,
     set_z3_leaf_modules,
     unset_z3_leaf_modules,

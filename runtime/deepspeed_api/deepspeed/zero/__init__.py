@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from runtime.zero.init import GatheredParameters, Init
-from runtime.zero.leaf_modules import (
+from runtime.zero import (
+    GatheredParameters,
+    Init,
     get_z3_leaf_modules,
     set_z3_leaf_modules,
     unset_z3_leaf_modules,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.zero.init import GatheredParameters, Init
+from runtime.zero import GatheredParameters, Init
 
 from ..._missing import module_getattr
 from . import partition_parameters

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.zero.init import GatheredParameters, Init
+from runtime.zero import GatheredParameters, Init
 from runtime.zero.param_status import ZeroParamStatus
 
 from ..._missing import module_getattr

@@ -1,0 +1,47 @@
+"""The training config: DeepSpeed's JSON/YAML schema as frozen dataclasses.
+
+Users bring DeepSpeed configs, so the keys, defaults and the batch-size rules are DeepSpeed's
+(docs/deepspeed-compat.md). Where DeepSpeed is lax we are strict and say how to fix it: unknown keys
+anywhere (top level included) are errors that suggest the nearest valid key, duplicate keys
+are errors, and both fp16 and bf16 enabled is an error. DeepSpeed blocks for features this
+runtime does not implement are accepted while disabled and refused when enabled.
+
+This package's face is this file; each concept lives in its own module, and the imports run
+one way, from reading down to the values:
+
+    load        load_config: mapping or file -> Config, warnings
+      files       JSON/YAML/HJSON parsing, duplicate keys, plain data
+      keys        the one check of which keys a mapping may hold
+      features    DeepSpeed keys not modelled here: accepted while off, refused when on
+    schema      Config: the top level, the blocks, the batch rules, `resolve`
+      blocks      fp16, bf16, optimizer, zero_optimization and offload, activation
+                  checkpointing
+      scheduler   scheduler: DeepSpeed's schedules and their parameters
+      monitors    tensorboard, comms_logger, flops_profiler, csv_monitor, wandb
+    values      ConfigError, ConfigWarning, the checks of one value
+
+All of it must stay importable without torch: the launcher validates a config before it
+contacts any host, and `zlaunch estimate` runs on machines without torch.
+"""
+
+from __future__ import annotations
+
+# Each part lists its public names in __all__; these are the names users import from here.
+from . import blocks, monitors, scheduler
+from .blocks import *  # noqa: F403
+from .load import load_config
+from .monitors import *  # noqa: F403
+from .scheduler import *  # noqa: F403
+from .schema import Config
+from .values import AUTO, ConfigError, ConfigWarning
+
+__all__ = [
+    "AUTO",
+    "Config",
+    "ConfigError",
+    "ConfigWarning",
+    "load_config",
+    *blocks.__all__,
+    *monitors.__all__,
+    *scheduler.__all__,
+]

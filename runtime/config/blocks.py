@@ -1,0 +1,244 @@
+"""The training blocks of the config: precision, optimizer, ZeRO and its offload, activation
+checkpointing. One frozen dataclass per DeepSpeed block, with DeepSpeed's keys and defaults
+(docs/deepspeed-compat.md); each field is checked and normalised in `__post_init__`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..optimizer_names import check_optimizer
+from .values import (
+    ConfigError,
+    IntOrAuto,
+    as_bool,
+    as_choice,
+    as_float,
+    as_int,
+    check_field,
+    describe,
+)
+
+__all__ = [
+    "ActivationCheckpointingConfig",
+    "BF16Config",
+    "FP16Config",
+    "OffloadConfig",
+    "OptimizerConfig",
+    "ZeroConfig",
+]
+
+
+@dataclass(frozen=True)
+class FP16Config:
+    """`fp16`: mixed precision with 16-bit floats and loss scaling."""
+
+    enabled: bool = False
+    """Train with fp16 parameters/gradients and fp32 master weights."""
+    loss_scale: float = 0.0
+    """Static loss scale; 0 selects dynamic loss scaling."""
+    initial_scale_power: int = 16
+    """Dynamic scaling starts at 2**initial_scale_power."""
+    loss_scale_window: int = 1000
+    """Overflow-free steps before the dynamic scale doubles."""
+    hysteresis: int = 2
+    """Overflows tolerated before the dynamic scale halves."""
+    consecutive_hysteresis: bool = False
+    """Refill the hysteresis counter on every overflow-free step (not only when the scale grows)."""
+    min_loss_scale: float = 1.0
+    """The dynamic scale never goes below this; an overflow there is an error."""
+
+    def __post_init__(self) -> None:
+        check_field(self, "enabled", as_bool)
+        check_field(self, "loss_scale", as_float, 0.0)
+        check_field(self, "initial_scale_power", as_int, 0)
+        check_field(self, "loss_scale_window", as_int, 1)
+        check_field(self, "hysteresis", as_int, 1)
+        check_field(self, "consecutive_hysteresis", as_bool)
+        check_field(self, "min_loss_scale", as_float)
+        if self.min_loss_scale <= 0:
+            raise ConfigError(f"must be > 0, got {self.min_loss_scale:g}", "min_loss_scale")
+
+    @property
+    def dynamic(self) -> bool:
+        """True when the loss scale adapts to overflows (loss_scale 0)."""
+        return self.loss_scale == 0
+
+
+@dataclass(frozen=True)
+class BF16Config:
+    """`bf16` (alias `bfloat16`): mixed precision with bfloat16; no loss scaling needed."""
+
+    enabled: bool = False
+    """Train with bf16 parameters/gradients and fp32 master weights."""
+    check_grad_overflow: bool = True
+    """Skip (and count) an optimizer step whose gradients hold inf or nan, as DeepSpeed's
+    default does; false applies such a step (the weights become inf/nan) at stages 1-2, the
+    only stages where DeepSpeed reads the key."""
+
+    def __post_init__(self) -> None:
+        check_field(self, "enabled", as_bool)
+        check_field(self, "check_grad_overflow", as_bool)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """`optimizer`: which optimizer the engine builds when the script does not pass one."""
+
+    type: str
+    """Adam (AdamW behaviour unless params.adam_w_mode is false), AdamW, SGD, or any
+    torch.optim class name; matched case-insensitively."""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the optimizer (lr, betas, eps, weight_decay, ...)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, Mapping):
+            raise ConfigError(f"must be a mapping, got {describe(self.params)}", "params")
+        if "max_grad_norm" in self.params:
+            raise ConfigError(
+                "is not an optimizer parameter here; remove it and set the top-level "
+                '"gradient_clipping" key instead',
+                "params.max_grad_norm",
+            )
+        check_optimizer(self.type, self.params)
+        object.__setattr__(self, "params", dict(self.params))
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """`zero_optimization.offload_optimizer` / `offload_param`: keep state in CPU memory."""
+
+    device: Literal["none", "cpu"] = "none"
+    """Where the state lives between uses: "none" (the accelerator) or "cpu"."""
+    pin_memory: bool = True
+    """Page-locked CPU memory: faster host-device copies, costs locked RAM."""
+    nvme_path: str | None = None
+    """Kept for compatibility; NVMe offload is not supported."""
+    buffer_count: int = 4
+    """NVMe buffer pool size (compatibility only)."""
+    buffer_size: int = int(1e8)
+    """NVMe buffer size in elements (compatibility only)."""
+    max_in_cpu: int = int(1e9)
+    """Elements kept in CPU memory under NVMe offload (compatibility only)."""
+
+    def __post_init__(self) -> None:
+        if self.device == "nvme":
+            raise ConfigError(
+                'is "nvme", which this runtime does not support; use "cpu" (or "none")', "device"
+            )
+        check_field(self, "device", as_choice, ("none", "cpu"))
+        check_field(self, "pin_memory", as_bool)
+        if self.nvme_path is not None and not isinstance(self.nvme_path, str):
+            raise ConfigError(f"must be a path string, got {describe(self.nvme_path)}", "nvme_path")
+        check_field(self, "buffer_count", as_int, 0)
+        check_field(self, "buffer_size", as_int, 0)
+        check_field(self, "max_in_cpu", as_int, 0)
+
+    @property
+    def enabled(self) -> bool:
+        """True when the state is offloaded (device is not "none")."""
+        return self.device != "none"
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """`zero_optimization`: what is partitioned across data-parallel ranks, and how."""
+
+    stage: int = 0
+    """0: plain data parallel; 1: optimizer state partitioned; 2: + gradients; 3: + parameters."""
+    allgather_partitions: bool = True
+    """Gather updated parameters with all-gather (true) or one broadcast per rank (false);
+    stages 1-2 (stage 3 always all-gathers)."""
+    allgather_bucket_size: int = int(5e8)
+    """Elements all-gathered at a time after the step (stages 1-2)."""
+    reduce_scatter: bool = True
+    """Reduce gradients with reduce-scatter (true) or all-reduce keeping this rank's part
+    (false); stages 1-2 (stage 3 always reduce-scatters)."""
+    reduce_bucket_size: IntOrAuto = int(5e8)
+    """Elements reduced at a time; "auto" = hidden_size**2."""
+    overlap_comm: bool | None = None
+    """Overlap gradient reduction with backward; unset means true for stage 3, false otherwise."""
+    contiguous_gradients: bool = True
+    """Copy gradients into one contiguous buffer as they are produced."""
+    round_robin_gradients: bool = False
+    """DeepSpeed's ordering of gradient copies to CPU under offload; accepted and has no
+    effect here (a performance knob that changes no result)."""
+    sub_group_size: int = int(1e9)
+    """Elements per optimizer-step tile (bounds the step's working set)."""
+    offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
+    """Keep fp32 master weights and optimizer state in CPU memory; step there (stages 1-3)."""
+    offload_param: OffloadConfig = field(default_factory=lambda: OffloadConfig(buffer_count=5))
+    """Keep parameter shards in CPU memory between uses (stage 3 only)."""
+    stage3_prefetch_bucket_size: IntOrAuto = int(5e7)
+    """Elements fetched ahead of use; "auto" = 0.9 * hidden_size**2."""
+    stage3_param_persistence_threshold: IntOrAuto = int(1e5)
+    """Parameters smaller than this stay whole on every rank; "auto" = 10 * hidden_size."""
+    stage3_max_live_parameters: int = int(1e9)
+    """Upper bound of gathered parameter elements resident at once."""
+    stage3_max_reuse_distance: int = int(1e9)
+    """Keep a gathered parameter if it is reused within this many elements of fetches."""
+    stage3_gather_16bit_weights_on_model_save: bool = False
+    """save_16bit_model() gathers the full weights and writes them from rank 0."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stage, bool) or self.stage not in (0, 1, 2, 3):
+            raise ConfigError(f"must be 0, 1, 2 or 3, got {describe(self.stage)}", "stage")
+        object.__setattr__(self, "stage", int(self.stage))
+        check_field(self, "allgather_partitions", as_bool)
+        check_field(self, "allgather_bucket_size", as_int, 1)
+        check_field(self, "reduce_scatter", as_bool)
+        check_field(self, "reduce_bucket_size", as_int, 1, auto=True)
+        if self.overlap_comm is None:
+            object.__setattr__(self, "overlap_comm", self.stage == 3)
+        check_field(self, "overlap_comm", as_bool)
+        check_field(self, "contiguous_gradients", as_bool)
+        check_field(self, "round_robin_gradients", as_bool)
+        check_field(self, "sub_group_size", as_int, 1)
+        for name in ("offload_optimizer", "offload_param"):
+            if not isinstance(getattr(self, name), OffloadConfig):
+                raise ConfigError("must be an OffloadConfig", name)
+        check_field(self, "stage3_prefetch_bucket_size", as_int, 0, auto=True)
+        check_field(self, "stage3_param_persistence_threshold", as_int, 0, auto=True)
+        check_field(self, "stage3_max_live_parameters", as_int, 0)
+        check_field(self, "stage3_max_reuse_distance", as_int, 0)
+        check_field(self, "stage3_gather_16bit_weights_on_model_save", as_bool)
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointingConfig:
+    """`activation_checkpointing`: how runtime.activation_checkpointing keeps the inputs of checkpointed
+    blocks (the model calls ``runtime.activation_checkpointing.checkpoint``; this block sets options)."""
+
+    partition_activations: bool = False
+    """Each model-parallel rank keeps 1/N of every checkpoint input; gathered to recompute."""
+    contiguous_memory_optimization: bool = False
+    """Checkpoint inputs go into one preallocated buffer (needs number_checkpoints)."""
+    number_checkpoints: int | None = None
+    """Checkpointed blocks per forward: the slots of the contiguous buffer."""
+    cpu_checkpointing: bool = False
+    """Checkpoint inputs wait in host memory until recomputation."""
+    synchronize_checkpoint_boundary: bool = False
+    """Synchronize the device at each checkpoint's forward and backward boundaries."""
+    profile: bool = False
+    """Time checkpointed forwards and recomputations; reported with the step metrics."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "partition_activations",
+            "contiguous_memory_optimization",
+            "cpu_checkpointing",
+            "synchronize_checkpoint_boundary",
+            "profile",
+        ):
+            check_field(self, name, as_bool)
+        if self.number_checkpoints is not None:
+            check_field(self, "number_checkpoints", as_int, 1)
+        if self.contiguous_memory_optimization and self.number_checkpoints is None:
+            raise ConfigError(
+                "= true needs number_checkpoints (the number of checkpointed blocks in one "
+                "forward: the buffer's slots); set it, or set "
+                "contiguous_memory_optimization to false",
+                "contiguous_memory_optimization",
+            )

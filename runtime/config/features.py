@@ -1,0 +1,260 @@
+"""DeepSpeed config keys this runtime reads but does not model: accepted, or refused.
+
+A DeepSpeed config may carry blocks for features this runtime does not implement (profilers,
+monitors, pipeline parallelism, ZeRO++, ...). Left at their disabled defaults they change
+nothing, so they are accepted and ignored, as DeepSpeed accepts them. Turned on, the user
+expects the feature: running without it would be a silent lie, so the config is refused before
+launch, saying that the feature is not supported and what to do instead.
+
+Each key maps to a check that returns None (accepted) or the refusal: the text that follows
+the key path in the error, "is enabled but not supported by this runtime; ...". No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+from .values import describe
+
+__all__ = [
+    "BF16_KEYS",
+    "FP16_KEYS",
+    "OFFLOAD_OPTIMIZER_KEYS",
+    "OPTIMIZER_KEYS",
+    "TOP_LEVEL_KEYS",
+    "ZERO_KEYS",
+    "Check",
+]
+
+Check = Callable[[Any], Union[str, None]]
+
+_UNSUPPORTED = "not supported by this runtime"
+
+
+def accepted(_value: Any) -> None:
+    """Any value is fine: a performance or bookkeeping knob that changes no result."""
+    return None
+
+
+def _enabled(value: Any, depth: int = 0) -> bool:
+    """`"enabled": true` in the block or any block nested in it (compression_training and
+    data_efficiency enable features in sub-blocks)."""
+    if not isinstance(value, Mapping) or depth > 8:
+        return False
+    if value.get("enabled") is True:
+        return True
+    return any(_enabled(v, depth + 1) for v in value.values())
+
+
+def when_enabled(instead: str) -> Check:
+    """Refused when the block (or a sub-block) says `"enabled": true`."""
+
+    def check(value: Any) -> str | None:
+        if _enabled(value):
+            return (
+                f'is enabled but {_UNSUPPORTED}; {instead}, or set "enabled": false '
+                "(or remove the block)"
+            )
+        return None
+
+    return check
+
+
+def unless(*inactive: Any, instead: str = "remove it") -> Check:
+    """Refused when the value is not one of the `inactive` (DeepSpeed default) values."""
+
+    def check(value: Any) -> str | None:
+        # true is not 1 and false is not 0 here: a flag given where a number belongs is wrong.
+        if any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in inactive):
+            return None
+        return f"= {describe(value)} is {_UNSUPPORTED}; {instead}"
+
+    return check
+
+
+def when_present(instead: str) -> Check:
+    """Refused whenever the key is there (the block has no off switch)."""
+
+    def check(_value: Any) -> str:
+        return f"is {_UNSUPPORTED}; {instead}"
+
+    return check
+
+
+def when_any_true(keys: tuple[str, ...], instead: str) -> Check:
+    """Refused when one of `keys` inside the block is true."""
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, Mapping):
+            on = [k for k in keys if value.get(k) is True]
+            if on:
+                return f"{on[0]} = true is {_UNSUPPORTED}; {instead}"
+        return None
+
+    return check
+
+
+def when_differs(defaults: Mapping[str, Any], instead: str) -> Check:
+    """Refused when a key of the block is set to something other than DeepSpeed's default."""
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if key not in defaults or item != defaults[key]:
+                    return f"{key} = {describe(item)} is {_UNSUPPORTED}; {instead}"
+        return None
+
+    return check
+
+
+def _tensor_parallel(value: Any) -> str | None:
+    """DeepSpeed's AutoTP training block: off while autotp_size (and tp.tp_size) is 0 or 1."""
+    if not isinstance(value, Mapping):
+        return None
+    inner = value.get("tp", value.get("tensor_parallel"))
+    sizes = [value.get("autotp_size", 0)]
+    if isinstance(inner, Mapping):
+        sizes.append(inner.get("tp_size", 1))
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size > 1:
+            return (
+                f"sets a tensor-parallel size of {describe(size)}, which is {_UNSUPPORTED} "
+                "(data parallelism only); remove the block"
+            )
+    return None
+
+
+TOP_LEVEL_KEYS: dict[str, Check] = {
+    # Harmless: performance knobs and bookkeeping that change no result here.
+    "zero_allow_untested_optimizer": accepted,
+    "zero_force_ds_cpu_optimizer": accepted,
+    "zero_allow_comm_data_type_fp32": accepted,
+    "timers": accepted,
+    "disable_allgather": accepted,
+    "disable_python_gc": accepted,
+    "log_level": accepted,
+    "vocabulary_size": accepted,
+    "graph_harvesting": accepted,
+    "use_data_before_expert_parallelism": accepted,
+    "seq_parallel_communication_data_type": accepted,
+    # Only read with NVMe offload, which is refused where it is asked for.
+    "aio": accepted,
+    "weight_quantization": accepted,
+    "data_types": accepted,  # checked in config_load (grad_accum_dtype)
+    # Features that are refused when turned on.
+    "memory_breakdown": unless(
+        False, instead="memory is in the step metrics (zlaunch's live view, metrics.jsonl)"
+    ),
+    "dump_state": unless(False, instead="remove it"),
+    "comet": when_enabled(
+        "use the csv_monitor, wandb or tensorboard block, or log from the script "
+        "(engine.log_metrics)"
+    ),
+    "autotuning": when_enabled("set batch and bucket sizes yourself (zlaunch estimate helps)"),
+    "nebula": when_enabled("checkpoints are written by engine.save_checkpoint"),
+    "elasticity": when_enabled("set the batch sizes for the world size you launch"),
+    "data_efficiency": when_enabled("sample and order the data in the script's data loader"),
+    "curriculum_learning": when_enabled("order the data in the script's data loader"),
+    "compression_training": when_enabled("compress the model outside the training runtime"),
+    "progressive_layer_drop": when_enabled("remove the block"),
+    "eigenvalue": when_enabled("remove the block"),
+    "quantize_training": when_enabled("remove the block"),
+    "hybrid_engine": when_enabled("remove the block"),
+    "expert_parallel": when_enabled("remove the block"),
+    "amp": when_enabled('use "bf16": {"enabled": true} or "fp16": {"enabled": true}'),
+    "torch_autocast": when_enabled(
+        'use "bf16": {"enabled": true} or "fp16": {"enabled": true}, or torch.autocast in '
+        "the script"
+    ),
+    "sparse_attention": when_present("remove the block"),
+    "checkpoint": when_any_true(
+        ("load_universal", "use_node_local_storage"),
+        "checkpoints here load at any world size and stage without conversion; remove the key",
+    ),
+    "compile": when_any_true(
+        ("enabled", "deepcompile"), "compile the model with torch.compile in the script"
+    ),
+    "pipeline": when_differs(
+        {
+            "stages": "auto",
+            "partition": "best",
+            "seed_layers": False,
+            "activation_checkpoint_interval": 0,
+            "pipe_partitioned": True,
+            "grad_partitioned": True,
+            "use_reentrant": True,
+        },
+        "pipeline parallelism is not implemented; remove the block",
+    ),
+    "tensor_parallel": _tensor_parallel,
+    "prescale_gradients": unless(False),
+    "gradient_predivide_factor": unless(1, 1.0),
+    "gradient_allreduce_op": unless("mean", instead="gradients are averaged; remove it"),
+    "managed_gradient_accumulation": unless(
+        True,
+        instead="call engine.step() after every backward, or use "
+        "engine.set_gradient_accumulation_boundary()",
+    ),
+    "communication_data_type": unless(None, instead="collectives run in the training dtype"),
+    "seq_parallel_size": unless(1),
+    "sequence_parallel_size": unless(1),
+    "sparse_gradients": unless(False),
+}
+
+FP16_KEYS: dict[str, Check] = {
+    "auto_cast": unless(False),
+    "fp16_master_weights_and_grads": unless(False, instead="master weights are fp32"),
+}
+BF16_KEYS: dict[str, Check] = {
+    "immediate_grad_update": accepted,
+    "bf16_master_weights_and_grads": unless(False, instead="master weights are fp32"),
+    "bf16_optimizer_states": unless(False, instead="optimizer states are fp32"),
+}
+OPTIMIZER_KEYS: dict[str, Check] = {"legacy_fusion": accepted}
+OFFLOAD_OPTIMIZER_KEYS: dict[str, Check] = {
+    "pipeline_read": accepted,
+    "pipeline_write": accepted,
+    "pipeline": accepted,
+    "fast_init": accepted,
+    "convert_grad_on_cpu": accepted,
+    "cpuadam_cores_perc": accepted,
+    "ratio": unless(1, 1.0, instead="the whole optimizer state is offloaded; remove it"),
+    "super_offload": unless(False),
+}
+_ZERO_PP = "ZeRO++ is not implemented; remove it"
+ZERO_KEYS: dict[str, Check] = {
+    "load_from_fp32_weights": accepted,
+    "elastic_checkpoint": accepted,
+    "ignore_unused_parameters": accepted,
+    "legacy_stage1": accepted,
+    "use_multi_rank_bucket_allreduce": accepted,
+    "memory_efficient_linear": accepted,
+    "pipeline_loading_checkpoint": accepted,
+    "override_module_apply": accepted,
+    "log_trace_cache_warnings": accepted,
+    "enable_sanity_checks": accepted,
+    "save_muon_momentum_buffer_in_memory": accepted,
+    "leaf_module": accepted,
+    "cpu_offload_use_pin_memory": accepted,
+    "stage3_model_persistence_threshold": accepted,
+    "stage3_module_granularity_threshold": accepted,
+    "stage3_use_all_reduce_for_fetch_params": accepted,
+    "stage3_allgather_sequential": accepted,
+    # DeepSpeed's field names of the four above (it accepts either spelling)
+    "model_persistence_threshold": accepted,
+    "module_granularity_threshold": accepted,
+    "use_all_reduce_for_fetch_params": accepted,
+    "allgather_sequential": accepted,
+    "parameter_alignment": accepted,  # padding between parameters; results are the same
+    "stage3_partition_stream_chunk_size": accepted,
+    "mics_hierarchical_params_gather": accepted,
+    "compute_grad_norm": unless(True, instead="the gradient norm is always computed"),
+    "zero_hpz_partition_size": unless(1, instead=_ZERO_PP),
+    "zero_quantized_weights": unless(False, instead=_ZERO_PP),
+    "zero_quantized_nontrainable_weights": unless(False, instead=_ZERO_PP),
+    "zero_quantized_gradients": unless(False, instead=_ZERO_PP),
+    "zeropp_loco_param": unless(None, instead=_ZERO_PP),
+    "mics_shard_size": unless(-1, 0, instead="MiCS is not implemented; remove it"),
+    "zenflow": unless(None, instead="ZenFlow is not implemented; remove it"),
+}

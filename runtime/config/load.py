@@ -1,0 +1,307 @@
+"""Reading a config: a mapping or a JSON/YAML file, DeepSpeed's keys mapped onto the schema.
+
+`load_config` is the entry point (users reach it as `runtime.config.load_config`). The schema
+(runtime.config.schema and its blocks) knows nothing of reading; here live the parts that
+only matter while reading: DeepSpeed's keys this runtime does not model (runtime.config.features: accepted while
+disabled, refused when turned on), DeepSpeed's other spellings of ZeRO keys, "auto" handling
+inside blocks, and file parsing (runtime.config.files). No torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from .blocks import (
+    ActivationCheckpointingConfig,
+    BF16Config,
+    FP16Config,
+    OffloadConfig,
+    OptimizerConfig,
+    ZeroConfig,
+)
+from .features import (
+    BF16_KEYS,
+    FP16_KEYS,
+    OFFLOAD_OPTIMIZER_KEYS,
+    OPTIMIZER_KEYS,
+    TOP_LEVEL_KEYS,
+    ZERO_KEYS,
+    Check,
+)
+from .files import plain, read_file
+from .keys import check_keys
+from .monitors import (
+    CommsLoggerConfig,
+    CsvMonitorConfig,
+    FlopsProfilerConfig,
+    TensorboardConfig,
+    WandbConfig,
+)
+from .scheduler import SchedulerConfig
+from .schema import BATCH_KEYS, Config
+from .values import AUTO, ConfigError, ConfigWarning, as_bool, describe
+
+__all__ = ["load_config", "read_config"]
+
+
+# DeepSpeed's other spellings of ZeRO keys -> ours.
+_ZERO_ALIASES = {
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "param_persistence_threshold": "stage3_param_persistence_threshold",
+    "max_live_parameters": "stage3_max_live_parameters",
+    "max_reuse_distance": "stage3_max_reuse_distance",
+    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+}
+# Blocks read into dataclasses by `_Parser.block` (no accepted extras, no aliases).
+_PLAIN_BLOCKS = {
+    "tensorboard": TensorboardConfig,
+    "activation_checkpointing": ActivationCheckpointingConfig,
+    "comms_logger": CommsLoggerConfig,
+    "flops_profiler": FlopsProfilerConfig,
+    "csv_monitor": CsvMonitorConfig,
+    "wandb": WandbConfig,
+}
+# The blocks of the top level, each read into its dataclass by `_Parser`.
+_BLOCKS = {"fp16", "bf16", "optimizer", "scheduler", "zero_optimization", *_PLAIN_BLOCKS}
+# Fields whose "auto" is resolved later (by Config.resolve); any other "auto" inside a block is
+# dropped so the default applies, as DeepSpeed does.
+_KEEP_AUTO = {
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+}
+
+
+class _Parser:
+    """Turns a mapping into a Config, collecting warnings to emit with the file name."""
+
+    def __init__(self, origin: str | None):
+        self.origin = origin
+        self.notes: list[str] = []
+        self.dropped_autos: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def block(
+        self,
+        name: str,
+        value: Any,
+        cls: type,
+        accepted: Mapping[str, Check] = {},  # noqa: B006 - read only
+        aliases: Mapping[str, str] = {},  # noqa: B006 - read only
+        defaults: Mapping[str, Any] = {},  # noqa: B006 - read only
+    ) -> Any:
+        """Build dataclass `cls` from the mapping `value` found at key path `name`."""
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"must be a mapping of keys to values, got {describe(value)}", name)
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = dict(defaults)
+        for key, target, item in check_keys(name, value, names, accepted, aliases):
+            if item == AUTO and target not in _KEEP_AUTO:
+                self.dropped_autos.append(f"{name}.{key}")
+                continue  # DeepSpeed drops "auto" in sub-blocks: the default applies
+            kwargs[target] = item
+        try:
+            return cls(**kwargs)
+        except ConfigError as err:
+            raise err.within(name) from None
+
+    def params(self, name: str, value: Any) -> Any:
+        """A free-form params mapping; "auto" entries are dropped (no trainer fills them)."""
+        if not isinstance(value, Mapping):
+            return value  # the dataclass reports the type error
+        autos = [k for k, v in value.items() if v == AUTO]
+        if autos:
+            self.note(
+                f'{name}: "auto" for {", ".join(autos)} is dropped (no trainer fills it in); '
+                "the defaults apply"
+            )
+        return {k: v for k, v in value.items() if v != AUTO}
+
+    def typed_block(self, name: str, value: Any, cls: type, accepted: Mapping[str, Check]) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"must be a mapping with type and params, got {describe(value)}", name
+            )
+        if "type" not in value:
+            raise ConfigError('needs a "type" key', name)
+        if value["type"] == AUTO:
+            raise ConfigError(
+                'is "auto", which nothing resolves here (DeepSpeed refuses it too); name the '
+                'type, such as "AdamW" or "WarmupLR"',
+                f"{name}.type",
+            )
+        value = dict(value)
+        if "params" in value:
+            value["params"] = self.params(f"{name}.params", value["params"])
+        return self.block(name, value, cls, accepted)
+
+    def zero(self, value: Any) -> ZeroConfig:
+        name = "zero_optimization"
+        if isinstance(value, bool):  # DeepSpeed's oldest form: true = stage 1
+            value = {"stage": 1 if value else 0}
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"must be a mapping of keys to values, got {describe(value)}", name)
+        value = dict(value)
+        stage = value.get("stage", 0)
+        offloads: dict[str, OffloadConfig] = {}
+        for key, legacy, accepted, buffer_count in (
+            ("offload_optimizer", "cpu_offload", OFFLOAD_OPTIMIZER_KEYS, 4),
+            ("offload_param", "cpu_offload_param", {}, 5),
+        ):
+            if legacy in value and value[legacy] is None:  # DeepSpeed's default: not given
+                del value[legacy]
+            if legacy in value:  # deprecated boolean form
+                flag = as_bool(f"{name}.{legacy}", value.pop(legacy))
+                if key in value:
+                    raise ConfigError(
+                        f"and {name}.{key} are both set; keep {key}", f"{name}.{legacy}"
+                    )
+                if flag:
+                    value[key] = {"device": "cpu"}
+            block = self.block(
+                f"{name}.{key}",
+                value.pop(key, None),
+                OffloadConfig,
+                accepted,
+                defaults={"buffer_count": buffer_count},
+            )
+            offloads[key] = block
+        # Normalise offload the stage cannot use, so the engine can trust the config.
+        if offloads["offload_optimizer"].enabled and stage == 0:
+            self.note(
+                f"{name}.offload_optimizer needs stage 1, 2 or 3; ignored at stage 0 "
+                "(set stage to use it)"
+            )
+            offloads["offload_optimizer"] = OffloadConfig()
+        if offloads["offload_param"].enabled and stage in (0, 1, 2):
+            self.note(f"{name}.offload_param only applies to stage 3; ignored at stage {stage}")
+            offloads["offload_param"] = OffloadConfig(buffer_count=5)
+        zero = self.block(name, value, ZeroConfig, ZERO_KEYS, _ZERO_ALIASES)
+        if zero.stage == 3:
+            for key, collective in (
+                ("reduce_scatter", "reduce-scatters gradients"),
+                ("allgather_partitions", "all-gathers parameters"),
+            ):
+                if getattr(zero, key) is False:
+                    self.note(
+                        f"{name}.{key}=false applies to stages 1-2; stage 3 always {collective}"
+                    )
+        return dataclasses.replace(zero, **offloads)
+
+    def config(self, data: Any, source: str | None) -> Config:
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"the config must be a mapping of keys to values, got {type(data).__name__}"
+            )
+        if "bf16" in data and "bfloat16" in data:
+            raise ConfigError('and "bfloat16" are the same block; keep only "bf16"', "bf16")
+        top = {f.name for f in dataclasses.fields(Config)} - {"raw", "source"}
+        kwargs: dict[str, Any] = {}
+        # DeepSpeed ignores unknown top-level keys; a misspelt "gradient_clipping" would then
+        # train without clipping, so here it is an error.
+        for key, target, value in check_keys(
+            None,
+            data,
+            top,
+            TOP_LEVEL_KEYS,
+            {"bfloat16": "bf16"},
+            unknown="is not a DeepSpeed config key",
+            otherwise="remove it",
+        ):
+            if target in _BLOCKS:
+                continue  # read below, each into its dataclass
+            if value == AUTO and key not in BATCH_KEYS:
+                self.dropped_autos.append(key)
+                continue  # no trainer to fill it: the default applies
+            kwargs[key] = value
+        kwargs["fp16"] = self.block("fp16", data.get("fp16"), FP16Config, FP16_KEYS)
+        bf16_name = "bfloat16" if "bfloat16" in data else "bf16"
+        kwargs["bf16"] = self.block(bf16_name, data.get(bf16_name), BF16Config, BF16_KEYS)
+        kwargs["optimizer"] = self.typed_block(
+            "optimizer", data.get("optimizer"), OptimizerConfig, OPTIMIZER_KEYS
+        )
+        kwargs["scheduler"] = self.typed_block(
+            "scheduler", data.get("scheduler"), SchedulerConfig, {}
+        )
+        kwargs["zero_optimization"] = self.zero(data.get("zero_optimization"))
+        for key, cls in _PLAIN_BLOCKS.items():
+            kwargs[key] = self.block(key, data.get(key), cls)
+        if self.dropped_autos:
+            self.note(
+                f'"auto" for {", ".join(self.dropped_autos)} has nothing to resolve it here '
+                "(no trainer fills it in); the defaults apply"
+            )
+        config = Config(**kwargs, raw=data, source=source)
+        _check_data_types(data.get("data_types"), config.precision)
+        return config
+
+
+def _check_data_types(value: Any, precision: str) -> None:
+    """`data_types.grad_accum_dtype`: gradients accumulate in the training dtype here, which is
+    also DeepSpeed's default; another dtype is refused rather than silently not used."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"must be a mapping of keys to values, got {describe(value)}", "data_types"
+        )
+    for _key, _field, item in check_keys("data_types", value, ("grad_accum_dtype",)):
+        if item is not None and item != precision:
+            raise ConfigError(
+                f"= {describe(item)} is not supported by this runtime: gradients accumulate in "
+                f"the training dtype ({precision}); remove it or set it to {precision!r}",
+                "data_types.grad_accum_dtype",
+            )
+
+
+def read_config(
+    source: Mapping[str, Any] | str | os.PathLike, origin: str | None
+) -> tuple[Config, list[str]]:
+    """The validated Config of `source`, and the warning lines (each naming the origin)."""
+    if isinstance(source, Mapping):
+        data: Any = plain(dict(source), origin)
+        file = None
+    elif isinstance(source, (str, os.PathLike)):
+        file = os.fspath(source)
+        origin = origin or file
+        data = read_file(source, origin)
+    else:
+        raise ConfigError(
+            f"a config must be a mapping or a path to a JSON/YAML file, got {type(source).__name__}",
+            origin=origin,
+        )
+    parser = _Parser(origin)
+    try:
+        config = parser.config(data, os.path.abspath(file) if file else None)
+    except ConfigError as err:
+        raise err.from_file(origin) from None
+    return config, [f"{origin}: {note}" if origin else note for note in parser.notes]
+
+
+def load_config(
+    source: Mapping[str, Any] | str | os.PathLike, *, origin: str | None = None
+) -> Config:
+    """Read and validate a config from a mapping or a .json/.yaml/.yml file.
+
+    `origin` names the config in messages (default: the path as given). Raises ConfigError
+    (unknown keys, bad values, features turned on that this runtime does not implement); warns
+    (ConfigWarning, one line each) about settings that have no effect here. "auto" values are
+    kept; `Config.resolve` fills them.
+    """
+    config, notes = read_config(source, origin)
+    for note in notes:
+        warnings.warn(note, ConfigWarning, stacklevel=2)
+    return config

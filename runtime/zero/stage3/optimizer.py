@@ -1,0 +1,70 @@
+"""The stage-3 optimizer step: stage 1-2's `ZeroOptimizer`, stepped in sub-groups.
+
+Each rank steps the shards it owns, exactly as stages 1-2 do (same master weights, clipping on
+the global norm decided by one all-reduce, same fused optimizers). Two differences:
+
+* ``sub_group_size``: the step runs over consecutive groups of at most that many elements at a
+  time, so the fp32 gradient copies a 16-bit run makes exist for one sub-group only;
+* no all-gather after the step: parameters are fetched when modules run. Only the small
+  persistent units are re-gathered (`Stage3Coordinator.after_step`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..optimizer import StepOutcome, ZeroOptimizer
+
+__all__ = ["Stage3Optimizer", "plan_sub_groups"]
+
+
+def plan_sub_groups(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive indices whose sizes sum to at most ``limit`` (a larger one stands alone)."""
+    out: list[list[int]] = []
+    used = 0
+    for i, n in enumerate(sizes):
+        if out and used + n <= limit:
+            out[-1].append(i)
+            used += n
+        else:
+            out.append([i])
+            used = n
+    return out
+
+
+class Stage3Optimizer(ZeroOptimizer):
+    def __init__(self, *, sub_group_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.sub_groups = plan_sub_groups([m.numel() for m in self.master], sub_group_size)
+
+    def step(self) -> StepOutcome:
+        grads = self.reducer.owned_grads()
+        clipping = self._check_and_clip(grads, partitioned=True)
+        if clipping is None:
+            return StepOutcome(True, None)
+        norm, coef = clipping.norm, clipping.coef
+        for chunk in self.sub_groups:
+            masters = [self.master[i] for i in chunk]
+            master_grads = self._master_grads(grads, chunk)
+            if coef != 1.0:
+                torch._foreach_mul_(master_grads, coef)
+            for m, g in zip(masters, master_grads, strict=True):
+                m.grad = g
+            self.optimizer.step()
+            for m in masters:
+                m.grad = None
+            if not self.masters_are_views:
+                for i in chunk:
+                    self._sources[i].copy_(self.master[i], non_blocking=True)
+        self.gather_params()
+        self.last_grad_norm = norm
+        return StepOutcome(False, norm)
+
+    def gather_params(self) -> None:
+        self.reducer.after_step()
+
+    def reload_master(self, unit) -> None:
+        """``unit``'s shard was overwritten (GatheredParameters with a modifier rank): copy it
+        into the fp32 master where the master is a copy, not a view of the shard."""
+        if not self.masters_are_views and not unit.frozen:
+            self.master[unit.index].copy_(unit.store.shard(unit.group))

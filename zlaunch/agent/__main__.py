@@ -1,0 +1,3 @@
+from zlaunch.agent.loop import main
+
+main()

@@ -1,0 +1,245 @@
+"""What the user sees: rank-tagged output lines, controller notes, failure reports, tables.
+
+Rank output goes to stdout, one line per rank line, prefixed ``[host:rank]``; a line the worker
+wrote to stderr carries ``!`` right after the prefix (``[node2:3]! Traceback ...``), so that
+stderr stays visible in a pipe or a file without colors. On a TTY the prefix is colored per
+rank and the ``!`` is red; with ``NO_COLOR``, ``--no-color`` or when stdout is not a TTY there
+are no escape codes at all. Lines are written whole by the single thread that owns the console,
+a batch of lines per ``write``, so they are never broken or merged. Plain escape codes do the
+coloring here: rendering 100k+ lines through rich would cost more than the job's own output.
+rich is imported only for tables (``zlaunch check``).
+
+Controller messages (notes, the failure report) go to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
+
+from zlaunch import frames, protocol
+from zlaunch.console.writer import BackgroundWriter, TextWriter
+from zlaunch.rundir.records import Failure, FailureReport
+
+__all__ = [
+    "Console",
+    "color_enabled",
+    "format_failure",
+    "format_hang",
+    "is_terminal",
+    "print_table",
+]
+
+
+_RESET = "\x1b[0m"
+_RED = "\x1b[31m"
+_BOLD_RED = "\x1b[1;31m"
+_DIM = "\x1b[2m"
+# Six well-separated foreground colors, then their bright variants: 12 ranks before a repeat.
+_PALETTE = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
+
+
+def color_enabled(stream: IO[Any], requested: bool | None) -> bool:
+    """``requested`` True/False wins; None means: a TTY and no (non-empty) NO_COLOR."""
+    if requested is not None:
+        return requested
+    if os.environ.get("NO_COLOR"):
+        return False
+    return is_terminal(stream)
+
+
+def is_terminal(stream: Any) -> bool:
+    """The stream is a terminal (False for anything without a working ``isatty``)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class Console:
+    """Writes rank output and controller notes. Use from one thread only."""
+
+    def __init__(
+        self,
+        *,
+        color: bool | None = None,
+        ranks: frozenset[int] | None = None,
+        out: IO[bytes] | None = None,
+        err: IO[str] | None = None,
+    ):
+        self._writers: list[BackgroundWriter] = []
+        self.out = out if out is not None else self._unblocking_bytes(sys.stdout.buffer)
+        self.err = err if err is not None else self._unblocking_text(sys.stderr)
+        self.color = color_enabled(self.out, color)
+        self.err_color = color_enabled(self.err, color)
+        self.ranks = ranks
+        self._prefixes: dict[tuple[str, int, str], bytes] = {}
+
+    # A pipe or file is written from a thread of its own (zlaunch.console.writer), so that a
+    # reader that stops reading never blocks the controller; a terminal is written directly.
+    def _unblocking_bytes(self, stream: IO[bytes]) -> Any:
+        if is_terminal(stream):
+            return stream
+        writer = BackgroundWriter(stream)
+        self._writers.append(writer)
+        return writer
+
+    def _unblocking_text(self, stream: IO[str]) -> Any:
+        buffer = getattr(stream, "buffer", None)
+        if is_terminal(stream) or buffer is None:
+            return stream
+        writer = BackgroundWriter(buffer)
+        self._writers.append(writer)
+        return TextWriter(writer, getattr(stream, "encoding", None) or "utf-8")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write out what is queued (at the end of the job: the report must be complete)."""
+        for writer in self._writers:
+            writer.close(timeout)
+
+    def _prefix(self, host: str, rank: int, stream: str) -> bytes:
+        key = (host, rank, stream)
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            tag = f"[{host}:{rank}]"
+            mark = "!" if stream == protocol.STDERR else ""
+            if self.color:
+                code = _PALETTE[rank % len(_PALETTE)]
+                tag = f"\x1b[{code}m{tag}{_RESET}"
+                if mark:
+                    mark = f"{_RED}{mark}{_RESET}"
+            prefix = f"{tag}{mark} ".encode()
+            self._prefixes[key] = prefix
+        return prefix
+
+    def lines(self, host: str, rank: int, stream: str, lines: Sequence[str]) -> None:
+        """Show a batch of complete lines of one rank (unless filtered out by ``--ranks``)."""
+        if self.ranks is not None and rank not in self.ranks:
+            return
+        prefix = self._prefix(host, rank, stream)
+        data = b"".join(prefix + frames.line_bytes(line) + b"\n" for line in lines)
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except BrokenPipeError:  # `zlaunch ... | head`: stop showing, keep the job's logs
+            self.ranks = frozenset()
+        if getattr(self.out, "broken", False):  # the same, seen by a background writer
+            self.ranks = frozenset()
+
+    def note(self, text: str, *, error: bool = False) -> None:
+        """A message from zlaunch itself (stderr)."""
+        if self.err_color:
+            text = f"{_BOLD_RED if error else _DIM}{text}{_RESET}"
+        try:
+            self.err.write(f"zlaunch: {text}\n")
+            self.err.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def failure_report(self, report: FailureReport) -> None:
+        """The torchelastic-style summary: every failed rank, the root cause marked."""
+        self._write_err(format_failure(report, color=self.err_color))
+
+    def _write_err(self, text: str) -> None:
+        try:
+            self.err.write(text)
+            self.err.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+
+def _exit_text(failure: Failure) -> str:
+    if failure.signal:
+        return f"signal {failure.signal_name} (exit code {failure.exit_code})"
+    return f"exit code {failure.exit_code}"
+
+
+def format_failure(report: FailureReport, *, color: bool = False) -> str:
+    red, bold, reset = (_BOLD_RED, "\x1b[1m", _RESET) if color else ("", "", "")
+    rule = "=" * 72
+    out = [
+        rule,
+        f"{red}zlaunch: job {report.run_id} failed{reset}",
+        f"  {report.summary}".rstrip(),
+        "Root cause (first failure):",
+    ]
+    for index, failure in enumerate(report.failures or (report.root_cause,)):
+        if index == 1:
+            out.append("Other failures:")
+        out.append(f"  [{index}] {bold}host {failure.host}  rank {failure.rank}{reset}")
+        out.append(f"      local_rank: {failure.local_rank}")
+        out.append(f"      pid       : {failure.pid}")
+        out.append(f"      exit      : {_exit_text(failure)}")
+        if failure.time:
+            out.append(f"      time      : {failure.time}")
+        if failure.message:
+            out.append(f"      message   : {failure.message}")
+        if failure.hang:  # a hang: where every rank stands (zlaunch/launcher/hang.py)
+            out.extend(format_hang(failure))
+        out.append(f"      last {len(failure.last_lines)} lines of rank {failure.rank} output:")
+        out.extend(f"        | {line}" for line in failure.last_lines)
+    if report.stopped_ranks:
+        out.append(f"Stopped by zlaunch: ranks {_compact(report.stopped_ranks)}")
+    if report.log_dir:
+        out.append(f"Logs: {report.log_dir}")
+    out.append(rule)
+    return "\n".join(out) + "\n"
+
+
+def _compact(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    parts: list[str] = []
+    start = prev = None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = r
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
+def print_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], *, color: bool | None = None
+) -> None:
+    """A table on stdout: rich on a TTY, plain aligned text otherwise."""
+    if color_enabled(sys.stdout, color):
+        from rich.console import Console as RichConsole
+        from rich.table import Table
+
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        RichConsole().print(table)
+        return
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
+    print(title)
+    print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def format_hang(failure: Failure) -> list[str]:
+    """Lines for the console's failure report: the stack groups, the silent ranks."""
+    hang = failure.hang or {}
+    out = []
+    for group in hang.get("stack_groups", []):
+        ranks = ", ".join(map(str, group["ranks"]))
+        out.append(f"      ranks {ranks} ({', '.join(group['hosts'])}):")
+        main = next((t for t in group["threads"] if t["thread"] == "main"), None)
+        for frame in (main or {"frames": []})["frames"][:6]:
+            out.append(f"        {frame}")
+    if hang.get("no_dump"):
+        out.append(
+            f"      no stacks from rank(s) {', '.join(map(str, hang['no_dump']))} "
+            "(stopped, or stuck outside Python)"
+        )
+    return out

@@ -1,0 +1,8 @@
+"""Running a job: `launch` (`job`: attempts until one ends the run), the attempt's state
+machine (`state`, pure), what follows a failed attempt (`restart_policy`, `elastic`), the hang
+watch (`hang`), the agent connections (`agent_links`) and where a rank's lines go
+(`rank_output`). Imported only when a job starts, so ``zlaunch --help`` stays fast."""
+
+from zlaunch.launcher.job import launch
+
+__all__ = ["launch"]

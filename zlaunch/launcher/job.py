@@ -1,0 +1,582 @@
+"""Orchestration of a job: agents everywhere -> plan -> specs -> live output -> the outcome,
+and the attempts after it.
+
+``launch(options)`` is the whole life of a job (ARCHITECTURE.md, "Life of a job"):
+
+1. create the run directory (zlaunch/rundir/recorder.py); start one agent per host in parallel
+   (zlaunch/launcher/agent_links.py over a transport: local subprocess, SSH, Slurm, mpirun);
+2. collect every agent's hello, pick the rendezvous (first host: ``--master-addr`` or the
+   address its SSH connection came in on, and a port it found free; 127.0.0.1 only when every
+   host is local), build the plan and send each agent its node's spec;
+3. stream: output lines to the console and the rank logs (zlaunch/launcher/rank_output.py), metrics to
+   ``metrics.jsonl``, heartbeats to every agent;
+4. every frame, signal and timer becomes an event for the attempt's state machine
+   (zlaunch/launcher/state.py), which decides: the first worker to exit non-zero (or an agent lost,
+   or a hang) stops every rank on every host in parallel; SIGINT/SIGTERM to zlaunch does the
+   same, a second SIGINT kills at once. This module carries out its actions. The attempt ends
+   when every agent has said bye (its workers gone);
+5. after a failed attempt, zlaunch/launcher/restart_policy.py decides: restart, restart without lost
+   hosts (zlaunch/launcher/elastic.py), or end.
+
+Only this job's agents and their process groups are ever signalled, so other jobs on the same
+hosts are untouched. One thread (the caller's) owns the console, the files and the machine;
+per-agent reader threads only decode frames into a queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from zlaunch import frames, protocol
+from zlaunch.console.live_view import JobView, PlainView, open_view
+from zlaunch.console.terminal import Console
+from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed
+from zlaunch.exhaustive import assert_never
+from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
+from zlaunch.launcher.elastic import options_after_loss
+from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
+from zlaunch.launcher.rank_output import RankOutput
+from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
+from zlaunch.launcher.state import (
+    Action,
+    AgentCutOff,
+    AgentFinished,
+    AgentLost,
+    AttemptMachine,
+    AttemptPlanned,
+    CaptureStacks,
+    Ending,
+    HangDue,
+    HangStacksIn,
+    Note,
+    Outcome,
+    Policy,
+    RankExited,
+    RankSlot,
+    RankStarted,
+    RecordRanks,
+    RequestStacks,
+    SetStatus,
+    SignalRanks,
+    SignalReceived,
+    StacksReady,
+    StepReached,
+    StopRanks,
+    Tick,
+)
+from zlaunch.options import LaunchOptions
+from zlaunch.plan import Plan, build_plan
+from zlaunch.rundir.recorder import Recorder
+from zlaunch.rundir.records import FailureReport, RunStatus
+from zlaunch.spec import encode_spec, node_spec
+
+__all__ = ["launch", "Job", "Attempt", "HEARTBEAT_TIMEOUT", "AGENT_SILENCE_TIMEOUT"]
+
+HEARTBEAT_TIMEOUT = 5.0
+AGENT_SILENCE_TIMEOUT = 15.0
+"""Seconds without a frame from an agent (it echoes every heartbeat) before the controller
+takes its node as lost: a link down, a partition, a host that stopped. Longer than the agent's
+own HEARTBEAT_TIMEOUT, so by then that agent has already stopped its workers if it still runs."""
+POLL = 0.25
+
+
+class Attempt:
+    """One attempt of a job: its agents, its plan, its event loop. ``run()`` gives the
+    outcome once every agent is done; LaunchError (HostUnreachable) if it could not start."""
+
+    def __init__(
+        self, options: LaunchOptions, console: Console, recorder: Recorder, number: int = 0
+    ):
+        self.options = options
+        self.hosts = options.hosts
+        self.console = console
+        self.recorder = recorder
+        self.number = number
+        self.save_signal = signal.Signals[options.save_on] if options.save_on else None
+        self.machine = AttemptMachine([h.display for h in self.hosts], _policy_of(options))
+        self.links = AgentLinks(self.hosts, lambda node: self.machine.agent_done[node], self._trace)
+        self.hellos: list[frames.Hello | None] = [None] * len(self.hosts)
+        self.view: JobView = PlainView(console)
+        self.output = RankOutput(console, self.view)
+        self.plan: Plan | None = None
+        self.hang = HangWatch(options.hang_timeout)
+        self.hang_idle = 0.0
+        self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
+
+    def _trace(self, what: str) -> None:
+        """Phase timings on stderr with ZLAUNCH_TRACE=1 (where does launch time go?)."""
+        if self._trace_start is not None:
+            self.console.note(f"trace {time.monotonic() - self._trace_start:7.3f}s {what}")
+
+    # ---- the attempt ----------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        self._trace("start")
+        previous = _route_signals(self.links.queue, self.save_signal)
+        self.view = self.output.view = open_view(self.console)  # rich panel on a terminal
+        self.links.start_heartbeat()
+        outcome: Outcome | None = None
+        try:
+            self.links.open(self.options)
+            self._trace("every agent connected")
+            self._await_hellos()
+            self._trace("every hello received")
+            if self.machine.interrupt is None:
+                self._send_specs()
+                self._trace("specs sent")
+            self._stream()
+            self._trace("every agent done")
+        finally:
+            self.links.close()
+            self._trace("connections closed")
+            self.output.close()
+            if self.machine.done:
+                ended = None
+                if self.machine.failures or self.machine.interrupt is not None:
+                    ended = self.links.ended_by_scheduler()
+                outcome = self.machine.outcome(ended)
+            self.view.set_status(outcome.status if outcome else RunStatus.FAILED)
+            self.view.close()  # the final panel stays; the outcome is printed below it
+            _restore_signals(previous)
+        return outcome
+
+    def _await_hellos(self) -> None:
+        deadline = time.monotonic() + max(self.options.ssh.timeout, 10.0) + 5.0
+        while not all(self.hellos) and self.machine.interrupt is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                late = [self.hosts[i].display for i, h in enumerate(self.hellos) if h is None]
+                raise LaunchError(f"no answer from the agent on {', '.join(late)}")
+            match self.links.next(min(remaining, POLL)):
+                case FrameIn(node, frames.Hello() as hello):
+                    self.hellos[node] = hello
+                case FrameIn():
+                    pass  # nothing but a hello comes before the specs
+                case Garbled(node, why):
+                    self.console.note(f"{self.hosts[node].display}: {why}", error=True)
+                case LinkClosed(node):
+                    raise _ended_before_start(self.options, self.links, node)
+                case SignalIn(signum):
+                    self._handle(SignalReceived(signum))
+                case None:
+                    pass
+                case unexpected:
+                    assert_never(unexpected)
+
+    def _send_specs(self) -> None:
+        master_addr, master_port = rendezvous(self.options, self.hellos)
+        run_id = self.recorder.run_id
+        plan = build_plan(
+            self.options,
+            self.hosts,
+            master_addr=master_addr,
+            master_port=master_port,
+            run_id=run_id,
+            attempt=self.number,
+        )
+        self.plan = plan
+        specs = _encode_specs(plan, self.options.grace_period)
+        self.recorder.open_metrics()
+        slots = []
+        for node in plan.nodes:
+            for worker in node.workers:
+                host = node.host.display
+                slots.append(RankSlot(worker.rank, worker.local_rank, host, node.node_rank))
+                log = self.recorder.open_rank_log(self.number, host, worker.rank)
+                self.output.add_rank(worker.rank, host, log)
+        self.recorder.planned(plan)
+        self.view.start(run_id, dict(collections.Counter(slot.host for slot in slots)))
+        self._handle(AttemptPlanned(tuple(slots)))
+        if self.number == 0:  # the run's id and where its logs are, as the ranks start
+            self.console.note(f"run {run_id}  logs {self.recorder.path}{self.recorder.index_error}")
+            api = self.options.deepspeed_api
+            if api is not None:
+                self.console.note(api.describe())
+        for index, spec in enumerate(specs):
+            if not self.links.send(index, spec):
+                self._lose_agent(index, "connection closed before the spec was sent")
+
+    def _stream(self) -> None:
+        while not self.machine.done:
+            item = self.links.next(POLL)
+            self.view.tick()  # live view: due line batches and panel refresh
+            match item:
+                case FrameIn(node, frame):
+                    self._on_frame(node, frame)
+                case Garbled(node, why):
+                    self.console.note(f"{self.hosts[node].display}: {why}", error=True)
+                case LinkClosed(node):
+                    if not self.machine.agent_done[node]:
+                        self._lose_agent(node, "connection to the agent lost")
+                case SignalIn(signum):
+                    self._handle(SignalReceived(signum))
+                case None:
+                    pass
+                case unexpected:
+                    assert_never(unexpected)
+            self._watch(time.monotonic())
+
+    # ---- frames and timers become events ---------------------------------------------------
+
+    def _on_frame(self, index: int, frame: frames.Frame) -> None:
+        match frame:
+            case frames.Out():
+                self.output.lines(frame.rank, frame.stream, frame.lines, frame.partial)
+                self._record_ranks(output_only=True)
+            case frames.Event():
+                self._on_events(frame.rank, frame.events)
+            case frames.Started():
+                if frame.rank in self.machine.ranks:
+                    self.view.rank_started(frame.rank, self.output.hosts[frame.rank])
+                    self._handle(RankStarted(frame.rank, frame.pid))
+            case frames.Exited():
+                self._on_exit(frame)
+            case frames.Error():
+                self.console.note(f"{self.hosts[index].display}: {frame.msg}", error=True)
+                if frame.cause == protocol.CAUSE_NO_HEARTBEAT:
+                    # The node no longer hears the controller: for --min-nodes it is lost.
+                    self._handle(AgentCutOff(index))
+            case frames.Bye():
+                self._handle(AgentFinished(index))
+            case (
+                frames.Hello()
+                | frames.Spec()
+                | frames.Heartbeat()
+                | frames.Stop()
+                | frames.Signal()
+            ):
+                pass  # a second hello, or a frame only the controller sends: nothing to do
+            case unexpected:
+                assert_never(unexpected)
+
+    def _on_exit(self, frame: frames.Exited) -> None:
+        if frame.rank not in self.machine.ranks:
+            return
+        self._trace(f"rank {frame.rank} exited with {frame.exit_code}")
+        self.view.rank_exited(frame.rank, self.output.hosts[frame.rank], frame.exit_code)
+        tail = self.output.tail(frame.rank)
+        self._handle(RankExited(frame.rank, frame.pid, frame.code, frame.signal, tail))
+
+    def _on_events(self, rank: int, events: list[Any]) -> None:
+        host = self.output.hosts.get(rank)
+        for event in events:
+            if not isinstance(event, dict):
+                continue
+            kind = event.get("kind")
+            engine_step = kind == protocol.METRICS_EVENT and event.get("source") == "engine"
+            if kind == protocol.RUNTIME_READY or engine_step:
+                self.hang.progress(time.monotonic())  # set-up done, or a step boundary
+            if kind == protocol.METRICS_EVENT and self.plan is not None:
+                row = {"time": time.time(), "rank": rank, "host": host}
+                row.update(event)
+                self.recorder.metrics(row)
+                if isinstance(event.get("step"), int) and event.get("source") != "user":
+                    self._handle(StepReached(event["step"]))
+                self.view.metrics(rank, host, row)
+            elif kind == protocol.STACKS_READY:
+                self._handle(StacksReady(rank))
+
+    def _lose_agent(self, index: int, why: str) -> None:
+        tail = self.links.stderr_tail(index, 5)
+        message = why + (": " + " | ".join(tail) if tail else "")
+        lost = [s for s in self.machine.ranks.live() if s.slot.node == index]
+        tails = {s.rank: self.output.tail(s.rank) for s in lost}
+        self._handle(AgentLost(index, message, tails))
+        for state in lost:
+            self.view.rank_lost(state.rank, state.slot.host)
+
+    def _watch(self, now: float) -> None:
+        """The timers: agents gone silent, a hang, a stop that takes too long."""
+        for index, done in enumerate(self.machine.agent_done):
+            silent = self.links.silent_for(index, now)
+            if not done and silent > AGENT_SILENCE_TIMEOUT:
+                self._lose_agent(
+                    index,
+                    f"no word from the agent for {silent:.0f} s (network down or the host stopped)",
+                )
+        if self.output.capture is not None:
+            if self.output.capture.done(now):
+                self._report_hang()
+        elif self.hang.due(now):
+            idle = now - self.hang.last
+            if self._handle(HangDue(idle, self.options.hang_timeout)):
+                self.hang.fired = True
+                self.hang_idle = idle
+        self._handle(Tick())
+
+    def _report_hang(self) -> None:
+        capture, self.output.capture = self.output.capture, None
+        live = self.machine.ranks.live()
+        failure = hang_failure(
+            self.options.hang_timeout,
+            self.hang_idle,
+            {s.rank: s.slot.host for s in live},
+            capture.dumps(),
+            [s.rank for s in live if not s.stacks],
+        )
+        self._handle(HangStacksIn(failure))
+
+    # ---- actions ----------------------------------------------------------------------------
+
+    def _handle(self, event: Any) -> list[Action]:
+        actions = self.machine.handle(event, time.monotonic())
+        for action in actions:
+            self._apply(action)
+        return actions
+
+    def _apply(self, action: Action) -> None:
+        match action:
+            case Note(text, error):
+                self.console.note(text, error=error)
+            case RecordRanks():
+                self._record_ranks()
+            case SetStatus(status):
+                if status is not RunStatus.RUNNING:  # RUNNING is written with the plan
+                    self.recorder.status(status)
+                self.view.set_status(status)
+            case StopRanks(grace):
+                self.links.send_all(frames.encode(frames.Stop(grace)))
+            case SignalRanks(sig):
+                self.links.send_all(frames.encode(frames.Signal(sig)), parallel=False)
+            case RequestStacks(by_node):
+                ranks = [r for node_ranks in by_node.values() for r in node_ranks]
+                self.output.stack_dumps.expect(ranks, time.monotonic())
+                sig = int(protocol.STACKS_SIGNAL)
+                for index, node_ranks in by_node.items():
+                    self.links.send(index, frames.encode(frames.Signal(sig, list(node_ranks))))
+            case CaptureStacks(ranks):
+                self.output.capture = StackCapture(ranks, time.monotonic())
+            case unexpected:
+                assert_never(unexpected)
+
+    def _record_ranks(self, output_only: bool = False) -> None:
+        if output_only and not self.recorder.ranks_due():
+            return  # every output frame comes here: build the rows only when they are written
+        rows = self.machine.ranks.rows(self.output.bars, self.output.output_at)
+        self.recorder.ranks(self.number, rows)
+
+
+class Job:
+    """A whole run: the run directory, then attempts until one ends the job.
+    ``run()`` returns 0 or raises WorkerFailed/Interrupted/LaunchError."""
+
+    def __init__(self, options: LaunchOptions, console: Console):
+        self.first = options
+        self.options = options
+        self.console = console
+        self.policy = RestartPolicy(options.max_restarts, options.min_nodes)
+        self.recorder: Recorder | None = None
+        self.number = 0
+
+    def run(self) -> int:
+        self.recorder = Recorder.create(self.options, self.console)
+        try:
+            while True:
+                attempt = Attempt(self.options, self.console, self.recorder, self.number)
+                try:
+                    outcome = attempt.run()
+                except HostUnreachable as err:
+                    if self._after_unreachable(err):
+                        continue
+                    raise
+                if outcome.ending == Ending.SUCCEEDED:
+                    self.recorder.end(RunStatus.SUCCEEDED, 0)
+                    self._say_saved(attempt)
+                    return 0
+                if not self._after(attempt, outcome):
+                    raise _error_of(outcome)
+        except BaseException as err:
+            self.recorder.end(RunStatus.FAILED, getattr(err, "exit_code", 1), _words(err))
+            raise
+        finally:
+            self.recorder.close()
+
+    def _after(self, attempt: Attempt, outcome: Outcome) -> bool:
+        """Record how the attempt ended; True when the next attempt is set up."""
+        if outcome.failures:
+            report = FailureReport(
+                run_id=self.recorder.run_id,
+                reason=outcome.failures[0].reason,
+                exit_code=outcome.exit_code,
+                summary=outcome.summary,
+                root_cause=outcome.failures[0],
+                failures=outcome.failures,
+                stopped_ranks=outcome.stopped_ranks,
+                log_dir=self.recorder.path,
+            )
+            self.recorder.failure(report)
+            self.console.failure_report(report)
+        lost = {self.options.hosts[node].name for node in attempt.machine.lost_nodes}
+        decision = self.policy.after(outcome, lost, time.monotonic())
+        if isinstance(decision, GiveUp):
+            self.recorder.end(outcome.status, outcome.exit_code)
+            return False
+        self.recorder.status(RunStatus.RESTARTING)
+        self._restart(decision, outcome)
+        return True
+
+    def _restart(self, decision: Restart, outcome: Outcome) -> None:
+        where = "all ranks"
+        if decision.without:
+            try:
+                self.options = options_after_loss(self.first, self.options, decision.without)
+            except LaunchError as stop:
+                self.recorder.end(RunStatus.FAILED, stop.exit_code, stop.message)
+                raise
+            names = ", ".join(h.name for h in self.options.hosts)
+            where = (
+                f"on {names} without {', '.join(sorted(decision.without))} "
+                f"(world {self.options.world_size})"
+            )
+        self.number += 1
+        self.recorder.attempt(self.first, self.number, self.options, outcome.message)
+        self.recorder.restarting()
+        resume = " from the latest checkpoint" if self.first.checkpoint_dir else ""
+        self.console.note(
+            f"{outcome.message}; restarting {where}{resume} (attempt {self.number}, "
+            f"{decision.restarts_left} restart(s) left)",
+            error=True,
+        )
+
+    def _after_unreachable(self, err: HostUnreachable) -> bool:
+        """A restart found hosts out of reach: wait for them (a route or link coming back),
+        or go on without them (--min-nodes); False to give up."""
+        unreachable = getattr(err, "hosts", None) or ()
+        decision = self.policy.unreachable(unreachable, time.monotonic())
+        if isinstance(decision, GiveUp):
+            return False
+        if isinstance(decision, Retry):
+            self.console.note(f"{err.message}; trying again", error=True)
+            time.sleep(decision.wait)
+        elif isinstance(decision, GoOnWithout):
+            self.options = options_after_loss(self.first, self.options, decision.hosts)
+            self.console.note(
+                f"{err.message}; going on without {', '.join(unreachable)} on "
+                f"{', '.join(h.name for h in self.options.hosts)} "
+                f"(world {self.options.world_size})",
+                error=True,
+            )
+            self.recorder.attempt(
+                self.first, self.number, self.options, f"{err.message}; went on without them"
+            )
+        self.recorder.restarting()
+        return True
+
+    def _say_saved(self, attempt: Attempt) -> None:
+        if attempt.machine.save_requested and self.first.checkpoint_dir:
+            self.console.note(
+                f"saved checkpoint {_latest_checkpoint(self.first.checkpoint_dir)}; "
+                "continue with the same command plus --resume"
+            )
+
+
+def _policy_of(options: LaunchOptions) -> Policy:
+    save_signal = signal.Signals[options.save_on] if options.save_on else None
+    return Policy(
+        grace=options.grace_period,
+        checkpoint_dir=bool(options.checkpoint_dir),
+        save_signal=int(save_signal) if save_signal is not None else None,
+    )
+
+
+def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str, int]:
+    """MASTER_ADDR and MASTER_PORT: the first host, as the others reach it, and the port its
+    agent found free (or what the user gave)."""
+    hosts, first = options.hosts, hellos[0]
+    if options.master_addr:
+        addr = options.master_addr
+    elif all(h.is_local for h in hosts):
+        addr = "127.0.0.1"
+    elif hosts[0].is_local:
+        # This machine is the master: use the address the other hosts see us coming from.
+        seen = [h.client_addr for h in hellos if h and h.client_addr]
+        addr = seen[0] if seen else hosts[0].name
+    else:
+        addr = first.addr or hosts[0].name
+    return addr, options.master_port or first.port
+
+
+def _encode_specs(plan: Plan, grace: float) -> list[bytes]:
+    """Every node's spec, each checked (size, encoding) before any is sent: a job starts on
+    all nodes or none."""
+    return [
+        encode_spec(
+            node_spec(
+                node,
+                master_addr=plan.master_addr,
+                grace=grace,
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            ),
+            node.host.display,
+        )
+        for node in plan.nodes
+    ]
+
+
+def _ended_before_start(options: LaunchOptions, links: AgentLinks, index: int) -> LaunchError:
+    link = links.links[index]
+    status = link.wait(1.0) if link else None
+    detail = "\n".join(f"    {line}" for line in links.stderr_tail(index, 10))
+    return LaunchError(
+        f"the agent on {links.hosts[index].display} ended before it started"
+        + (f" (exit status {status})" if status is not None else "")
+        + (f":\n{detail}" if detail else ""),
+        hint=f"check that {options.python} exists there and can import zlaunch"
+        " (--python sets the interpreter on the nodes)",
+    )
+
+
+def _route_signals(queue: Any, save_signal: int | None) -> dict[int, Any]:
+    """Signals to the controller become queue items for the attempt's loop (a handler must
+    not act itself: it runs between any two bytecodes of the loop)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    wanted = [protocol.STACKS_SIGNAL, signal.SIGINT, signal.SIGTERM]
+    if save_signal is not None:
+        wanted.append(save_signal)
+    return {
+        signum: signal.signal(signum, lambda s, _f: queue.put(SignalIn(s))) for signum in wanted
+    }
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def _error_of(outcome: Outcome) -> Exception:
+    if outcome.ending == Ending.INTERRUPTED:
+        return Interrupted(outcome.message, exit_code=outcome.exit_code)
+    if outcome.ending == Ending.RANKS_FAILED:
+        return WorkerFailed(outcome.message, exit_code=outcome.exit_code)
+    return LaunchError(outcome.message)
+
+
+def _words(err: BaseException) -> str:
+    return getattr(err, "message", None) or str(err) or type(err).__name__
+
+
+def launch(options: LaunchOptions) -> int:
+    """Run the job described by ``options``; 0 when every rank exited 0.
+
+    Raises WorkerFailed (the failing rank's code), Interrupted (130/143), HostUnreachable or
+    LaunchError (1) otherwise, after everything it started is stopped.
+    """
+    console = Console(color=options.color, ranks=options.ranks_filter)
+    try:
+        return Job(options, console).run()
+    finally:
+        console.close()  # everything queued for the console is written before the exit
+
+
+def _latest_checkpoint(directory: str) -> str:
+    try:
+        with open(os.path.join(directory, "latest"), encoding="utf-8") as f:
+            return os.path.join(directory, f.read().strip())
+    except OSError:
+        return f"in {directory} (no 'latest' file: did the ranks save?)"

@@ -1,0 +1,91 @@
+"""Where a rank's output goes: its log (every byte), its tail (for the failure report), the
+console (rank-tagged, without known noise and `zlaunch stacks` dumps, progress bars at their
+latest state) and the live view. One per attempt; the controller's thread only.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from zlaunch import frames, protocol
+from zlaunch.console.job_view import JobView
+from zlaunch.console.noise import NoiseFilter
+from zlaunch.console.progress import ProgressTracker
+from zlaunch.console.stacks import StackDumpFilter
+from zlaunch.console.terminal import Console
+from zlaunch.launcher.hang import StackCapture
+
+__all__ = ["LogSink", "RankOutput", "TAIL_LINES"]
+
+
+class LogSink(Protocol):
+    """Where a rank's bytes are kept (the recorder's rank log)."""
+
+    def write(self, data: bytes) -> Any: ...
+
+    def close(self) -> Any: ...
+
+
+TAIL_LINES = 20
+
+
+class RankOutput:
+    def __init__(self, console: Console, view: JobView):
+        self.console = console
+        self.view = view
+        self.noise = NoiseFilter()  # known-harmless lines: off the console, in the rank logs
+        self.stack_dumps = StackDumpFilter()  # `zlaunch stacks` dumps: off the console too
+        self.progress = ProgressTracker()  # \r-redrawn lines (tqdm): their latest state
+        self.logs: dict[int, LogSink] = {}
+        self.hosts: dict[int, str] = {}
+        self.tails: dict[int, collections.deque] = {}
+        self.bars: dict[int, str] = {}
+        """rank -> the latest state of its progress bar (ranks.json)."""
+        self.output_at: dict[int, float] = {}
+        """rank -> wall time of its last output line or progress state (ranks.json)."""
+        self.capture: StackCapture | None = None
+        """A hang was declared: the ranks' stack dumps are collected from their output."""
+
+    def add_rank(self, rank: int, host: str, log: LogSink) -> None:
+        self.logs[rank] = log
+        self.hosts[rank] = host
+        self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
+
+    def tail(self, rank: int) -> tuple[str, ...]:
+        return tuple(self.tails.get(rank, ()))
+
+    def lines(self, rank: int, stream: str, lines: Sequence[str], partial: bool) -> None:
+        """One OUT frame: ``partial``, the last line continues in the next frame."""
+        log = self.logs.get(rank)
+        if log is None:
+            return
+        data = b"\n".join(frames.line_bytes(line) for line in lines)
+        log.write(data if partial else data + b"\n")  # the log keeps the worker's bytes
+        self.tails[rank].extend(lines[-TAIL_LINES:])
+        shown, bar, ended = self.progress.feed(rank, stream, lines, partial)
+        self._seen(rank, stream, bar, ended)
+        shown, first_hidden = self.noise.keep(shown)
+        for kind in first_hidden:
+            self.console.note(kind.note)
+        if stream == protocol.STDERR:
+            shown = self.stack_dumps.keep(rank, shown, time.monotonic())
+        if shown:
+            self.console.lines(self.hosts[rank], rank, stream, shown)
+        if self.capture is not None:
+            self.capture.lines(rank, list(lines), time.monotonic())
+
+    def _seen(self, rank: int, stream: str, bar: str | None, ended: bool) -> None:
+        self.output_at[rank] = time.time()
+        self.view.output_seen(rank)
+        if bar is not None:
+            self.bars[rank] = bar
+            self.view.progress(rank, self.hosts[rank], stream, bar)
+        elif ended:
+            self.view.progress(rank, self.hosts[rank], stream, None)
+
+    def close(self) -> None:
+        for log in self.logs.values():
+            log.close()

@@ -1,0 +1,713 @@
+"""The life of one job attempt as a state machine: typed events in, actions out.
+
+Nothing here touches a thread, a process, a socket, a file or a clock. The runner
+(``zlaunch/launcher/job.py``) turns agent frames, signals and timers into events, hands each one to
+:meth:`AttemptMachine.handle` with the current (monotonic) time, and carries out the actions it
+returns; when every agent is done it asks :meth:`AttemptMachine.outcome`. What happens after an
+attempt (restart, restart on fewer hosts, give up) is :mod:`zlaunch.launcher.restart_policy`.
+
+Phases (``RunStatus``)::
+
+    STARTING --AttemptPlanned--> RUNNING
+    STARTING/RUNNING --rank exits non-zero | agent lost | hang | SIGINT/SIGTERM--> STOPPING
+    STOPPING --second Ctrl-C--> STOPPING (grace 0: kill now)
+    any --every agent done--> outcome(): SUCCEEDED | FAILED | INTERRUPTED
+
+Only the first failure stops the job (it is the root cause); failures while stopping are the
+stop's own doing and are not recorded as failures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zlaunch import frames, protocol
+from zlaunch.exhaustive import assert_never
+from zlaunch.rank_ranges import rank_ranges
+from zlaunch.rundir.records import Failure, RankPhase, RankRow, RunStatus
+
+__all__ = [
+    "EXIT_LOST_AGENT",
+    "STOP_SLACK",
+    "RankSlot",
+    "RankState",
+    "AttemptPlanned",
+    "RankStarted",
+    "RankExited",
+    "StacksReady",
+    "StepReached",
+    "AgentCutOff",
+    "AgentLost",
+    "AgentFinished",
+    "SignalReceived",
+    "HangDue",
+    "HangStacksIn",
+    "Tick",
+    "StopRanks",
+    "SignalRanks",
+    "RequestStacks",
+    "CaptureStacks",
+    "Note",
+    "SetStatus",
+    "RecordRanks",
+    "Ending",
+    "Outcome",
+    "AttemptMachine",
+    "Policy",
+    "AttemptEvent",
+    "Action",
+    "RankTable",
+    "signal_name",
+]
+
+EXIT_LOST_AGENT = 1
+STOP_SLACK = 5.0
+"""After a stop, how long past the grace period to wait for agents before dropping them."""
+
+
+def signal_name(signum: int | None) -> str | None:
+    if not signum:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """Where a rank of the plan runs."""
+
+    rank: int
+    local_rank: int
+    host: str
+    node: int
+
+
+@dataclass
+class RankState:
+    slot: RankSlot
+    pid: int | None = None
+    phase: RankPhase = RankPhase.STARTING
+    exit_code: int | None = None
+    signal: int | None = None
+    stacks: bool = False
+    exit_step: int | None = None
+    """The job's last step when this rank ended."""
+
+    @property
+    def rank(self) -> int:
+        return self.slot.rank
+
+
+# ---- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptPlanned:
+    """The plan is made and its specs are about to go out: these ranks will start."""
+
+    ranks: tuple[RankSlot, ...]
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class RankExited:
+    rank: int
+    pid: int | None
+    code: int | None
+    signal: int | None
+    last_lines: tuple[str, ...] = ()
+    at: str = field(default_factory=_now_iso)
+
+
+@dataclass(frozen=True)
+class StacksReady:
+    """The rank's runtime dumps its stacks on protocol.STACKS_SIGNAL."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class StepReached:
+    step: int
+
+
+@dataclass(frozen=True)
+class AgentCutOff:
+    """The agent stopped its workers because it no longer hears the controller."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class AgentLost:
+    """The connection to an agent broke (or it went silent): its ranks are gone."""
+
+    node: int
+    why: str
+    last_lines: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    at: str = field(default_factory=_now_iso)
+
+
+@dataclass(frozen=True)
+class AgentFinished:
+    """The agent said bye: every worker of its node is gone."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    """A signal to the controller: SIGINT, SIGTERM, the save signal, the stacks signal."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class HangDue:
+    """No rank reached a step boundary for --hang-timeout (zlaunch/launcher/hang.py's watch)."""
+
+    idle_s: float
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class HangStacksIn:
+    """The hang's stack capture is over: the failure record built from it."""
+
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (the runner's loop wakes at least four times a second)."""
+
+
+AttemptEvent = (
+    AttemptPlanned
+    | RankStarted
+    | RankExited
+    | StacksReady
+    | StepReached
+    | AgentCutOff
+    | AgentLost
+    | AgentFinished
+    | SignalReceived
+    | HangDue
+    | HangStacksIn
+    | Tick
+)
+
+# ---- actions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopRanks:
+    """Tell every agent still connected to TERM its workers, wait ``grace``, KILL."""
+
+    grace: float
+
+
+@dataclass(frozen=True)
+class SignalRanks:
+    """Deliver ``sig`` to every worker of every agent still connected."""
+
+    sig: int
+
+
+@dataclass(frozen=True)
+class RequestStacks:
+    """Ask these ranks (node -> ranks) to dump their stacks to stderr."""
+
+    by_node: dict[int, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class CaptureStacks:
+    """Collect these ranks' stack dumps from their output for the hang report."""
+
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str
+    error: bool = False
+
+
+@dataclass(frozen=True)
+class SetStatus:
+    status: RunStatus
+
+
+@dataclass(frozen=True)
+class RecordRanks:
+    """Rank states changed: rewrite ranks.json, update the view."""
+
+
+Action = StopRanks | SignalRanks | RequestStacks | CaptureStacks | Note | SetStatus | RecordRanks
+
+
+class Ending(enum.Enum):
+    """How an attempt ended; `Outcome.status` is what the run directory records of it."""
+
+    SUCCEEDED = "succeeded"
+    RANKS_FAILED = "ranks failed"
+    INTERRUPTED = "interrupted"
+    INCOMPLETE = "incomplete"
+    """Every agent is done but some ranks never reported an exit."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ending: Ending
+    exit_code: int
+    message: str = ""
+    failures: tuple[Failure, ...] = ()
+    stopped_ranks: tuple[int, ...] = ()
+    summary: str = ""
+
+    @property
+    def status(self) -> RunStatus:
+        return {
+            Ending.SUCCEEDED: RunStatus.SUCCEEDED,
+            Ending.INTERRUPTED: RunStatus.INTERRUPTED,
+        }.get(self.ending, RunStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the user asked for that the machine's decisions depend on."""
+
+    grace: float
+    checkpoint_dir: bool = False
+    save_signal: int | None = None
+    """--save-on's signal number (None: --save-on none)."""
+
+
+class RankTable:
+    """The ranks of one attempt and where each stands."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankState] = {}
+        self.last_step: int | None = None
+        """The job's latest step (from the ranks' step metrics)."""
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __contains__(self, rank: int) -> bool:
+        return rank in self.ranks
+
+    def __getitem__(self, rank: int) -> RankState:
+        return self.ranks[rank]
+
+    def get(self, rank: int) -> RankState | None:
+        return self.ranks.get(rank)
+
+    def plan(self, slots: Sequence[RankSlot]) -> None:
+        self.ranks = {slot.rank: RankState(slot) for slot in slots}
+
+    def live(self) -> list[RankState]:
+        return [s for s in self.ranks.values() if not s.phase.over]
+
+    def started(self, rank: int, pid: int) -> bool:
+        state = self.ranks.get(rank)
+        if state is None:
+            return False
+        state.pid = pid
+        if state.phase is RankPhase.STARTING:
+            state.phase = RankPhase.RUNNING
+        return True
+
+    def exited(self, event: RankExited) -> RankState | None:
+        state = self.ranks.get(event.rank)
+        if state is None:
+            return None
+        state.signal = event.signal
+        state.exit_code = frames.exit_code_of(event.code, event.signal)
+        state.phase = RankPhase.EXITED
+        state.exit_step = self.last_step
+        if event.pid:
+            state.pid = event.pid
+        return state
+
+    def lose_node(self, node: int) -> list[RankState]:
+        """Every unfinished rank of ``node`` is lost (its agent's connection broke)."""
+        lost = [s for s in self.live() if s.slot.node == node]
+        for state in lost:
+            state.exit_code = EXIT_LOST_AGENT
+            state.phase = RankPhase.LOST
+            state.exit_step = self.last_step
+        return lost
+
+    def stopped_by_us(self, failed: set) -> tuple[int, ...]:
+        """Ranks that did not fail themselves but ended by the stop."""
+        return tuple(
+            s.rank
+            for s in self.ranks.values()
+            if s.rank not in failed and (s.exit_code != 0 or s.signal)
+        )
+
+    def rows(self, progress: dict[int, str], output_at: dict[int, float]) -> list[RankRow]:
+        return [
+            RankRow(
+                rank=s.rank,
+                local_rank=s.slot.local_rank,
+                host=s.slot.host,
+                node_rank=s.slot.node,
+                pid=s.pid,
+                state=s.phase,
+                exit_code=s.exit_code,
+                signal=s.signal,
+                signal_name=signal_name(s.signal),
+                stacks=s.stacks,
+                last_step=s.exit_step if s.phase.over else self.last_step,
+                progress=progress.get(s.rank),
+                last_output=output_at.get(s.rank),
+            )
+            for s in sorted(self.ranks.values(), key=lambda s: s.rank)
+        ]
+
+
+class AttemptMachine:
+    """One attempt of a job: its ranks' phases, its failures, and whether it is stopping."""
+
+    def __init__(self, hosts: Sequence[str], policy: Policy):
+        self.hosts = tuple(hosts)
+        """Per node: the host's display name."""
+        self.policy = policy
+        self.phase = RunStatus.STARTING
+        self.ranks = RankTable()
+        self.agent_done = [False] * len(self.hosts)
+        self.failures: list[Failure] = []
+        self.lost_nodes: set[int] = set()
+        """Nodes whose agent broke off or stopped hearing the controller (zlaunch/launcher/elastic.py)."""
+        self.stop_started: float | None = None
+        self.stop_grace = policy.grace
+        self.interrupt: int | None = None
+        self.sigint_count = 0
+        self.save_requested = False
+        self.hang_capture = False
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return all(self.agent_done)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_started is not None
+
+    # ---- transitions ------------------------------------------------------------------------
+
+    def handle(self, event: AttemptEvent, now: float) -> list[Action]:
+        """Apply ``event`` at monotonic time ``now``; the actions to carry out, in order."""
+        match event:
+            case AttemptPlanned():
+                return self._on_AttemptPlanned(event, now)
+            case RankStarted():
+                return self._on_RankStarted(event, now)
+            case StacksReady():
+                return self._on_StacksReady(event, now)
+            case StepReached():
+                return self._on_StepReached(event, now)
+            case RankExited():
+                return self._on_RankExited(event, now)
+            case AgentCutOff():
+                return self._on_AgentCutOff(event, now)
+            case AgentLost():
+                return self._on_AgentLost(event, now)
+            case AgentFinished():
+                return self._on_AgentFinished(event, now)
+            case HangDue():
+                return self._on_HangDue(event, now)
+            case HangStacksIn():
+                return self._on_HangStacksIn(event, now)
+            case Tick():
+                return self._on_Tick(event, now)
+            case SignalReceived():
+                return self._on_SignalReceived(event, now)
+            case _:
+                assert_never(event)
+
+    def _on_AttemptPlanned(self, event: AttemptPlanned, now: float) -> list[Action]:
+        self.ranks.plan(event.ranks)
+        if self.phase is RunStatus.STARTING:
+            self.phase = RunStatus.RUNNING
+        return [SetStatus(RunStatus.RUNNING), RecordRanks()]
+
+    def _on_RankStarted(self, event: RankStarted, now: float) -> list[Action]:
+        return [RecordRanks()] if self.ranks.started(event.rank, event.pid) else []
+
+    def _on_StacksReady(self, event: StacksReady, now: float) -> list[Action]:
+        state = self.ranks.get(event.rank)
+        if state is None or state.stacks:
+            return []
+        state.stacks = True
+        return [RecordRanks()]
+
+    def _on_StepReached(self, event: StepReached, now: float) -> list[Action]:
+        self.ranks.last_step = event.step
+        return []
+
+    def _on_RankExited(self, event: RankExited, now: float) -> list[Action]:
+        state = self.ranks.exited(event)
+        if state is None:
+            return []
+        actions: list[Action] = [RecordRanks()]
+        if state.exit_code != 0 and not self.stopping:
+            self.failures.append(_rank_failure(state, event.last_lines, event.at))
+            actions.append(
+                Note(
+                    f"rank {state.rank} on {state.slot.host} {_exit_words(state)}; "
+                    f"stopping all {len(self.ranks)} ranks",
+                    error=True,
+                )
+            )
+            actions += self._stop(self.policy.grace, now)
+        return actions
+
+    def _on_AgentCutOff(self, event: AgentCutOff, now: float) -> list[Action]:
+        self.lost_nodes.add(event.node)
+        return []
+
+    def _on_AgentLost(self, event: AgentLost, now: float) -> list[Action]:
+        self.agent_done[event.node] = True
+        self.lost_nodes.add(event.node)
+        lost = self.ranks.lose_node(event.node)
+        actions: list[Action] = [RecordRanks()] if lost else []
+        if lost and not self.stopping:
+            first = lost[0]
+            self.failures.append(
+                _rank_failure(first, event.last_lines.get(first.rank, ()), event.at, event.why)
+            )
+            actions.append(Note(f"{self.hosts[event.node]}: {event.why}", error=True))
+            actions += self._stop(self.policy.grace, now)
+        return actions
+
+    def _on_AgentFinished(self, event: AgentFinished, now: float) -> list[Action]:
+        self.agent_done[event.node] = True
+        return []
+
+    def _on_HangDue(self, event: HangDue, now: float) -> list[Action]:
+        if self.stopping or self.interrupt is not None or self.hang_capture:
+            return []
+        self.hang_capture = True
+        return [
+            Note(
+                f"no rank reached a step boundary for {event.idle_s:.0f} s (--hang-timeout "
+                f"{event.timeout_s:g}); collecting every rank's stacks, then stopping",
+                error=True,
+            ),
+            *self._request_stacks(_STACKS_WORDS),
+            CaptureStacks(tuple(s.rank for s in self.ranks.live() if s.stacks)),
+        ]
+
+    def _on_HangStacksIn(self, event: HangStacksIn, now: float) -> list[Action]:
+        self.hang_capture = False
+        if self.stopping:
+            return []
+        self.failures.append(event.failure)
+        return self._stop(self.policy.grace, now)
+
+    def _on_Tick(self, event: Tick, now: float) -> list[Action]:
+        if not self.stopping or now - self.stop_started <= self.stop_grace + STOP_SLACK:
+            return []
+        actions: list[Action] = []
+        for node, done in enumerate(self.agent_done):
+            if not done:
+                self.agent_done[node] = True
+                actions.append(
+                    Note(
+                        f"{self.hosts[node]}: agent did not finish stopping; dropping the "
+                        "connection",
+                        error=True,
+                    )
+                )
+        return actions
+
+    def _on_SignalReceived(self, event: SignalReceived, now: float) -> list[Action]:
+        signum = event.signum
+        if signum == self.policy.save_signal:  # --save-on: every rank saves, then exits 0
+            return self._forward_save(signum)
+        if signum == protocol.STACKS_SIGNAL:  # `zlaunch stacks`
+            return self._request_stacks(_STACKS_WORDS)
+        if signum == signal.SIGINT:
+            self.sigint_count += 1
+            if self._saves_on_ctrl_c():
+                self.save_requested = True
+                return [
+                    Note(
+                        "Ctrl-C: every rank saves a checkpoint at its next step, then exits "
+                        "(Ctrl-C again to stop now without saving)",
+                        error=True,
+                    ),
+                    SignalRanks(self.policy.save_signal),
+                ]
+        if self.interrupt is None:
+            self.interrupt = signum
+            note = Note(
+                f"{signal_name(signum)}: stopping all ranks (grace {self.policy.grace:g}s; "
+                f"Ctrl-C again to kill now){self._no_save_words()}",
+                error=True,
+            )
+            return [note, *self._stop(self.policy.grace, now)]
+        if signum == signal.SIGINT and self.sigint_count >= 2:
+            return [Note("killing all ranks now", error=True), *self._stop(0.0, now)]
+        return []
+
+    # ---- pieces -----------------------------------------------------------------------------
+
+    def _stop(self, grace: float, now: float) -> list[Action]:
+        actions: list[Action] = []
+        if self.stop_started is None:
+            self.stop_started = now
+            self.phase = RunStatus.STOPPING
+            actions.append(SetStatus(RunStatus.STOPPING))
+            self.stop_grace = grace
+        else:
+            self.stop_grace = min(self.stop_grace, grace)
+        actions.append(StopRanks(grace))
+        return actions
+
+    def _forward_save(self, signum: int) -> list[Action]:
+        name = signal_name(signum)
+        if not self.policy.checkpoint_dir:
+            return [Note(f"{name} ignored: no --checkpoint-dir to save to", error=True)]
+        if self.stopping or self.save_requested:
+            return []
+        self.save_requested = True
+        return [
+            Note(f"{name}: every rank saves a checkpoint at its next step, then exits"),
+            SignalRanks(signum),
+        ]
+
+    def _saves_on_ctrl_c(self) -> bool:
+        """The first Ctrl-C of a running job with --checkpoint-dir saves, then stops."""
+        return (
+            self.sigint_count == 1
+            and self.interrupt is None
+            and not self.stopping
+            and not self.save_requested
+            and self.policy.checkpoint_dir
+            and self.policy.save_signal is not None
+            and self.phase is RunStatus.RUNNING
+        )
+
+    def _no_save_words(self) -> str:
+        if self.save_requested:
+            return "; no checkpoint is written now"
+        if not self.policy.checkpoint_dir:
+            return "; no checkpoint is written (--checkpoint-dir makes Ctrl-C save first)"
+        if self.policy.save_signal is None:
+            return "; no checkpoint is written (--save-on none)"
+        return ""
+
+    def _request_stacks(self, words: str) -> list[Action]:
+        """Ask every live rank whose runtime listens to dump its stacks; say who cannot."""
+        live = self.ranks.live()
+        ready = [s for s in live if s.stacks]
+        others = sorted(s.rank for s in live if not s.stacks)
+        text = words.format(ready=len(ready))
+        if others:
+            text += f"; ranks {rank_ranges(others)} cannot dump (not Python, or still starting)"
+        by_node: dict[int, tuple[int, ...]] = {}
+        for state in ready:
+            if not self.agent_done[state.slot.node]:
+                by_node[state.slot.node] = (*by_node.get(state.slot.node, ()), state.rank)
+        return [Note(text), RequestStacks(by_node)]
+
+    # ---- the end ----------------------------------------------------------------------------
+
+    def outcome(self, ended_by_scheduler: str | None = None) -> Outcome:
+        """How the attempt ended, once every agent is done. ``ended_by_scheduler``: Slurm's
+        word that it ended the job (the ranks died of its SIGTERM: not a crash)."""
+        if ended_by_scheduler is not None and (self.failures or self.interrupt is not None):
+            return Outcome(
+                Ending.INTERRUPTED,
+                128 + signal.SIGTERM,
+                f"{ended_by_scheduler}; all ranks stopped",
+            )
+        if self.interrupt is not None:
+            return Outcome(
+                Ending.INTERRUPTED,
+                128 + self.interrupt,
+                f"stopped by {signal_name(self.interrupt)}; all ranks stopped",
+            )
+        if self.failures:
+            return _failed(self.failures, self.ranks)
+        if self.ranks.live():
+            return Outcome(Ending.INCOMPLETE, EXIT_LOST_AGENT, "some ranks never reported an exit")
+        return Outcome(Ending.SUCCEEDED, 0)
+
+
+_STACKS_WORDS = (
+    "stack dump requested from {ready} rank(s) by `zlaunch stacks` (not a crash; the dumps go "
+    "to the rank logs, that command prints them grouped)"
+)
+
+
+def _failed(failures: Sequence[Failure], ranks: RankTable) -> Outcome:
+    """The outcome of an attempt that failed; the first failure is the root cause."""
+    root = failures[0]
+    code = root.exit_code if root.exit_code is not None else 1
+    stopped = ranks.stopped_by_us({f.rank for f in failures})
+    if root.is_hang:
+        cause, what = "the job", "hung: " + (root.message or "")
+        summary = f"hung, {len(ranks)} ranks stopped"
+    else:
+        cause = f"rank {root.rank} on {root.host}"
+        what = (
+            f"was killed by {root.signal_name}"
+            if root.signal
+            else root.message or f"exited with code {code}"
+        )
+        summary = f"{len(failures)} failed rank(s) of {len(ranks)}"
+    return Outcome(
+        Ending.RANKS_FAILED,
+        code,
+        f"{cause} {what}; job stopped (exit code {code})",
+        failures=tuple(failures),
+        stopped_ranks=stopped,
+        summary=summary,
+    )
+
+
+def _exit_words(state: RankState) -> str:
+    if state.signal:
+        return f"was killed by {signal_name(state.signal)} (exit code {state.exit_code})"
+    return f"exited with code {state.exit_code}"
+
+
+def _rank_failure(
+    state: RankState, last_lines: Sequence[str], at: str, message: str | None = None
+) -> Failure:
+    return Failure(
+        host=state.slot.host,
+        rank=state.rank,
+        local_rank=state.slot.local_rank,
+        node_rank=state.slot.node,
+        pid=state.pid,
+        exit_code=state.exit_code,
+        signal=state.signal,
+        signal_name=signal_name(state.signal),
+        time=at,
+        message=message,
+        last_lines=tuple(last_lines),
+    )

@@ -1,0 +1,324 @@
+"""The run directory: what a job leaves on disk, and how to read it back.
+
+Layout (``<log_dir>`` defaults to ``./zlaunch_runs``)::
+
+    <log_dir>/<run-id>/run.json                   plan, config, status, exit code, times, hosts
+    <log_dir>/<run-id>/attempt-<n>/<host>/rank-<r>.log   every line of rank r, stdout and stderr
+    <log_dir>/<run-id>/failure.json               root cause and every failed rank
+    <log_dir>/<run-id>/metrics.jsonl              one JSON row per "metrics" event of a worker
+    <log_dir>/<run-id>/ranks.json                 per rank: host, pid, alive, exit or lost, last step
+    <log_dir>/<run-id>/controller.lock            locked by the live controller (fcntl)
+    <log_dir>/latest -> <run-id>
+
+The directory and everything in it is private to the user (0700 folders, 0600 files): rank
+logs hold whatever the workers print. Environment values are recorded only for an allow-list
+of names (zlaunch/redact.py), secret-looking arguments are redacted.
+
+Rank logs hold the raw lines (no prefix), stdout and stderr in the order they arrived, and are
+never filtered by ``--ranks``. Run ids sort by start time. ``run.json`` is rewritten atomically
+on every status change, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from zlaunch.plan import Plan, new_run_id
+from zlaunch.redact import recorded_env_value, redact_argv
+from zlaunch.rundir.records import FailureReport, RanksFile, RunStatus
+
+__all__ = [
+    "RunDir",
+    "process_identity",
+    "lock_holder",
+    "RunStatus",
+    "new_run_id",
+    "find_run",
+    "list_runs",
+    "host_dirname",
+    "plan_record",
+]
+
+RUN_FILE = "run.json"
+FAILURE_FILE = "failure.json"
+METRICS_FILE = "metrics.jsonl"
+RANKS_FILE = "ranks.json"
+LATEST = "latest"
+CONTROLLER_LOCK = "controller.lock"
+# struct flock on Linux (x86-64, arm64): l_type, l_whence, l_start, l_len, l_pid, padding.
+_FLOCK = "hhqqi4x"
+
+
+def host_dirname(host: str) -> str:
+    """A host name as a directory name (IPv6 colons and odd characters become '_')."""
+    return re.sub(r"[^A-Za-z0-9_.@-]", "_", host) or "_"
+
+
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def _open_private(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+
+
+def _write_json_atomic(path: str, data: Any) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = _open_private(tmp, os.O_WRONLY | os.O_TRUNC)
+    with open(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def plan_record(plan: Plan) -> dict[str, Any]:
+    """The plan as JSON for run.json: env names, and values only where allow-listed."""
+    return {
+        "run_id": plan.run_id,
+        "attempt": plan.attempt,
+        "world_size": plan.world_size,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "nodes": [
+            {
+                "node_rank": node.node_rank,
+                "host": node.host.name,
+                "slots": list(node.host.slots),
+                "cwd": node.cwd,
+                "workers": [
+                    {
+                        "rank": w.rank,
+                        "local_rank": w.local_rank,
+                        "slot": w.slot,
+                        "argv": redact_argv(w.argv),
+                        "env": {k: recorded_env_value(k, v) for k, v in sorted(w.env.items())},
+                    }
+                    for w in node.workers
+                ],
+            }
+            for node in plan.nodes
+        ],
+    }
+
+
+def process_identity(pid: int) -> dict[str, Any] | None:
+    """What tells this process from a later one with the same pid: its start time (clock
+    ticks since boot) and the boot it started in. None when there is no such live process."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot_id = handle.read().strip()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return {"pid": pid, "start_ticks": int(fields[19]), "boot_id": boot_id}
+
+
+def _hold_controller_lock(path: str) -> int:
+    """Lock ``path`` for as long as this process lives (never closed: closing would unlock).
+
+    A POSIX lock, because F_GETLK tells another process who holds it. It also drops when this
+    process closes *any* descriptor of the file: nothing in the controller opens it again.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def lock_holder(run_path: str) -> int | None:
+    """The pid that holds the run's controller lock: the live controller, or None."""
+    try:
+        fd = os.open(os.path.join(run_path, CONTROLLER_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    kind, _, _, _, pid = struct.unpack(_FLOCK, answer)
+    return pid if kind != fcntl.F_UNLCK and pid > 0 else None
+
+
+@dataclass
+class RunDir:
+    """One run's directory. The controller writes it; ``zlaunch logs/status/stop`` read it."""
+
+    path: str
+    run_id: str
+    _lock_fd: int | None = None
+
+    # ---- writing (controller) -----------------------------------------------------------
+
+    @classmethod
+    def create(cls, log_dir: str, run_id: str, record: dict[str, Any]) -> RunDir:
+        root = os.path.abspath(log_dir)
+        os.makedirs(root, mode=PRIVATE_DIR, exist_ok=True)  # an existing root keeps its mode
+        path = os.path.join(root, run_id)
+        os.mkdir(path, PRIVATE_DIR)
+        run = cls(path, run_id)
+        # `zlaunch stop` and `stacks` signal only the process that holds this lock and matches
+        # the identity recorded below: never a process that merely reuses the pid.
+        run._lock_fd = _hold_controller_lock(os.path.join(path, CONTROLLER_LOCK))
+        run.write_record(
+            {
+                "run_id": run_id,
+                "status": RunStatus.STARTING,
+                "controller_pid": os.getpid(),
+                "controller": process_identity(os.getpid()),
+                "start_time": time.time(),
+                "end_time": None,
+                "exit_code": None,
+                **record,
+            }
+        )
+        _point_latest(os.path.dirname(path), run_id)
+        return run
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        _write_json_atomic(os.path.join(self.path, RUN_FILE), record)
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        record = self.record()
+        record.update(fields)
+        self.write_record(record)
+        return record
+
+    def rank_log_path(self, attempt: int, host: str, rank: int) -> str:
+        return os.path.join(self.path, f"attempt-{attempt}", host_dirname(host), f"rank-{rank}.log")
+
+    def open_rank_log(self, attempt: int, host: str, rank: int) -> IO[bytes]:
+        path = self.rank_log_path(attempt, host, rank)
+        attempt_dir = os.path.dirname(os.path.dirname(path))
+        for folder in (attempt_dir, os.path.dirname(path)):
+            os.makedirs(folder, mode=PRIVATE_DIR, exist_ok=True)
+        # Unbuffered: each batch of lines reaches the file at once, so `zlaunch logs --follow`
+        # in another terminal sees it within its poll interval.
+        return open(_open_private(path, os.O_WRONLY | os.O_APPEND), "ab", buffering=0)
+
+    def write_failure(self, report: FailureReport) -> None:
+        _write_json_atomic(os.path.join(self.path, FAILURE_FILE), report.to_json())
+
+    def open_metrics(self) -> IO[str]:
+        fd = _open_private(os.path.join(self.path, METRICS_FILE), os.O_WRONLY | os.O_APPEND)
+        return open(fd, "a", encoding="utf-8")
+
+    def write_ranks(self, ranks: RanksFile) -> None:
+        """Every rank's current state (read by `zlaunch status`); rewritten atomically."""
+        _write_json_atomic(os.path.join(self.path, RANKS_FILE), ranks.to_json())
+
+    # ---- reading (any process) ----------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        with open(os.path.join(self.path, RUN_FILE), encoding="utf-8") as handle:
+            return json.load(handle)
+
+    def ranks(self) -> RanksFile | None:
+        data = self._read_json(RANKS_FILE)
+        return RanksFile.from_json(data) if isinstance(data, dict) else None
+
+    def failure(self) -> FailureReport | None:
+        data = self._read_json(FAILURE_FILE)
+        return FailureReport.from_json(data) if isinstance(data, dict) else None
+
+    def _read_json(self, name: str) -> Any:
+        try:
+            with open(os.path.join(self.path, name), encoding="utf-8") as handle:
+                return json.load(handle)
+        except FileNotFoundError:
+            return None
+
+    def metrics(self) -> Iterable[dict[str, Any]]:
+        try:
+            with open(os.path.join(self.path, METRICS_FILE), encoding="utf-8") as handle:
+                for line in handle:
+                    if line.strip():
+                        yield json.loads(line)
+        except FileNotFoundError:
+            return
+
+    def rank_logs(self, attempt: int | None = None) -> dict[int, str]:
+        """rank -> log path, for the given attempt (default: the latest one)."""
+        attempts = sorted(
+            int(name.split("-", 1)[1])
+            for name in os.listdir(self.path)
+            if name.startswith("attempt-") and name.split("-", 1)[1].isdigit()
+        )
+        if not attempts:
+            return {}
+        chosen = attempts[-1] if attempt is None else attempt
+        root = os.path.join(self.path, f"attempt-{chosen}")
+        logs: dict[int, str] = {}
+        for host in sorted(os.listdir(root)):
+            for name in os.listdir(os.path.join(root, host)):
+                match = re.fullmatch(r"rank-(\d+)\.log", name)
+                if match:
+                    logs[int(match.group(1))] = os.path.join(root, host, name)
+        return dict(sorted(logs.items()))
+
+
+def _point_latest(log_dir: str, run_id: str) -> None:
+    link = os.path.join(log_dir, LATEST)
+    tmp = f"{link}.tmp.{os.getpid()}"
+    try:
+        os.symlink(run_id, tmp)
+        os.replace(tmp, link)
+    except OSError:  # file systems without symlinks: find_run falls back to sorting ids
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def find_run(log_dir: str, run_id: str | None = None) -> RunDir:
+    """The run with this id (or unique id prefix), or the latest one. FileNotFoundError if none."""
+    log_dir = os.path.abspath(log_dir)
+    if run_id is None:
+        link = os.path.join(log_dir, LATEST)
+        if os.path.islink(link) and os.path.isfile(os.path.join(link, RUN_FILE)):
+            target = os.readlink(link)
+            return RunDir(os.path.join(log_dir, target), os.path.basename(target))
+        ids = _run_ids(log_dir)
+        if not ids:
+            raise FileNotFoundError(f"no runs in {log_dir}")
+        return RunDir(os.path.join(log_dir, ids[-1]), ids[-1])
+    ids = [i for i in _run_ids(log_dir) if i == run_id] or [
+        i for i in _run_ids(log_dir) if i.startswith(run_id)
+    ]
+    if len(ids) != 1:
+        what = "no run" if not ids else f"{len(ids)} runs"
+        raise FileNotFoundError(f"{what} matching {run_id!r} in {log_dir}")
+    return RunDir(os.path.join(log_dir, ids[0]), ids[0])
+
+
+def _run_ids(log_dir: str) -> list[str]:
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        n for n in names if n != LATEST and os.path.isfile(os.path.join(log_dir, n, RUN_FILE))
+    )
+
+
+def list_runs(log_dir: str) -> list[dict[str, Any]]:
+    """The run.json of every run under log_dir, oldest first (unreadable ones skipped)."""
+    runs = []
+    for run_id in _run_ids(log_dir):
+        try:
+            runs.append(RunDir(os.path.join(os.path.abspath(log_dir), run_id), run_id).record())
+        except (OSError, ValueError):
+            continue
+    return runs

@@ -1,0 +1,206 @@
+"""The controller's writer of the run directory: run.json's status and attempts, the rank
+logs, metrics.jsonl, ranks.json and failure.json, all through the typed records of
+zlaunch/rundir/records.py. The read side (``zlaunch ls/logs/status/stop/stacks``) reads the same
+files through the same types (zlaunch/rundir/layout.py).
+
+A write that fails (disk full, directory gone, a file system gone read-only) is said once per
+file on the console and never stops the job: the ranks' training matters more than its
+bookkeeping. Every writer below goes through `Recorder._guarded`, so none can forget to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, Any, TypeVar
+
+from zlaunch.console.terminal import Console
+from zlaunch.options import LaunchOptions
+from zlaunch.plan import Plan
+from zlaunch.redact import redact_argv
+from zlaunch.rundir.index import register
+from zlaunch.rundir.layout import RunDir, new_run_id, plan_record
+from zlaunch.rundir.records import FailureReport, RankRow, RanksFile, RunStatus
+
+__all__ = ["Recorder"]
+
+T = TypeVar("T")
+
+RANKS_MIN_INTERVAL = 1.0
+"""Seconds between ranks.json rewrites caused only by output (starts and exits always write)."""
+
+
+class Recorder:
+    def __init__(self, run_dir: RunDir, console: Console, index_error: str = ""):
+        self.run_dir = run_dir
+        self.console = console
+        self.index_error = index_error
+        """'' or why the run is not in the per-user index (said with the run's id)."""
+        self._metrics: IO[str] | None = None
+        self._ranks_written = 0.0
+        self.failed_writes: dict[str, str] = {}
+        """What could not be written (file -> the first error), each said once."""
+
+    def _guarded(self, what: str, write: Callable[[], T]) -> T | None:
+        """``write()``; an OSError is said once for ``what`` and swallowed (None)."""
+        try:
+            return write()
+        except OSError as err:
+            if what not in self.failed_writes:
+                self.failed_writes[what] = err.strerror or str(err)
+                self.console.note(
+                    f"cannot write {what} in {self.path}: {err.strerror or err}; the job goes "
+                    "on, its record there is incomplete",
+                    error=True,
+                )
+            return None
+
+    @classmethod
+    def create(cls, options: LaunchOptions, console: Console) -> Recorder:
+        run_dir = RunDir.create(
+            options.log_dir,
+            new_run_id(),
+            {
+                "config": options.config_path,
+                "hosts": [h.name for h in options.hosts],
+                "program": redact_argv(options.program),
+                "cwd": options.cwd,
+                "plan": None,
+                # `zlaunch stop --save` sends save_on, and says where the checkpoint went
+                "checkpoint_dir": options.checkpoint_dir,
+                "save_on": options.save_on,
+            },
+        )
+        try:  # indexed, so `zlaunch ls/logs/...` find it from anywhere
+            register(run_dir.run_id, run_dir.path)
+            index_error = ""
+        except OSError as err:
+            index_error = f" (not indexed: {err.strerror or err}; use --log-dir to find it)"
+        return cls(run_dir, console, index_error)
+
+    @property
+    def run_id(self) -> str:
+        return self.run_dir.run_id
+
+    @property
+    def path(self) -> str:
+        return self.run_dir.path
+
+    # ---- run.json -----------------------------------------------------------------------
+
+    def status(self, status: RunStatus) -> None:
+        self._guarded("run.json", lambda: self.run_dir.update(status=status))
+
+    def planned(self, plan: Plan) -> None:
+        record = plan_record(plan)
+        self._guarded(
+            "run.json", lambda: self.run_dir.update(status=RunStatus.RUNNING, plan=record)
+        )
+
+    def restarting(self) -> None:
+        """The next attempt is starting: the run is live again."""
+        self._guarded(
+            "run.json",
+            lambda: self.run_dir.update(status=RunStatus.STARTING, end_time=None, exit_code=None),
+        )
+
+    def attempt(
+        self, first: LaunchOptions, attempt: int, options: LaunchOptions, reason: str
+    ) -> None:
+        """run.json's "attempts": each attempt's hosts, world size, batch and why it started."""
+
+        def write() -> None:
+            record = self.run_dir.record()
+            attempts = record.get("attempts") or [_attempt_entry(0, first, "start")]
+            attempts = [a for a in attempts if a["attempt"] != attempt]  # a retried start
+            attempts.append(_attempt_entry(attempt, options, reason))
+            self.run_dir.update(attempts=attempts)
+
+        self._guarded("run.json", write)
+
+    def end(self, status: RunStatus, code: int, error: str | None = None) -> None:
+        """The run's end (once: a later call keeps the first end)."""
+
+        def write() -> None:
+            try:
+                record = self.run_dir.record()
+            except ValueError:  # unreadable run.json: the end is what it can still say
+                record = {}
+            if record.get("end_time") is not None:
+                return
+            if error is not None:
+                record["error"] = error
+            record.update(status=status, exit_code=code, end_time=time.time())
+            self.run_dir.write_record(record)
+
+        self._guarded("run.json", write)
+
+    # ---- attempt files ------------------------------------------------------------------
+
+    def open_rank_log(self, attempt: int, host: str, rank: int) -> _RankLog:
+        what = f"rank {rank}'s log"
+        log = self._guarded(what, lambda: self.run_dir.open_rank_log(attempt, host, rank))
+        return _RankLog(log, lambda write: self._guarded(what, write))
+
+    def open_metrics(self) -> None:
+        if self._metrics is None:
+            self._metrics = self._guarded("metrics.jsonl", self.run_dir.open_metrics)
+
+    def metrics(self, row: dict[str, Any]) -> None:
+        metrics = self._metrics
+        if metrics is not None and "metrics.jsonl" not in self.failed_writes:
+
+            def write() -> None:
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+
+            self._guarded("metrics.jsonl", write)
+
+    def ranks_due(self) -> bool:
+        """Whether ranks.json may be rewritten for new output only (at most once a second)."""
+        return time.time() - self._ranks_written >= RANKS_MIN_INTERVAL
+
+    def ranks(self, attempt: int, rows: Sequence[RankRow]) -> None:
+        now = time.time()
+        self._ranks_written = now
+        self._guarded(
+            "ranks.json", lambda: self.run_dir.write_ranks(RanksFile(attempt, now, tuple(rows)))
+        )
+
+    def failure(self, report: FailureReport) -> None:
+        self._guarded("failure.json", lambda: self.run_dir.write_failure(report))
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            metrics, self._metrics = self._metrics, None
+            self._guarded("metrics.jsonl", metrics.close)
+
+
+class _RankLog:
+    """A rank's log file whose failed writes are reported (once) instead of raised; with no file
+    (it could not be opened) the lines still reach the console, only the log lacks them."""
+
+    def __init__(self, file: IO[bytes] | None, guard: Callable[[Callable[[], Any]], Any]):
+        self._file = file
+        self._guard = guard
+
+    def write(self, data: bytes) -> None:
+        if self._file is not None:
+            file = self._file
+            self._guard(lambda: file.write(data))
+
+    def close(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            self._guard(file.close)
+
+
+def _attempt_entry(attempt: int, options: LaunchOptions, reason: str) -> dict[str, Any]:
+    return {
+        "attempt": attempt,
+        "hosts": [h.name for h in options.hosts],
+        "world_size": options.world_size,
+        "batch": options.batch,
+        "reason": reason,
+    }

@@ -223,3 +223,16 @@ def test_engine_config_reads_as_the_deepspeed_mapping():
     assert config.get("tensor_parallel", {}) == {}
     config.get("zero_optimization")["stage"] = 1  # a copy
     assert config.get("zero_optimization") == {"stage": 3}
+
+
+def test_zero_init_reads_only_zero_optimization_of_a_config_still_holding_auto():
+    """transformers builds the model under zero.Init before the Trainer has filled the
+    scheduler's "auto" values; Init needs only offload_param from the config."""
+    from runtime.zero import Init
+
+    with open(os.path.join(CONFIGS, "hf_zero3.json")) as f:
+        data = json.load(f)
+    assert Init(config_dict_or_path=data)._remote is None
+    assert Init(config_dict_or_path=os.path.join(CONFIGS, "hf_zero3.json"))._remote is None
+    data["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    assert Init(config_dict_or_path=data)._remote == "cpu"

@@ -77,7 +77,9 @@ def test_shared_variable_names_are_spelled_once():
 # The agent's whole folder, and the modules its nodes and workers load beside it.
 AGENT_SIDE = [
     *sorted((REPO / "zlaunch" / "agent").glob("*.py")),
-    *(REPO / "zlaunch" / name for name in ("worker_boot.py", "frames.py", "protocol.py")),
+    *(REPO / "zlaunch" / name for name in (
+        "worker_boot.py", "worker_group.py", "save_request.py", "frames.py", "protocol.py"
+    )),
 ]
 
 

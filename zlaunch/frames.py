@@ -183,6 +183,8 @@ class Hello:
     addr: str | None = _wire("addr", _nullable(_STR))
     client_addr: str | None = _wire("client_addr", _nullable(_STR))
     port: int = _wire("port", _INT)
+    cpus: int | None = _wire("cpus", _nullable(_INT), omit_default=True, default=None)
+    """The cores this agent may run on (its affinity): the ranks' thread default."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,9 @@ win because they define the job:
     ZLAUNCH_CHECKPOINT_DIR, ZLAUNCH_SAVE_ON, ZLAUNCH_RESUME (with --checkpoint-dir; RESUME
     with --resume and on every restart)
 
+OMP_NUM_THREADS, where the user did not set it, is the node's usable cores divided by its
+ranks (zlaunch/threads.py); unlike the names above it gives way to the user's value.
+
 ZLAUNCH_EVENTS_FD and the *_SOCKET_IFNAME defaults are added by the agent on each host.
 """
 
@@ -33,6 +36,7 @@ from zlaunch import protocol
 from zlaunch.hostfile import Host
 from zlaunch.options import LaunchOptions
 from zlaunch.redact import redact_argv, shown_env_value
+from zlaunch.threads import thread_env
 
 __all__ = [
     "WorkerSpec",
@@ -129,8 +133,10 @@ def build_plan(
     master_port: int,
     run_id: str,
     attempt: int,
+    usable_cpus: Sequence[int | None] = (),
 ) -> Plan:
-    """Lay out every rank of the job on `hosts` (usually `options.hosts`)."""
+    """Lay out every rank of the job on `hosts` (usually `options.hosts`). ``usable_cpus``:
+    per host, the cores its agent may use (its hello), for the ranks' thread default."""
     hosts = tuple(hosts)
     if not hosts:
         raise ValueError("build_plan needs at least one host")
@@ -150,7 +156,8 @@ def build_plan(
     nodes = []
     first_rank = 0
     for node_rank, host in enumerate(hosts):
-        nodes.append(_node_plan(options, node_rank, host, first_rank, job_env))
+        cpus = usable_cpus[node_rank] if node_rank < len(usable_cpus) else None
+        nodes.append(_node_plan(options, node_rank, host, first_rank, job_env, cpus))
         first_rank += len(host.slots)
     return Plan(
         run_id=run_id,
@@ -204,10 +211,16 @@ def _checkpoint_env(options: LaunchOptions, attempt: int) -> dict[str, str]:
 
 
 def _node_plan(
-    options: LaunchOptions, node_rank: int, host: Host, first_rank: int, job_env: dict[str, str]
+    options: LaunchOptions,
+    node_rank: int,
+    host: Host,
+    first_rank: int,
+    job_env: dict[str, str],
+    cpus: int | None = None,
 ) -> NodePlan:
     """The workers of one host, ranks from ``first_rank`` on in slot order."""
     base_env = {k: v for k, v in options.env.items() if k not in RESERVED_ENV}
+    base_env.update(thread_env(options.env, cpus, len(host.slots)))
     local_size = str(len(host.slots))
     node_env = {
         **job_env,

@@ -29,6 +29,8 @@ __all__ = [
     "RUNTIME_READY",
     "METRICS_EVENT",
     "INVALID_EVENT",
+    "PROCESS_GROUP_EVENT",
+    "SAVE_ACK_EVENT",
     "PEAK_TFLOPS_ENV",
     "RUN_ID_ENV",
     "ATTEMPT_ENV",
@@ -69,6 +71,10 @@ STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACK
 RUNTIME_READY = "runtime_ready"  # event kind: runtime.initialize finished (hang watch arms)
 METRICS_EVENT = "metrics"  # event kind: one row of step metrics (runtime/metrics.py)
 INVALID_EVENT = "invalid"  # event kind the agent puts in place of a line that was not an event
+# event kind, from zlaunch.worker_boot as the script ends: {"size": the largest default process
+# group the rank joined (0: none), "accelerate": whether accelerate was loaded}
+PROCESS_GROUP_EVENT = "process_group"
+SAVE_ACK_EVENT = "save_ack"  # event kind: the runtime heard the save signal and will save
 COLLECTIVE_TIMEOUT_ENV = "ZLAUNCH_COLLECTIVE_TIMEOUT"  # seconds, for init_process_group
 CAUSE_NO_HEARTBEAT = "no_heartbeat"  # ERROR frame "cause": the agent stopped, cut off
 BATCH_ENV = "ZLAUNCH_BATCH"  # "TRAIN_BATCH,MICRO,GAS" after a restart on another world size

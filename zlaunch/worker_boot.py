@@ -8,6 +8,11 @@ thread's stack can be dumped even while the worker is blocked in C code, and the
 Trainer jobs answer `zlaunch stacks` as runtime jobs do. No sitecustomize, no PYTHONSTARTUP:
 nothing changes for other Python processes. Stdlib only; the script sees the ``sys.argv``,
 ``sys.path[0]``, ``__main__`` and ``__file__`` that ``python SCRIPT`` gives it.
+
+Around the script, zlaunch/worker_group.py watches which process group the rank joins (said
+to the agent as the script ends: a multi-rank job whose ranks each trained alone is reported)
+and, once the script has returned, leaves a gloo group cleanly instead of to interpreter
+teardown, which can abort a rank that has finished its work.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sys
 import types
 
 from zlaunch.protocol import EVENTS_FD_ENV, STACKS_READY, STACKS_SIGNAL_ENV
+from zlaunch.worker_group import GroupWatch, leave_group, report_group
 
 
 def arm_stacks(environ: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -59,6 +65,14 @@ def _excepthook(kind, value, tb) -> None:
     sys.__excepthook__(kind, value, tb)
 
 
+def _watch_group(environ: dict[str, str] | os._Environ = os.environ) -> GroupWatch | None:
+    """Watch for the job's process group in a rank of a multi-rank job that can report it."""
+    world = environ.get("WORLD_SIZE", "")
+    if not world.isdigit() or int(world) < 2 or not environ.get(EVENTS_FD_ENV, "").isdigit():
+        return None
+    return GroupWatch(int(world)).start()
+
+
 def main() -> None:
     args = sys.argv[1:]
     if not args:
@@ -66,6 +80,22 @@ def main() -> None:
     arm_stacks()
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
+    watch = _watch_group()
+    finished = False
+    try:
+        _run_script(args)
+        finished = True
+    except SystemExit as done:
+        finished = done.code in (None, 0)
+        raise
+    finally:
+        if watch is not None:
+            report_group(watch.stop())
+        if finished:
+            leave_group()
+
+
+def _run_script(args: list[str]) -> None:
     if args[0] == "-m" and len(args) > 1:
         sys.argv = [args[1], *args[2:]]  # runpy puts the module's path in argv[0]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)

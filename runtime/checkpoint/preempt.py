@@ -13,6 +13,7 @@ zlaunch exports (see ``zlaunch --checkpoint-dir/--resume/--save-on``):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -32,7 +33,12 @@ __all__ = [
 
 log = logging.getLogger("runtime.checkpoint")
 
-from zlaunch.protocol import RESUME_ENV, SAVE_ON_ENV  # noqa: E402 - the shared names
+from zlaunch.protocol import (  # noqa: E402 - the shared names
+    EVENTS_FD_ENV,
+    RESUME_ENV,
+    SAVE_ACK_EVENT,
+    SAVE_ON_ENV,
+)
 
 SAVED_MARKER = "zlaunch: saved checkpoint"
 
@@ -47,6 +53,8 @@ class SaveOnSignal:
         signal.signal(signum, self._on_signal)
 
     def _on_signal(self, _signum, _frame) -> None:
+        if not self.requested:
+            _acknowledge()
         self.requested = True
 
     def after_step(self, engine, outcome) -> None:  # noqa: ARG002 - a step hook
@@ -68,6 +76,16 @@ class SaveOnSignal:
 
         shutdown_distributed()
         raise SystemExit(0)
+
+
+def _acknowledge() -> None:
+    """Tell zlaunch this rank will save, so it does not say that nobody handles the signal."""
+    fd = os.environ.get(EVENTS_FD_ENV, "")
+    if fd.isdigit():
+        try:
+            os.write(int(fd), json.dumps({"kind": SAVE_ACK_EVENT}).encode() + b"\n")
+        except OSError:
+            pass  # no agent to tell (run outside zlaunch, or it is gone)
 
 
 def _signal_number(name: str) -> int:

@@ -10,6 +10,7 @@ import pytest
 from zlaunch import protocol
 from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
 from zlaunch.launcher.state import (
+    SAVE_ACK_WAIT,
     STOP_SLACK,
     AgentCutOff,
     AgentFinished,
@@ -27,6 +28,7 @@ from zlaunch.launcher.state import (
     RankStarted,
     RecordRanks,
     RequestStacks,
+    SaveAcknowledged,
     SetStatus,
     SignalRanks,
     SignalReceived,
@@ -218,6 +220,68 @@ def test_save_signal_is_forwarded_once_and_refused_without_a_checkpoint_dir():
     assert notes(bare.handle(SignalReceived(SAVE), now=1.0)) == [
         "SIGUSR1 ignored: no --checkpoint-dir to save to"
     ]
+
+
+UNANSWERED = (
+    "no rank answered the save request in 5 s: this script does not handle SIGUSR1 "
+    "(runtime.initialize jobs do; a script can save on it itself, see README 'Saving from your "
+    "own script'); training goes on; "
+)
+AFTER_CTRL_C = "Ctrl-C again stops every rank without a checkpoint (TERM, then KILL after 3 s)"
+
+
+def _ask_by_ctrl_c(machine):
+    machine.handle(SignalReceived(int(signal.SIGINT)), now=1.0)
+
+
+def _ask_by_save_signal(machine):
+    machine.handle(SignalReceived(SAVE), now=1.0)
+
+
+# (how the save was asked, events after it as (time, event), notes said by then)
+SAVE_ANSWERS = [
+    pytest.param(_ask_by_ctrl_c, [(1.0 + SAVE_ACK_WAIT - 0.1, Tick())], [], id="not-yet"),
+    pytest.param(
+        _ask_by_ctrl_c,
+        [(1.0 + SAVE_ACK_WAIT, Tick()), (9.0, Tick()), (20.0, Tick())],
+        [UNANSWERED + AFTER_CTRL_C],
+        id="nobody-answers-said-once",
+    ),
+    pytest.param(
+        _ask_by_save_signal,
+        [(1.0 + SAVE_ACK_WAIT, Tick())],
+        [UNANSWERED + "Ctrl-C stops every rank without a checkpoint"],
+        id="save-signal-nobody-answers",
+    ),
+    pytest.param(
+        _ask_by_ctrl_c,
+        [(2.0, SaveAcknowledged(3)), (9.0, Tick())],
+        [],
+        id="one-rank-answers",
+    ),
+    pytest.param(
+        _ask_by_ctrl_c,
+        [(2.0, SaveAcknowledged(42)), (9.0, Tick())],
+        [UNANSWERED + AFTER_CTRL_C],
+        id="answer-of-an-unknown-rank",
+    ),
+    pytest.param(
+        _ask_by_ctrl_c,
+        [(2.0, RankExited(0, 100, 3, None)), (9.0, Tick())],
+        [],
+        id="already-stopping",
+    ),
+]
+
+
+@pytest.mark.parametrize("ask,events,said", SAVE_ANSWERS)
+def test_a_save_request_nobody_answers_is_said_once(ask, events, said):
+    machine = running(Policy(grace=3.0, checkpoint_dir=True, save_signal=SAVE))
+    ask(machine)
+    found = []
+    for now, event in events:
+        found += [n for n in notes(machine.handle(event, now=now)) if n.startswith("no rank")]
+    assert found == said
 
 
 def test_stacks_request_goes_to_ready_ranks_of_connected_agents():

@@ -65,7 +65,9 @@ def test_two_jobs_found_from_another_directory_and_stop_refuses_to_guess(tmp_pat
             err.close()
             line = wait_for(
                 lambda p=project: re.search(
-                    r"^zlaunch: run (\S+)  logs (\S+)$", (p / "stderr.txt").read_text(), re.M
+                    r"^zlaunch: run (\S+)  logs (\S+)(?:  threads .*)?$",
+                    (p / "stderr.txt").read_text(),
+                    re.M,
                 ),
                 60,
                 f"job {name} to announce its run",

@@ -298,7 +298,16 @@ def hello() -> frames.Hello:
         addr=addr,
         client_addr=client_addr,
         port=_free_port(addr),
+        cpus=_usable_cpus(),
     )
+
+
+def _usable_cpus() -> int | None:
+    """The cores this process may run on (a cgroup or taskset limit counts), as workers get."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count()
 
 
 def _plain_ip(addr: str) -> str:

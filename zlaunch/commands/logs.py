@@ -4,7 +4,9 @@ Lines are printed as ``[host:rank] line``. Without ``--follow`` every selected r
 printed, rank after rank. With ``--follow`` the files are polled every 0.1 s and new complete
 lines are printed as they arrive (files of ranks that start later are picked up, a restart's
 new attempt is followed); the command exits by itself once the run has ended and every file
-is drained, or on Ctrl-C.
+is drained, or on Ctrl-C. A progress bar shows its latest state now and then while it is
+redrawn and ends at its final state on its own line, as on the console, also when the script
+wrote another line on the bar's stream before ending it (commands/followed_log.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import IO
 
 import click
 
+from zlaunch.commands.followed_log import FollowedLog
 from zlaunch.commands.runs_common import open_run, run_ended, run_options
 from zlaunch.errors import UsageError
 from zlaunch.rundir.layout import RunDir, host_dirname
@@ -89,13 +92,6 @@ def _visible(line: bytes) -> bytes:
     return segments[-1] if segments else b""
 
 
-def _last_states(tail: bytes) -> bytes:
-    """An unfinished line cut to its last two carriage-return segments (bounded memory)."""
-    first = tail.rfind(b"\r")
-    second = tail.rfind(b"\r", 0, first) if first > 0 else -1
-    return tail[second:] if second > 0 else tail
-
-
 class _Printer:
     def __init__(self, out: IO[bytes], pattern: re.Pattern[bytes] | None):
         self.out = out
@@ -140,7 +136,8 @@ class _Follower:
         self.tail = tail
         self.current_attempt: int | None = None
         self.offsets: dict[str, int] = {}
-        self.partial: dict[str, bytes] = {}
+        self.followed: dict[str, FollowedLog] = {}
+        """path -> its unfinished line and progress bar (bars print on their own line)."""
         self.first_scan = True
         self.bar_shown: dict[str, tuple[float, bytes]] = {}
         """path -> (when, state) of the progress state last printed for its unfinished line."""
@@ -180,28 +177,22 @@ class _Follower:
         self.printer.lines(host, rank, kept[-self.tail :] if self.tail else [])
 
     def _read(self, path: str, host: str, rank: int, final: bool) -> None:
+        log = self.followed.setdefault(path, FollowedLog())
         try:
             with open(path, "rb") as handle:
                 handle.seek(self.offsets[path])
                 data = handle.read(READ_SIZE)
                 while data:
                     self.offsets[path] += len(data)
-                    data = self.partial.pop(path, b"") + data
-                    lines = data.split(b"\n")
-                    rest = lines.pop()
-                    if rest:
-                        self.partial[path] = rest
-                    self.printer.lines(host, rank, lines)
+                    self.printer.lines(host, rank, log.feed(data))
                     data = handle.read(READ_SIZE)
         except FileNotFoundError:
             return
-        if final and self.partial.get(path):
-            self.printer.lines(host, rank, [self.partial.pop(path)])
+        if final:
+            self.printer.lines(host, rank, log.finish())
             return
-        tail = self.partial.get(path, b"")
-        if b"\r" in tail:  # a progress bar redrawing its line: its latest state, throttled
-            self.partial[path] = tail = _last_states(tail)
-            state = _visible(tail)
+        state = log.state()
+        if state is not None:  # a progress bar redrawing its line: its latest state, throttled
             when, shown = self.bar_shown.get(path, (0.0, b""))
             now = time.monotonic()
             if state and state != shown and now - when >= FOLLOW_BAR_INTERVAL:

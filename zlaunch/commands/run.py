@@ -294,6 +294,10 @@ def command(**values) -> None:
             master_port=options.master_port or AUTO_PORT,
             run_id=new_run_id(),
             attempt=0,
+            # the thread default as a local launch would set it (other hosts say theirs at start)
+            usable_cpus=[
+                len(os.sched_getaffinity(0)) if h.is_local else None for h in options.hosts
+            ],
         )
         click.echo(render_plan(plan), nl=False)
         click.echo(_agent_commands(options), nl=False)

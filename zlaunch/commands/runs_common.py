@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from zlaunch.clip import clip
+from zlaunch.commands.run_choice import started_here
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.options import DEFAULT_LOG_DIR
 from zlaunch.rundir.index import default_log_dir, index_dir, indexed_run_paths
@@ -91,7 +92,9 @@ def _start(record: dict[str, Any]) -> float:
 
 def open_run(log_dir: str | None, run: str | None, command: str = "status") -> RunDir:
     """The run RUN names (its id or a unique prefix); without RUN the one that is running, or
-    the latest when none is. More than one running: refused (exit 2), naming them."""
+    the latest when none is. More than one running: the one started in this directory or the
+    closest parent of it (commands/run_choice.py); still more than one: refused (exit 2),
+    naming them."""
     runs, where = known_runs(log_dir)
     if not runs:
         raise UsageError(
@@ -116,6 +119,10 @@ def open_run(log_dir: str | None, run: str | None, command: str = "status") -> R
         )
     running = [item for item in runs if not run_ended(item[1])]
     if len(running) > 1:
+        here = started_here(running, os.getcwd())
+        if len(here) == 1:
+            return here[0][0]  # the job of this directory (or of a parent of it)
+        running = here or running
         listing = "\n".join(
             f"    {r.run_id}  started {_clock(rec)}  in {rec.get('cwd') or '-'}"
             for r, rec in running

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["ProgressTracker", "visible"]
+__all__ = ["ProgressTracker", "Redraw", "visible"]
 
 
 def visible(text: str) -> str:
@@ -22,18 +22,44 @@ def visible(text: str) -> str:
     return segments[-1] if segments else ""
 
 
+class Redraw:
+    """A line being redrawn: what it shows now, and its raw text since its last carriage
+    return (tqdm clears a bar with ``\r``, blanks and ``\r`` before it writes a line there)."""
+
+    __slots__ = ("state", "raw")
+
+    def __init__(self) -> None:
+        self.state = ""
+        self.raw = ""
+
+    def add(self, text: str) -> str:
+        """The next piece of the line; its state now."""
+        raw = self.raw + text
+        self.state = visible(raw) or self.state
+        self.raw = raw[raw.rfind("\r") :] if "\r" in raw else raw
+        return self.state
+
+    def ended_by(self, text: str) -> bool:
+        """``text`` is a line of its own, not more of this one: it redraws nothing (no
+        ``\r``), it is not the newline that ends the bar, and the bar was not cleared for
+        it. Something else wrote on the stream while the bar was up; a terminal would glue
+        the two, a log reader wants the bar's last state and the line apart."""
+        return "\r" not in text and text != "" and bool(self.raw.replace("\r", "").strip())
+
+
 class ProgressTracker:
     """Per (rank, stream): the latest state of a line still being redrawn."""
 
     def __init__(self) -> None:
-        self.pending: dict[tuple[int, str], str] = {}
+        self.pending: dict[tuple[int, str], Redraw] = {}
 
     def feed(
         self, rank: int, stream: str, lines: Sequence[str], partial: bool
     ) -> tuple[list[str], str | None, bool]:
         """(lines to print, the latest progress state or None, whether a progress line ended).
 
-        ``partial``: the last line has no newline yet (the next frame continues it).
+        ``partial``: the last line has no newline yet (the next frame continues it). A bar
+        that other output interrupts ends at its last state, on its own line.
         """
         key = (rank, stream)
         shown: list[str] = []
@@ -42,12 +68,17 @@ class ProgressTracker:
         for index, line in enumerate(lines):
             unfinished = partial and index == len(lines) - 1
             carry = self.pending.pop(key, None) if index == 0 else None
+            if carry is not None and carry.ended_by(line):
+                shown.append(carry.state)
+                ended = True
+                carry = None
             if carry is None and "\r" not in line:
                 shown.append(line)  # a plain line, or a piece of a long one (as before)
                 continue
-            current = visible((carry or "") + line) or (carry or "")
+            redraw = carry or Redraw()
+            current = redraw.add(line)
             if unfinished:
-                self.pending[key] = current
+                self.pending[key] = redraw
                 state = current
             else:
                 shown.append(current)

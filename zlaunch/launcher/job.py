@@ -51,6 +51,7 @@ from zlaunch.launcher.state import (
     AttemptPlanned,
     CaptureStacks,
     Ending,
+    GroupReported,
     HangDue,
     HangStacksIn,
     Note,
@@ -61,6 +62,7 @@ from zlaunch.launcher.state import (
     RankStarted,
     RecordRanks,
     RequestStacks,
+    SaveAcknowledged,
     SetStatus,
     SignalRanks,
     SignalReceived,
@@ -74,6 +76,7 @@ from zlaunch.plan import Plan, build_plan
 from zlaunch.rundir.recorder import Recorder
 from zlaunch.rundir.records import FailureReport, RunStatus
 from zlaunch.spec import encode_spec, node_spec
+from zlaunch.threads import THREADS_ENV, threads_words
 
 __all__ = ["launch", "Job", "Attempt", "HEARTBEAT_TIMEOUT", "AGENT_SILENCE_TIMEOUT"]
 
@@ -178,6 +181,7 @@ class Attempt:
             master_port=master_port,
             run_id=run_id,
             attempt=self.number,
+            usable_cpus=[hello.cpus if hello else None for hello in self.hellos],
         )
         self.plan = plan
         specs = _encode_specs(plan, self.options.grace_period)
@@ -193,9 +197,13 @@ class Attempt:
         self.view.start(run_id, dict(collections.Counter(slot.host for slot in slots)))
         self._handle(AttemptPlanned(tuple(slots)))
         if self.number == 0:  # the run's id and where its logs are, as the ranks start
-            self.console.note(f"run {run_id}  logs {self.recorder.path}{self.recorder.index_error}")
+            threads = _threads_words(self.options, plan, self.hellos)
+            self.console.note(
+                f"run {run_id}  logs {self.recorder.path}{self.recorder.index_error}"
+                + (f"  threads {threads}" if threads else "")
+            )
             api = self.options.deepspeed_api
-            if api is not None:
+            if api is not None:  # which runtime serves `import deepspeed` (--runtime)
                 self.console.note(api.describe())
         for index, spec in enumerate(specs):
             if not self.links.send(index, spec):
@@ -280,6 +288,18 @@ class Attempt:
                 self.view.metrics(rank, host, row)
             elif kind == protocol.STACKS_READY:
                 self._handle(StacksReady(rank))
+            elif kind == protocol.SAVE_ACK_EVENT:
+                self._handle(SaveAcknowledged(rank))
+            elif kind == protocol.PROCESS_GROUP_EVENT and isinstance(event.get("size"), int):
+                processes = event.get("accelerate_processes")
+                self._handle(
+                    GroupReported(
+                        rank,
+                        event["size"],
+                        event.get("accelerate") is True,
+                        processes if isinstance(processes, int) else None,
+                    )
+                )
 
     def _lose_agent(self, index: int, why: str) -> None:
         tail = self.links.stderr_tail(index, 5)
@@ -384,6 +404,7 @@ class Job:
                     if self._after_unreachable(err):
                         continue
                     raise
+                self._warn(outcome)
                 if outcome.ending == Ending.SUCCEEDED:
                     self.recorder.end(RunStatus.SUCCEEDED, 0)
                     self._say_saved(attempt)
@@ -408,6 +429,7 @@ class Job:
                 failures=outcome.failures,
                 stopped_ranks=outcome.stopped_ranks,
                 log_dir=self.recorder.path,
+                warnings=outcome.warnings,
             )
             self.recorder.failure(report)
             self.console.failure_report(report)
@@ -467,6 +489,15 @@ class Job:
         self.recorder.restarting()
         return True
 
+    def _warn(self, outcome: Outcome) -> None:
+        """What the attempt's end must say whatever its outcome: in run.json and in the last
+        lines (a failure's report repeats it in failure.json)."""
+        if not outcome.warnings:
+            return
+        self.recorder.warnings(self.number, outcome.warnings)
+        for text in outcome.warnings:
+            self.console.note(f"warning: {text}", error=True)
+
     def _say_saved(self, attempt: Attempt) -> None:
         if attempt.machine.save_requested and self.first.checkpoint_dir:
             self.console.note(
@@ -499,6 +530,18 @@ def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str,
     else:
         addr = first.addr or hosts[0].name
     return addr, options.master_port or first.port
+
+
+def _threads_words(options: LaunchOptions, plan: Plan, hellos: list[frames.Hello | None]) -> str:
+    """What the start line says of OMP_NUM_THREADS: the default zlaunch set, per node."""
+    if THREADS_ENV in options.env:
+        return ""  # the user's own value: nothing to say
+    per_node = []
+    for node, hello in zip(plan.nodes, hellos, strict=True):
+        value = node.workers[0].env.get(THREADS_ENV) if node.workers else None
+        cpus = hello.cpus if hello and hello.cpus else 0
+        per_node.append((node.host.display, cpus, len(node.workers), value))
+    return threads_words(per_node)
 
 
 def _encode_specs(plan: Plan, grace: float) -> list[bytes]:

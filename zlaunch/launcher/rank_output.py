@@ -5,7 +5,6 @@ latest state) and the live view. One per attempt; the controller's thread only.
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -17,6 +16,7 @@ from zlaunch.console.progress import ProgressTracker
 from zlaunch.console.stacks import StackDumpFilter
 from zlaunch.console.terminal import Console
 from zlaunch.launcher.hang import StackCapture
+from zlaunch.launcher.rank_tail import RankTail
 
 __all__ = ["LogSink", "RankOutput", "TAIL_LINES"]
 
@@ -41,7 +41,7 @@ class RankOutput:
         self.progress = ProgressTracker()  # \r-redrawn lines (tqdm): their latest state
         self.logs: dict[int, LogSink] = {}
         self.hosts: dict[int, str] = {}
-        self.tails: dict[int, collections.deque] = {}
+        self.tails: dict[int, RankTail] = {}
         self.bars: dict[int, str] = {}
         """rank -> the latest state of its progress bar (ranks.json)."""
         self.output_at: dict[int, float] = {}
@@ -52,10 +52,11 @@ class RankOutput:
     def add_rank(self, rank: int, host: str, log: LogSink) -> None:
         self.logs[rank] = log
         self.hosts[rank] = host
-        self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
+        self.tails[rank] = RankTail(TAIL_LINES)
 
     def tail(self, rank: int) -> tuple[str, ...]:
-        return tuple(self.tails.get(rank, ()))
+        tail = self.tails.get(rank)
+        return tail.lines() if tail is not None else ()
 
     def lines(self, rank: int, stream: str, lines: Sequence[str], partial: bool) -> None:
         """One OUT frame: ``partial``, the last line continues in the next frame."""
@@ -64,7 +65,7 @@ class RankOutput:
             return
         data = b"\n".join(frames.line_bytes(line) for line in lines)
         log.write(data if partial else data + b"\n")  # the log keeps the worker's bytes
-        self.tails[rank].extend(lines[-TAIL_LINES:])
+        self.tails[rank].add(stream, lines, partial)
         shown, bar, ended = self.progress.feed(rank, stream, lines, partial)
         self._seen(rank, stream, bar, ended)
         shown, first_hidden = self.noise.keep(shown)

@@ -19,6 +19,7 @@ stop's own doing and are not recorded as failures.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 import signal
@@ -27,18 +28,22 @@ from dataclasses import dataclass, field
 
 from zlaunch import frames, protocol
 from zlaunch.exhaustive import assert_never
+from zlaunch.launcher.world_check import GroupReport, alone_warning
 from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import Failure, RankPhase, RankRow, RunStatus
 
 __all__ = [
     "EXIT_LOST_AGENT",
     "STOP_SLACK",
+    "SAVE_ACK_WAIT",
     "RankSlot",
     "RankState",
     "AttemptPlanned",
     "RankStarted",
     "RankExited",
     "StacksReady",
+    "SaveAcknowledged",
+    "GroupReported",
     "StepReached",
     "AgentCutOff",
     "AgentLost",
@@ -67,6 +72,8 @@ __all__ = [
 EXIT_LOST_AGENT = 1
 STOP_SLACK = 5.0
 """After a stop, how long past the grace period to wait for agents before dropping them."""
+SAVE_ACK_WAIT = 5.0
+"""After asking the ranks to save, how long before saying that none of them answers."""
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -142,6 +149,23 @@ class StacksReady:
 
 
 @dataclass(frozen=True)
+class SaveAcknowledged:
+    """The rank heard the save signal and will save at its next step (the runtime says so)."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class GroupReported:
+    """The rank's script ended having joined a default process group of ``size`` (0: none)."""
+
+    rank: int
+    size: int
+    accelerate: bool = False
+    accelerate_processes: int | None = None
+
+
+@dataclass(frozen=True)
 class StepReached:
     step: int
 
@@ -202,6 +226,8 @@ AttemptEvent = (
     | RankStarted
     | RankExited
     | StacksReady
+    | SaveAcknowledged
+    | GroupReported
     | StepReached
     | AgentCutOff
     | AgentLost
@@ -280,6 +306,8 @@ class Outcome:
     failures: tuple[Failure, ...] = ()
     stopped_ranks: tuple[int, ...] = ()
     summary: str = ""
+    warnings: tuple[str, ...] = ()
+    """What the job's end must say even when it succeeded (ranks that ran alone)."""
 
     @property
     def status(self) -> RunStatus:
@@ -402,7 +430,11 @@ class AttemptMachine:
         self.interrupt: int | None = None
         self.sigint_count = 0
         self.save_requested = False
+        self.save_asked_at: float | None = None
+        """When the ranks were asked to save; None once one answered or the silence was said."""
         self.hang_capture = False
+        self.groups: dict[int, GroupReport] = {}
+        """Per rank, the process group its script joined (zlaunch/launcher/world_check.py)."""
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -425,6 +457,10 @@ class AttemptMachine:
                 return self._on_RankStarted(event, now)
             case StacksReady():
                 return self._on_StacksReady(event, now)
+            case SaveAcknowledged():
+                return self._on_SaveAcknowledged(event, now)
+            case GroupReported():
+                return self._on_GroupReported(event, now)
             case StepReached():
                 return self._on_StepReached(event, now)
             case RankExited():
@@ -461,6 +497,18 @@ class AttemptMachine:
             return []
         state.stacks = True
         return [RecordRanks()]
+
+    def _on_SaveAcknowledged(self, event: SaveAcknowledged, now: float) -> list[Action]:
+        if event.rank in self.ranks:
+            self.save_asked_at = None  # someone saves: the runtime makes every rank join it
+        return []
+
+    def _on_GroupReported(self, event: GroupReported, now: float) -> list[Action]:
+        if event.rank in self.ranks:
+            self.groups[event.rank] = GroupReport(
+                event.size, event.accelerate, event.accelerate_processes
+            )
+        return []
 
     def _on_StepReached(self, event: StepReached, now: float) -> list[Action]:
         self.ranks.last_step = event.step
@@ -527,6 +575,9 @@ class AttemptMachine:
         return self._stop(self.policy.grace, now)
 
     def _on_Tick(self, event: Tick, now: float) -> list[Action]:
+        if self._save_unanswered(now):
+            self.save_asked_at = None
+            return [Note(self._unanswered_save_words(), error=True)]
         if not self.stopping or now - self.stop_started <= self.stop_grace + STOP_SLACK:
             return []
         actions: list[Action] = []
@@ -545,13 +596,14 @@ class AttemptMachine:
     def _on_SignalReceived(self, event: SignalReceived, now: float) -> list[Action]:
         signum = event.signum
         if signum == self.policy.save_signal:  # --save-on: every rank saves, then exits 0
-            return self._forward_save(signum)
+            return self._forward_save(signum, now)
         if signum == protocol.STACKS_SIGNAL:  # `zlaunch stacks`
             return self._request_stacks(_STACKS_WORDS)
         if signum == signal.SIGINT:
             self.sigint_count += 1
             if self._saves_on_ctrl_c():
                 self.save_requested = True
+                self.save_asked_at = now
                 return [
                     Note(
                         "Ctrl-C: every rank saves a checkpoint at its next step, then exits "
@@ -586,13 +638,14 @@ class AttemptMachine:
         actions.append(StopRanks(grace))
         return actions
 
-    def _forward_save(self, signum: int) -> list[Action]:
+    def _forward_save(self, signum: int, now: float) -> list[Action]:
         name = signal_name(signum)
         if not self.policy.checkpoint_dir:
             return [Note(f"{name} ignored: no --checkpoint-dir to save to", error=True)]
         if self.stopping or self.save_requested:
             return []
         self.save_requested = True
+        self.save_asked_at = now
         return [
             Note(f"{name}: every rank saves a checkpoint at its next step, then exits"),
             SignalRanks(signum),
@@ -608,6 +661,28 @@ class AttemptMachine:
             and self.policy.checkpoint_dir
             and self.policy.save_signal is not None
             and self.phase is RunStatus.RUNNING
+        )
+
+    def _save_unanswered(self, now: float) -> bool:
+        """Asked to save SAVE_ACK_WAIT ago, no rank answered, and the job still runs."""
+        return (
+            self.save_asked_at is not None
+            and not self.stopping
+            and now - self.save_asked_at >= SAVE_ACK_WAIT
+        )
+
+    def _unanswered_save_words(self) -> str:
+        name = signal_name(self.policy.save_signal)
+        again = (
+            f"Ctrl-C again stops every rank without a checkpoint (TERM, then KILL after "
+            f"{self.policy.grace:g} s)"
+            if self.sigint_count
+            else "Ctrl-C stops every rank without a checkpoint"
+        )
+        return (
+            f"no rank answered the save request in {SAVE_ACK_WAIT:g} s: this script does not "
+            f"handle {name} (runtime.initialize jobs do; a script can save on it itself, see "
+            f"README 'Saving from your own script'); training goes on; {again}"
         )
 
     def _no_save_words(self) -> str:
@@ -638,6 +713,13 @@ class AttemptMachine:
     def outcome(self, ended_by_scheduler: str | None = None) -> Outcome:
         """How the attempt ended, once every agent is done. ``ended_by_scheduler``: Slurm's
         word that it ended the job (the ranks died of its SIGTERM: not a crash)."""
+        outcome = self._ending(ended_by_scheduler)
+        alone = alone_warning(self.groups, len(self.ranks))
+        if alone is None:
+            return outcome
+        return dataclasses.replace(outcome, warnings=(*outcome.warnings, alone))
+
+    def _ending(self, ended_by_scheduler: str | None) -> Outcome:
         if ended_by_scheduler is not None and (self.failures or self.interrupt is not None):
             return Outcome(
                 Ending.INTERRUPTED,

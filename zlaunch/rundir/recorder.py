@@ -119,6 +119,16 @@ class Recorder:
 
         self._guarded("run.json", write)
 
+    def warnings(self, attempt: int, texts: Sequence[str]) -> None:
+        """run.json's "warnings": what an attempt's end said beside its outcome."""
+
+        def write() -> None:
+            kept = list(self.run_dir.record().get("warnings") or [])
+            kept += [{"attempt": attempt, "text": text} for text in texts]
+            self.run_dir.update(warnings=kept)
+
+        self._guarded("run.json", write)
+
     def end(self, status: RunStatus, code: int, error: str | None = None) -> None:
         """The run's end (once: a later call keeps the first end)."""
 

@@ -207,8 +207,11 @@ class FailureReport:
     """Ranks that did not fail themselves but were stopped by zlaunch."""
     log_dir: str | None = None
     reason: str = field(default=REASON_RANK_FAILED)
+    warnings: tuple[str, ...] = ()
+    """What else the attempt's end said (ranks that never joined the job's process group)."""
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"warnings": list(self.warnings)} if self.warnings else {}
         return {
             "run_id": self.run_id,
             "reason": self.reason,
@@ -218,6 +221,7 @@ class FailureReport:
             "failures": [f.to_json() for f in self.failures],
             "stopped_ranks": list(self.stopped_ranks),
             "log_dir": self.log_dir,
+            **extra,
         }
 
     @classmethod
@@ -232,4 +236,5 @@ class FailureReport:
             stopped_ranks=tuple(data.get("stopped_ranks") or ()),
             log_dir=data.get("log_dir"),
             reason=str(data.get("reason") or REASON_RANK_FAILED),
+            warnings=tuple(str(w) for w in data.get("warnings") or ()),
         )

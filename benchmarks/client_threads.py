@@ -1,4 +1,4 @@
-"""A nanoGPT-shaped DDP script (tests/clients/tiny_gpt_ddp.py) under torchrun and zlaunch, side by
+"""A nanoGPT-shaped DDP script (tests/integration/clients/tiny_gpt_ddp.py) under torchrun and zlaunch, side by
 side: per-step losses (bit for bit) and step time, with zlaunch's thread default and without it.
 
     python benchmarks/client_threads.py [--rounds 3] [--ranks 2] [--steps 10]

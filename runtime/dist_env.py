@@ -32,6 +32,7 @@ import datetime
 import enum
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -140,7 +141,7 @@ def slurm_port(job_id: int, step_id: int = 0) -> int:
 def _from_env(env: Mapping[str, str]) -> World:
     world_size = _int(env, "WORLD_SIZE")
     rank = _int(env, "RANK")
-    local_rank = _int(env, "LOCAL_RANK", 0)
+    local_rank = _count(env, "LOCAL_RANK", 0)
     if (
         world_size == 1
         and rank in (None, 0)
@@ -161,7 +162,7 @@ def _from_env(env: Mapping[str, str]) -> World:
         world_size,
         local_rank,
         env["MASTER_ADDR"],
-        _int(env, "MASTER_PORT"),
+        _master_port(env),
         note=f"rank {rank} of {world_size} from RANK/WORLD_SIZE",
     )
 
@@ -209,7 +210,7 @@ def _from_mpi(
 ) -> World:
     what = names.launcher.value
     size, rank = _int(env, names.size), _int(env, names.rank)
-    local_rank = _int(env, names.local_rank)
+    local_rank = _count(env, names.local_rank)
     if size is None:
         raise DistInitError(
             f"{what}: {names.rank} is set but {names.size} is not, so the world size is "
@@ -264,7 +265,7 @@ def _from_slurm(env: Mapping[str, str]) -> World:
         return World(Launcher.SLURM, 0, 1, 0, note=f"{what}: one task")
     size_var = size_var or "SLURM_NTASKS"
     _require(what, size, size_var, rank=("SLURM_PROCID", rank))
-    local_rank = _int(env, "SLURM_LOCALID")
+    local_rank = _count(env, "SLURM_LOCALID")
     _require(what, size, size_var, rank=("SLURM_LOCALID", local_rank))
     assert rank is not None and local_rank is not None
     _check_rank(rank, size, "SLURM_PROCID", size_var)
@@ -326,7 +327,7 @@ def _slurm_master_addr(env: Mapping[str, str], what: str, task: str) -> tuple[st
 
 def _slurm_master_port(env: Mapping[str, str], what: str) -> tuple[int, str]:
     """MASTER_PORT, else `slurm_port` of the job and step ids."""
-    port = _int(env, "MASTER_PORT")
+    port = _master_port(env)
     if port is not None:
         return port, "MASTER_PORT"
     job_id = _int(env, "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID")
@@ -335,9 +336,9 @@ def _slurm_master_port(env: Mapping[str, str], what: str) -> tuple[int, str]:
             f"{what}: SLURM_JOB_ID is not set, so no port can be derived from it; set MASTER_PORT"
         )
     step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
-    return slurm_port(
-        job_id, int(step) if step.isdigit() else 0
-    ), "from SLURM_JOB_ID and SLURM_STEP_ID"
+    # "batch" and "extern" steps have names, not numbers: they count as step 0
+    step_id = int(step) if _DECIMAL.fullmatch(step) else 0
+    return slurm_port(job_id, step_id), "from SLURM_JOB_ID and SLURM_STEP_ID"
 
 
 def _slurm_agrees_with_pmi(env: Mapping[str, str]) -> bool:
@@ -371,9 +372,8 @@ def _mpi_master_addr(
 
 
 def _port(env: Mapping[str, str], job_var: str | None) -> tuple[int, str]:
-    if env.get("MASTER_PORT"):
-        port = _int(env, "MASTER_PORT")
-        assert port is not None
+    port = _master_port(env)
+    if port is not None:
         return port, "MASTER_PORT"
     job = _int(env, job_var) if job_var else None
     if job is not None:
@@ -403,15 +403,37 @@ def _present(env: Mapping[str, str], *names: str) -> bool:
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    """An integer variable: ASCII digits (``²`` or 5,000 digits are not a rank), else None
+    for unset or blank, else DistInitError naming it."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
+    text = raw.strip()
+    if not _INTEGER.fullmatch(text):
         raise DistInitError(
-            f"environment variable {name} must be an integer, got {raw!r}"
+            f"environment variable {name} must be an integer, got {raw[:40]!r}"
         ) from None
+    return int(text)
+
+
+def _count(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    """A rank or index variable: an integer >= 0."""
+    value = _int(env, name, default)
+    if value is not None and value < 0:
+        raise DistInitError(f"environment variable {name} must be 0 or more, got {value}")
+    return value
+
+
+def _master_port(env: Mapping[str, str]) -> int | None:
+    """MASTER_PORT as a TCP port (1-65535), None when unset or blank."""
+    port = _int(env, "MASTER_PORT")
+    if port is not None and not 1 <= port <= 65535:
+        raise DistInitError(f"MASTER_PORT must be a TCP port (1-65535), got {port}")
+    return port
+
+
+_INTEGER = re.compile(r"[-+]?[0-9]{1,18}")
+_DECIMAL = re.compile(r"[0-9]{1,18}")
 
 
 def _env_int(name: str, default: int | None = None) -> int | None:

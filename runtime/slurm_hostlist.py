@@ -23,6 +23,10 @@ __all__ = ["HostlistError", "MAX_HOSTS", "compress", "expand", "first_host"]
 
 #: Expanding more names than this is refused (a typo like ``n[0-999999999]`` must not eat memory).
 MAX_HOSTS = 1 << 20
+#: A host name longer than DNS allows is no host; with MAX_HOSTS it bounds the memory used.
+MAX_NAME = 255
+#: Digits of one number in brackets (int() refuses 4,300+ of them, and no host needs 19).
+MAX_DIGITS = 18
 
 _SEPARATORS = ", \t\n"
 _NUMBER = re.compile(r"[0-9]+")
@@ -140,6 +144,8 @@ def _parse_group(body: str, entry: str, text: str) -> Group:
     ranges: Group = []
     for item in body.split(","):
         lo, dash, hi = item.partition("-")
+        if len(lo) > MAX_DIGITS or len(hi) > MAX_DIGITS:
+            raise HostlistError(f"{where}: {_show(item)} has more than {MAX_DIGITS} digits")
         if not _NUMBER.fullmatch(lo) or (dash and not _NUMBER.fullmatch(hi)):
             raise HostlistError(
                 f"{where}: {_show(item)} is not a number or a range lo-hi of numbers "
@@ -167,6 +173,14 @@ def _values(group: Group, where: str) -> list[str]:
 def _expand_entry(entry: str, text: str) -> list[str]:
     where = f"hostlist {_show(text)}: {_show(entry)}"
     parts = _groups(entry, text)
+    longest = sum(
+        len(part) if isinstance(part, str) else max(max(w, len(str(hi))) for _, hi, w in part)
+        for part in parts
+    )
+    if longest > MAX_NAME:
+        raise HostlistError(
+            f"{where} makes host names of {longest} characters (at most {MAX_NAME})"
+        )
     count = 1
     for part in parts:
         if not isinstance(part, str):

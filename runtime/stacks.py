@@ -41,5 +41,5 @@ def install(environ: dict[str, str] | None = None) -> bool:
 
     sink = EventSink(environ)
     if sink.fd is not None:  # only zlaunch's agent reads it
-        sink.emit({"kind": STACKS_READY})
+        sink.emit({"kind": STACKS_READY, "pid": os.getpid()})  # the one to signal
     return True

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import InvalidValueError
+
 __all__ = ["TrainCounters"]
 
 
@@ -35,14 +37,18 @@ class TrainCounters:
         Raises ValueError naming the counter when one is not a non-negative integer; nothing
         is changed then."""
         if not isinstance(state, dict):
-            raise ValueError(f"counters must be a mapping, got {type(state).__name__}")
+            raise InvalidValueError(f"counters must be a mapping, got {type(state).__name__}")
         known = {f.name for f in dataclasses.fields(self)}
         values = {}
         for name, value in state.items():
             if name not in known:
-                raise ValueError(f"unknown counter {name!r} (expected one of {sorted(known)})")
+                raise InvalidValueError(
+                    f"unknown counter {name!r} (expected one of {sorted(known)})"
+                )
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"counter {name!r} must be a non-negative integer, got {value!r}")
+                raise InvalidValueError(
+                    f"counter {name!r} must be a non-negative integer, got {value!r}"
+                )
             values[name] = value
         for name, value in values.items():
             setattr(self, name, value)

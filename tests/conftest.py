@@ -3,10 +3,36 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from tests.cluster import Cluster, unavailable_reason
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "cluster")
+"""tests/<tier>/...: unit (no process, no process group: seconds), integration (local launches,
+gloo multi-rank), cluster (real sshd hosts, Slurm, faults, the model zoo). `-m unit` etc. select
+a tier; the mark comes from the folder, so it cannot drift from where a test lives."""
+
+
+def pytest_collection_modifyitems(config, items):
+    misplaced = []
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
+        tier = parts[0] if parts and parts[0] in TIERS else None
+        if tier is None:
+            misplaced.append(
+                f"{item.nodeid}: not under tests/unit, tests/integration or tests/cluster"
+            )
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if "cluster" in getattr(item, "fixturenames", ()) and tier != "cluster":
+            misplaced.append(
+                f"{item.nodeid}: uses the cluster fixture; it belongs in tests/cluster"
+            )
+    if misplaced:
+        raise pytest.UsageError("tests outside their tier:\n  " + "\n  ".join(misplaced))
 
 
 @pytest.fixture(scope="session", autouse=True)

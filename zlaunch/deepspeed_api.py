@@ -32,11 +32,12 @@ __all__ = [
 RUNTIME_CHOICES = ("auto", "bundled", "deepspeed")
 
 # Run by the job's interpreter: where a real `deepspeed` would import from (nothing is
-# imported: find_spec only locates it), and its distribution version. A `deepspeed` found in
-# the bundled directory (a PYTHONPATH the user set) is not a real one.
+# imported: find_spec only locates it), and its distribution version. The bundled directory
+# (on a PYTHONPATH the user set) is skipped: zlaunch itself decides whether workers get it.
 _PROBE = """
 import importlib.util, importlib.metadata, os, sys
 bundled = sys.argv[1]
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != bundled]
 spec = importlib.util.find_spec("deepspeed")
 origin = getattr(spec, "origin", None) or ""
 if spec is None or os.path.dirname(os.path.dirname(os.path.abspath(origin))) == bundled:
@@ -110,11 +111,12 @@ def choose(requested: str, installed: Installed | None, path: str) -> DeepSpeedA
 
 def find_installed(python: str, environ: dict[str, str] | None = None) -> Installed | None:
     """The real DeepSpeed that ``python`` (the job's interpreter, with the workers' PYTHONPATH)
-    would import, or None. zlaunch's own interpreter with its own PYTHONPATH answers in this
-    process; another one is asked in a subprocess (its site-packages are what workers see)."""
+    would import, or None. For zlaunch's own interpreter the answer is found in this process
+    (its site-packages plus the workers' PYTHONPATH, searched without importing anything);
+    another interpreter is asked in a subprocess (its site-packages are what workers see)."""
     env = dict(os.environ if environ is None else environ)
-    if python == sys.executable and env.get("PYTHONPATH") == os.environ.get("PYTHONPATH"):
-        return _parse(_probe_here(bundled_path()))
+    if python == sys.executable:
+        return _parse(_probe_here(bundled_path(), _worker_search_path(env.get("PYTHONPATH"))))
     try:
         done = subprocess.run(
             [python, "-c", _PROBE, bundled_path()],
@@ -140,19 +142,29 @@ def find_installed(python: str, environ: dict[str, str] | None = None) -> Instal
     return _parse(answer[0])
 
 
-def _probe_here(bundled: str) -> str:
-    """`_PROBE`'s answer for this interpreter, without a subprocess."""
-    import importlib.metadata
-    import importlib.util
+def _worker_search_path(pythonpath: str | None) -> list[str]:
+    """The import path a worker of this interpreter gets: its PYTHONPATH, then this
+    interpreter's own entries (sys.path without zlaunch's script directory and without the
+    entries zlaunch's own PYTHONPATH added)."""
+    own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    given = [p for p in (pythonpath or "").split(os.pathsep) if p]
+    rest = [p for p in sys.path[1:] if p and os.path.abspath(p) not in own]
+    bundled = bundled_path()
+    return [p for p in [*given, *rest] if os.path.abspath(p) != bundled]
 
-    spec = importlib.util.find_spec("deepspeed")
+
+def _probe_here(bundled: str, search_path: list[str]) -> str:
+    """`_PROBE`'s answer for this interpreter and ``search_path``, without a subprocess and
+    without importing anything."""
+    import importlib.machinery
+    import importlib.metadata
+
+    spec = importlib.machinery.PathFinder.find_spec("deepspeed", search_path)
     origin = getattr(spec, "origin", None) or ""
     if spec is None or os.path.dirname(os.path.dirname(os.path.abspath(origin))) == bundled:
         return "none"
-    try:
-        version = importlib.metadata.version("deepspeed")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown version"
+    found = next(iter(importlib.metadata.distributions(name="deepspeed", path=search_path)), None)
+    version = found.version if found is not None else "unknown version"
     return version + "\t" + os.path.dirname(origin)
 
 
@@ -164,9 +176,13 @@ def _parse(answer: str) -> Installed | None:
 
 
 def worker_pythonpath(api: DeepSpeedApi, current: str | None) -> str | None:
-    """The workers' PYTHONPATH: the bundled directory first when it serves the API."""
-    if api.kind != "bundled":
-        return current
-    assert api.path is not None
-    parts = [p for p in (current or "").split(os.pathsep) if p and p != api.path]
-    return os.pathsep.join([api.path, *parts])
+    """The workers' PYTHONPATH: the bundled directory first when it serves the API, and not
+    at all when the installed DeepSpeed does (a PYTHONPATH naming it would shadow the runtime
+    the start line names)."""
+    bundled = api.path or bundled_path()
+    parts = [p for p in (current or "").split(os.pathsep) if p and os.path.abspath(p) != bundled]
+    if api.kind == "bundled":
+        return os.pathsep.join([bundled, *parts])
+    if current is None:
+        return None
+    return os.pathsep.join(parts)

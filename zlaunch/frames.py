@@ -48,6 +48,7 @@ secrets) and goes on with the next one.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Union
@@ -135,6 +136,16 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
 
 
+def _is_finite_number(value: Any) -> bool:
+    """A JSON number that is a finite float: an integer of 400 digits would overflow float()."""
+    if _is_int(value):
+        return abs(value) <= _FLOAT_MAX
+    return isinstance(value, float) and math.isfinite(value)
+
+
+_FLOAT_MAX = 1e308
+
+
 def _list_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda value: isinstance(value, list) and all(test(item) for item in value)
 
@@ -149,7 +160,7 @@ def _nullable(kind: _Type) -> _Type:
 
 
 _INT = _Type("an integer", _is_int)
-_NUMBER = _Type("a number", lambda v: _is_int(v) or isinstance(v, float), lambda v, _w: float(v))
+_NUMBER = _Type("a number (finite)", _is_finite_number, lambda v, _w: float(v))
 _STR = _Type("a string", lambda v: isinstance(v, str))
 _TRUE = _Type("true", lambda v: v is True)
 _STREAM = _Type(f"{STDOUT!r} or {STDERR!r}", lambda v: v in (STDOUT, STDERR))

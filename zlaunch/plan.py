@@ -189,10 +189,13 @@ def _run_env(options: LaunchOptions, run_id: str, attempt: int) -> dict[str, str
     if collective_timeout is not None:
         env[protocol.COLLECTIVE_TIMEOUT_ENV] = f"{collective_timeout:g}"
     api = getattr(options, "deepspeed_api", None)
-    if api is not None and api.kind == "bundled":  # `import deepspeed` -> the runtime
+    if api is not None:  # `import deepspeed` -> the runtime --runtime chose
         from zlaunch.deepspeed_api import worker_pythonpath
 
-        env["PYTHONPATH"] = worker_pythonpath(api, options.env.get("PYTHONPATH"))
+        current = options.env.get("PYTHONPATH")
+        path = worker_pythonpath(api, current)
+        if path != current and path is not None:
+            env["PYTHONPATH"] = path
     return env
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "RESUME_ENV",
     "SAVE_ON_ENV",
     "TOTAL_STEPS_ENV",
+    "JOB_TAG_ENV",
     "JOB_ENV_NAMES",
     "SALLOC_ENV",
     "COLLECTIVE_TIMEOUT_ENV",
@@ -89,6 +90,9 @@ RUN_ID_ENV = "ZLAUNCH_RUN_ID"
 ATTEMPT_ENV = "ZLAUNCH_ATTEMPT"
 CONFIG_ENV = "ZLAUNCH_CONFIG"  # absolute path of the validated training config
 EVENTS_FD_ENV = "ZLAUNCH_EVENTS_FD"  # write end of the pipe for JSON-line events
+# Set by the agent for every worker, inherited by all they start: the agent finds (and ends)
+# what a worker left behind, even outside its process group (zlaunch/agent/procs.py).
+JOB_TAG_ENV = "ZLAUNCH_JOB_TAG"
 CHECKPOINT_DIR_ENV = "ZLAUNCH_CHECKPOINT_DIR"
 RESUME_ENV = "ZLAUNCH_RESUME"  # "1": load the latest checkpoint at initialize
 SAVE_ON_ENV = "ZLAUNCH_SAVE_ON"  # signal name: save at the next step and exit 0
@@ -122,6 +126,7 @@ JOB_ENV_NAMES = frozenset(
         ATTEMPT_ENV,
         CONFIG_ENV,
         EVENTS_FD_ENV,
+        JOB_TAG_ENV,
         CHECKPOINT_DIR_ENV,
         RESUME_ENV,
         SAVE_ON_ENV,

@@ -7,13 +7,19 @@ Two rules, for two audiences:
   :data:`RECORDED_PREFIXES` (what zlaunch sets, and search paths and communication tuning);
   every other value is written as ``<not recorded>``. Names are always recorded.
 * ``--dry-run`` shows the user their own plan, so it shows values, except those that look
-  secret: a name holding TOKEN, SECRET, PASSWORD, PASSWD, PASS, PWD, KEY, PAT, AUTH, BEARER,
-  CREDENTIAL, COOKIE, SESSION, SIGNATURE or PRIVATE (PAT as a word: GH_PAT, not PATH), a value that starts like a well-known
-  token (``ghp_``, ``hf_``, ``sk-``, ``AKIA`` ...), and the password inside a URL
-  (``postgres://user:<redacted>@host``).
+  secret: a name holding TOKEN, SECRET, PASSWORD, PASSWD, PASS, PWD, KEY, PAT, TOK, SIG, AUTH,
+  BEARER, CREDENTIAL, COOKIE, SESSION, SIGNATURE or PRIVATE (PAT, TOK and SIG as words: GH_PAT,
+  not PATH), and inside any value: a token of a well-known shape (``hf_`` and 30+ letters,
+  ``ghp_``..., ``sk-``..., ``AKIA``..., a JWT, 32+ hex digits, 32+ random letters and digits),
+  the password of a URL (``postgres://user:<redacted>@host``, a ``/`` or ``@`` in it too), the
+  secret path of a Slack or Discord webhook, and secret-named ``name=value`` pairs
+  (``AccountKey=`` of a connection string, ``sig=`` of a SAS URL).
+* run.json applies the same rules on top of its allow-list: an allowed prefix does not make
+  ``NCCL_IB_TOKEN`` safe to write.
 
 Program arguments get the same treatment in both places: ``--api-token=X``, ``--password X``
-(any flag whose name looks secret) and URL passwords are redacted.
+(any flag whose name looks secret) and the value rules above. A script or config path
+(``hf_trainer.py``) is never taken for a secret.
 """
 
 from __future__ import annotations
@@ -43,36 +49,71 @@ RECORDED_ENV = protocol.JOB_ENV_NAMES | {"PATH", "LD_LIBRARY_PATH", "PYTHONPATH"
 RECORDED_PREFIXES = ("NCCL_", "GLOO_", "OMP_")
 
 _SECRET_NAME = re.compile(
-    r"TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|KEY|(?:^|[_-])PAT(?:$|[_-])|AUTH|BEARER|CREDENTIAL"
-    r"|COOKIE|SESSION|SIGNATURE|PRIVATE",
+    r"TOKEN|SECRET|PASSWORD|PASSWD|PASS|PWD|KEY|(?:^|[_-])(?:PAT|TOK|SIG)(?:$|[_-])|AUTH|BEARER"
+    r"|CREDENTIAL|COOKIE|SESSION|SIGNATURE|PRIVATE",
     re.IGNORECASE,
 )
-# Well-known credential formats, whatever the variable or flag is called.
-_SECRET_VALUE = re.compile(
-    r"^(ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|hf_|sk-|sk_live_|rk_live_|xox[abposr]-"
-    r"|AKIA|ASIA|AIza|ya29\.|eyJ[A-Za-z0-9_-]{8,}\.)"
+# Well-known credential formats, matched by their shape (prefix, alphabet and length), never
+# by a prefix alone: ``hf_trainer.py`` is a script, ``hf_`` + 34 letters is a token.
+_TOKEN_SHAPES = (
+    r"gh[pousr]_[A-Za-z0-9]{30,}",
+    r"github_pat_[A-Za-z0-9_]{30,}",
+    r"glpat-[A-Za-z0-9_-]{20,}",
+    r"hf_[A-Za-z0-9]{30,}",
+    r"sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}",
+    r"[sr]k_(?:live|test)_[A-Za-z0-9]{20,}",
+    r"xox[abposr]-[A-Za-z0-9-]{10,}",
+    r"(?:AKIA|ASIA)[A-Z0-9]{16}",
+    r"AIza[A-Za-z0-9_-]{35}",
+    r"ya29\.[A-Za-z0-9_.-]{20,}",
+    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",  # a JWT
+    r"[0-9a-fA-F]{32,}",  # a hex key (``-t 3f9a...``): 128 bits or more
+    # 32+ letters and digits of both cases, no separators: random, not a word or a name
+    r"(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])[A-Za-z0-9]{32,}",
 )
-# scheme://user:password@host -> the password part.
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+(?=@)")
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_.-])(?:" + "|".join(_TOKEN_SHAPES) + r")(?![A-Za-z0-9_-])")
+# scheme://user:password@host -> the password part; it may hold '/' or '@' itself, so it runs
+# to the last '@' of the argument (over-hiding a path with an '@' is the safe side).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*:)[^\s]+(?=@)")
+# name=value inside a longer text: a connection string's AccountKey=...;, a URL's &sig=...
+_SECRET_PAIR = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_.-]*)=(?P<value>[^;&\s]+)")
+# Webhook URLs carry their secret in the path.
+_WEBHOOK = re.compile(
+    r"(?P<head>https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
+    r"|(?:[a-z]+\.)?discord(?:app)?\.com/api/webhooks/))[^\s?#]+"
+)
+# An argument with one of these endings names a file (a script, a config): never a secret.
+_FILE_ENDINGS = (".py", ".sh", ".ipynb", ".yaml", ".yml", ".json", ".toml", ".cfg", ".txt")
 
 
 def recorded_env_value(name: str, value: str) -> str:
-    """The value run.json may hold for ``name``: the value if allow-listed, else a marker."""
-    if name in RECORDED_ENV or name.startswith(RECORDED_PREFIXES):
-        return value
-    return NOT_RECORDED
+    """The value run.json may hold for ``name``: the value if allow-listed (and not secret by
+    name or content, as --dry-run decides), else a marker."""
+    if name not in RECORDED_ENV and not name.startswith(RECORDED_PREFIXES):
+        return NOT_RECORDED
+    if name not in protocol.JOB_ENV_NAMES and _SECRET_NAME.search(name):
+        return NOT_RECORDED  # NCCL_IB_TOKEN: an allowed prefix does not make a secret safe
+    return redact_text(value)
 
 
 def redact_text(value: str) -> str:
-    """A value with the secrets it visibly holds removed (token formats, URL passwords)."""
-    if _SECRET_VALUE.match(value):
-        return REDACTED
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, value)
+    """A value with the secrets it visibly holds removed: token shapes, URL passwords,
+    webhook paths and secret-named ``name=value`` pairs inside it."""
+    value = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, value)
+    value = _WEBHOOK.sub(lambda m: m.group("head") + REDACTED, value)
+    value = _SECRET_PAIR.sub(_pair, value)
+    return _TOKEN.sub(REDACTED, value)
+
+
+def _pair(match: re.Match[str]) -> str:
+    if _SECRET_NAME.search(match.group("name")) or match.group("name").lower() == "sig":
+        return f"{match.group('name')}={REDACTED}"
+    return match.group(0)
 
 
 def shown_env_value(name: str, value: str) -> str:
     """The value --dry-run shows for ``name``."""
-    if _SECRET_NAME.search(name):
+    if name not in protocol.JOB_ENV_NAMES and _SECRET_NAME.search(name):
         return REDACTED
     return redact_text(value)
 
@@ -94,6 +135,9 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             else:
                 out.append(arg)
                 hide_next = True
+            continue
+        if not is_flag and "://" not in arg and arg.endswith(_FILE_ENDINGS):
+            out.append(arg)  # a script or config path (hf_trainer.py) is never a secret
             continue
         out.append(redact_text(arg))
     return out

@@ -40,7 +40,9 @@ def arm_stacks(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     fd = environ.get(EVENTS_FD_ENV, "")
     if fd.isdigit():
         try:
-            os.write(int(fd), json.dumps({"kind": STACKS_READY}).encode() + b"\n")
+            os.write(
+                int(fd), json.dumps({"kind": STACKS_READY, "pid": os.getpid()}).encode() + b"\n"
+            )
         except OSError:
             pass
     return True

@@ -23,6 +23,7 @@ import torch
 from ..train_counters import TrainCounters
 from . import jsonable
 from .errors import CheckpointError
+from .load_checks import check_like, check_optimizer_values, check_rng_state
 from .module_state import gather_extra, is_frozen_parameter, load_extra, module_tensors
 from .optimizer_state import check_saved_optimizer, load_optimizer_state, saved_optimizer
 from .pieces import PARAM, StagedRange, rank_pieces, stage_pieces
@@ -217,18 +218,33 @@ def _stage(engine, reader: CheckpointReader, request: LoadRequest) -> _Staged:
         )
     _, wanted = module_tensors(engine.module, set(trained))
     extra = {n: reader.read_extra(n) for n in wanted if n in reader.extra}
-    # Decoded now, before the agreement: a malformed entry must fail every rank together,
-    # not one rank after the others moved on.
-    for key in ("client_state", "lr_scheduler", "loss_scaler"):
-        reader.state(key)
-    try:  # the counters are checked on a scratch copy: nothing of the engine changes yet
-        TrainCounters().load_state_dict(reader.state("counters") or {})
-    except ValueError as err:
-        raise CheckpointError(f"{reader.manifest_path}: {err}") from None
-    reader.rank_state(engine.comm.rank % reader.world_size)
+    # Decoded and checked now, before the agreement: a malformed entry must fail every rank
+    # together, before anything in the engine changed (load_checks.py).
+    _check_json_state(engine, reader, request, optimizer)
     if request.module_strict:
         _check_extra(reader, extra, wanted)
     return _Staged(reader, masters, optimizer, extra)
+
+
+def _check_json_state(engine, reader: CheckpointReader, request: LoadRequest, optimizer) -> None:
+    where = reader.manifest_path
+    for key in ("client_state", "lr_scheduler", "loss_scaler"):
+        reader.state(key)  # decodes, or CheckpointError
+    try:  # the counters are checked on a scratch copy: nothing of the engine changes yet
+        TrainCounters().load_state_dict(reader.state("counters") or {})
+    except ValueError as err:
+        raise CheckpointError(f"{where}: {err}") from None
+    check_rng_state(reader.rank_state(engine.comm.rank % reader.world_size), f"{where}: rank_state")
+    if request.module_only:
+        return
+    sched, saved = engine.lr_scheduler, reader.state("lr_scheduler")
+    if request.with_scheduler and saved is not None and hasattr(sched, "state_dict"):
+        check_like(saved, sched.state_dict(), f"{where}: lr_scheduler")
+    scaler = engine.precision.state_dict()
+    if scaler is not None and reader.state("loss_scaler") is not None:
+        check_like(reader.state("loss_scaler"), scaler, f"{where}: loss_scaler", required=True)
+    if optimizer is not None:
+        check_optimizer_values(*optimizer, engine.optimizer, where)
 
 
 def _try_stage(engine, load_dir: str, tag, request: LoadRequest):

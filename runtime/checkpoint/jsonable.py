@@ -103,13 +103,42 @@ def decode(value: Any) -> Any:
     if "__tensor__" in value:
         import torch
 
-        dtype = getattr(torch, value["dtype"])
-        return torch.tensor(value["__tensor__"], dtype=dtype).reshape(value["shape"])
+        data, dtype, shape = _array_parts(value, "__tensor__")
+        return torch.tensor(data, dtype=getattr(torch, dtype)).reshape(shape)
     if "__ndarray__" in value:
         import numpy as np
 
-        return np.array(value["__ndarray__"], dtype=value["dtype"]).reshape(value["shape"])
+        data, dtype, shape = _array_parts(value, "__ndarray__")
+        return np.array(data, dtype=dtype).reshape(shape)
     return {k: decode(v) for k, v in value.items()}
+
+
+# What `encode` writes for a tensor or array: numbers of these types only. Anything else
+# (``"U200000000"``: 800 MB per element; ``"load"``: any attribute of torch) is refused.
+_ARRAY_DTYPES = frozenset(
+    {"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+     "float16", "bfloat16", "float32", "float64"}
+)  # fmt: skip
+
+
+def _array_parts(value: dict, tag: str) -> tuple[list, str, list[int]]:
+    """The data, dtype and shape of an encoded tensor or array, checked against each other
+    and bounded like `encode` bounds them, before anything is allocated."""
+    data, dtype, shape = value[tag], value.get("dtype"), value.get("shape")
+    if not isinstance(data, list) or len(data) > _MAX_JSON_TENSOR:
+        raise CheckpointError(f"{tag} data must be a list of at most {_MAX_JSON_TENSOR} numbers")
+    if dtype not in _ARRAY_DTYPES:
+        raise CheckpointError(f"{tag} has dtype {dtype!r:.40}, not a number type")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= _MAX_JSON_TENSOR for d in shape
+    ):
+        raise CheckpointError(f"{tag} has shape {shape!r:.40}, not a list of sizes")
+    count = 1
+    for d in shape:
+        count *= d
+    if count != len(data) or not all(isinstance(x, (int, float)) for x in data):
+        raise CheckpointError(f"{tag} holds {len(data)} values for shape {shape}")
+    return data, dtype, shape
 
 
 def dumps(value: Any, path: str = "") -> str:

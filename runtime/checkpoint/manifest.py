@@ -9,10 +9,12 @@ manifest holds, is a `CheckpointError` naming the file.
 from __future__ import annotations
 
 import bisect
+import collections
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +26,8 @@ __all__ = ["Manifest", "ITEM_BYTES", "numel"]
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
 ITEM_BYTES.update({"int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1})
 _SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# A manifest lists names, shapes and ranges; a million parameters stay far below this.
+MAX_MANIFEST_BYTES = 1 << 30
 
 
 def numel(shape) -> int:
@@ -53,8 +57,18 @@ class Manifest:
 
     def _read(self) -> dict:
         try:
-            with open(self.manifest_path, encoding="utf-8") as f:
-                manifest = json.load(f)
+            # Non-blocking: a FIFO in the manifest's place must not hang the reader.
+            fd = os.open(self.manifest_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, encoding="utf-8") as f:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    raise CheckpointError(f"{self.manifest_path} is not a regular file")
+                if info.st_size > MAX_MANIFEST_BYTES:
+                    raise CheckpointError(
+                        f"{self.manifest_path} is {info.st_size} bytes, more than a manifest "
+                        f"holds ({MAX_MANIFEST_BYTES}); the file is not this runtime's"
+                    )
+                manifest = json.loads(f.read(info.st_size + 1))  # sized: read(n) allocates n
         except FileNotFoundError:
             raise CheckpointError(
                 f"{self.manifest_path} not found: {self.path} is not a complete checkpoint"
@@ -92,6 +106,11 @@ class Manifest:
         # name -> sorted list of (offset, end, shard index); one tiling per parameter.
         self._index: dict[str, list[tuple[int, int, int]]] = {n: [] for n in self.shapes}
         self.extra: dict[str, tuple[int, dict]] = {}
+        files = [shard.get("file") if isinstance(shard, dict) else None for shard in shards]
+        counts = collections.Counter(f for f in files if isinstance(f, str))
+        repeated = sorted(f for f, n in counts.items() if n > 1)
+        if repeated:
+            raise self.bad(f"shard file {repeated[0]!r} is listed by more than one shard record")
         for i, shard in enumerate(shards):
             self._index_shard(i, shard)
         for name, ranges in self._index.items():
@@ -139,6 +158,9 @@ class Manifest:
         for name, info in (shard.get("extra") or {}).items():
             if not isinstance(info, dict):
                 raise self.bad(f"shard {i}: extra tensor {name!r} is malformed")
+            if name in self.extra:
+                first = self.extra[name][0]
+                raise self.bad(f"extra tensor {name!r} is listed twice (shards {first} and {i})")
             self.extra[name] = (i, info)
 
     def _check_tiling(self, name: str, ranges: list[tuple[int, int, int]]) -> None:

@@ -71,8 +71,8 @@ class CheckpointReader:
     def _decode(self, what: str, get) -> Any:
         try:
             return jsonable.decode(get())
-        except CheckpointError:
-            raise
+        except CheckpointError as err:  # the value's own fault (jsonable): name the file
+            raise self._bad(f"{what}: {err}") from None
         except (Exception, RecursionError) as err:
             raise self._bad(f"{what} is malformed ({type(err).__name__}: {err})") from None
 

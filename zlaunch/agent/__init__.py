@@ -3,7 +3,7 @@
 It reads its node's spec from stdin, starts one worker per slot (`workers`), turns their pipes
 into frames for the controller (`output`, `upstream`), and stops them when the controller goes
 quiet (`loop`). Standard library only: it runs on every node, wherever the job's Python is;
-`tests/test_contract.py` holds this whole folder to that.
+`tests/unit/test_contract.py` holds this whole folder to that.
 """
 
 from zlaunch.agent.loop import Agent, AgentPhase, hello, main

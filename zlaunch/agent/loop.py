@@ -69,6 +69,10 @@ class Agent:
         self.pending_signals: list[int] = []
 
     def _send(self, frame: frames.Frame) -> None:
+        if isinstance(frame, frames.Event):
+            for event in frame.events:
+                if event.get("kind") == protocol.STACKS_READY:
+                    self.workers.note_armed(frame.rank, event.get("pid"))
         self.upstream.send(frame)
 
     @property
@@ -102,7 +106,7 @@ class Agent:
 
     def _spawn(self, entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
         try:
-            worker = start_worker(entry, cwd, node_env)
+            worker = start_worker(entry, cwd, node_env, self.workers.tag, self.workers.cgroup)
         except StartFailed as err:
             self._send(frames.Error(str(err)))
             self._send(frames.Exited.of_returncode(entry.rank, None, err.code))
@@ -145,14 +149,16 @@ class Agent:
             return False
         if not self.workers.all_exited():
             return False
-        if self.workers.any_group_alive():
-            # Leaders are gone but something they started lives on in the group: end it too.
+        if self.output.open and (
+            self.all_exited_at is None or now - self.all_exited_at <= DRAIN_AFTER_EXIT
+        ):
+            return False  # the pipes still flow: look for what was left behind once they end
+        if self.workers.any_group_alive():  # reads /proc: once the output is done, not per turn
+            # Leaders are gone but something they started lives on: end it too.
             if not self.stopping:
                 self.stop(self.grace, "")
             return False
-        if self.output.open and self.all_exited_at is not None:
-            return now - self.all_exited_at > DRAIN_AFTER_EXIT
-        return not self.output.open
+        return True
 
     # ---- the controller -------------------------------------------------------------------
 
@@ -220,6 +226,7 @@ class Agent:
         self._send(hello())
         while not self._finished(time.monotonic()):
             self._turn(time.monotonic())
+        self.workers.close()
         self._send(frames.Bye())
         self.upstream.flush_blocking()
         return 0

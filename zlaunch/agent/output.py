@@ -4,13 +4,12 @@ One read becomes one frame, so the order of a stream's lines survives. A line wi
 newline is held back until it ends or grows to frames.MAX_PIECE_BYTES (then it goes as a
 piece, ``partial``); a line redrawn with carriage returns (a progress bar) is forwarded at most
 every PROGRESS_INTERVAL, so the controller shows its latest state live. Events are JSON
-objects, one a line; what does not parse is forwarded as an ``invalid`` event rather than
-lost. Stdlib only: it runs on every node.
+objects, one a line; what does not parse (zlaunch/agent/events.py) is forwarded as an
+``invalid`` event rather than lost. Stdlib only: it runs on every node.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import time
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zlaunch import frames, protocol
+from zlaunch.agent.events import parse_event
 from zlaunch.agent.workers import EVENTS, Worker
 
 __all__ = ["OutputPump", "READ_SIZE", "PROGRESS_INTERVAL", "MAX_EVENT_BYTES"]
@@ -147,10 +147,7 @@ class OutputPump:
                 continue
             if not raw.strip():
                 continue
-            try:
-                events.append(json.loads(raw))
-            except ValueError:
-                events.append({"kind": protocol.INVALID_EVENT, "text": frames.line_text(raw)})
+            events.append(parse_event(raw))
         return events
 
     def _close(self, fd: int) -> None:

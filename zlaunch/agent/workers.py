@@ -5,6 +5,11 @@ terminal's Ctrl-C reaches only the controller), with ``PR_SET_PDEATHSIG`` so tha
 takes its workers with it, and with a pipe for structured events whose fd is in
 ``ZLAUNCH_EVENTS_FD``. Where the kernel has pidfds, a worker's exit wakes the agent's selector;
 elsewhere the agent polls.
+
+A worker's group is signalled as a group only while the worker is not reaped (its pid, the
+group's id, cannot be reused before); after that, what it left behind is found and signalled
+process by process (zlaunch/agent/procs.py), so a stop never reaches a stranger whose group got
+the old number, and a ``setsid`` child does not outlive the job.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from zlaunch import frames, protocol
+from zlaunch.agent.cgroup import JobCgroup
+from zlaunch.agent.procs import ProcessTable, boot_ticks, carries_tag, new_job_tag
 
 __all__ = ["Worker", "WorkerGroup", "StartFailed", "start_worker", "boot_argv", "EVENTS"]
 
@@ -77,12 +84,14 @@ def boot_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def _child_setup(agent_pid: int, ignored_signal: int | None) -> None:
+def _child_setup(agent_pid: int, ignored_signal: int | None, cgroup: JobCgroup | None) -> None:
     """Runs in the forked worker before exec: die with the agent (Linux only).
 
     The save-on signal starts ignored (ignoring survives exec): one that arrives while the
     worker is still importing must not kill it; the runtime installs its handler later.
     """
+    if cgroup is not None:
+        cgroup.join()  # before exec: nothing the worker starts is ever outside
     if ignored_signal is not None:
         signal.signal(ignored_signal, signal.SIG_IGN)
     if _LIBC is not None and hasattr(_LIBC, "prctl"):
@@ -106,21 +115,19 @@ class Worker:
         }
         self.pidfd: int | None = None
         self.returncode: int | None = None
+        self.reaped_at: int | None = None
+        """Boot ticks when it was reaped: from then on its group id may be someone else's."""
+        self.armed_pid: int | None = None
+        """The process that armed `zlaunch stacks` (a wrapper's Python child, or the worker)."""
 
     @property
     def exited(self) -> bool:
         return self.returncode is not None
 
-    def group_alive(self) -> bool:
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
     def signal_group(self, sig: int) -> None:
+        """Its whole group, while the pid is still ours (not reaped); else nothing."""
+        if self.reaped_at is not None:
+            return
         try:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
@@ -136,11 +143,21 @@ class StartFailed(Exception):
         self.code = code
 
 
-def start_worker(entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> Worker:
-    """Start one worker of the spec in its own session; StartFailed if it cannot start."""
+def start_worker(
+    entry: frames.WorkerSpec,
+    cwd: str | None,
+    node_env: dict[str, str],
+    tag: str = "",
+    cgroup: JobCgroup | None = None,
+) -> Worker:
+    """Start one worker of the spec in its own session; StartFailed if it cannot start.
+    ``tag``: the agent's job tag, which everything the worker starts inherits; ``cgroup``:
+    the job's cgroup, which the worker joins before it runs."""
     env = {**os.environ, **node_env, **entry.env}
     events_r, events_w = os.pipe()
     env[protocol.EVENTS_FD_ENV] = str(events_w)
+    if tag:
+        env[protocol.JOB_TAG_ENV] = tag
     agent_pid = os.getpid()
     ignored_signal = _save_signal(env)
     try:
@@ -153,7 +170,7 @@ def start_worker(entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, 
             stderr=subprocess.PIPE,
             pass_fds=(events_w,),
             start_new_session=True,
-            preexec_fn=lambda: _child_setup(agent_pid, ignored_signal),
+            preexec_fn=lambda: _child_setup(agent_pid, ignored_signal, cgroup),
         )
     except (OSError, ValueError) as err:
         # ValueError: a NUL byte in an argument or a variable. The controller refuses
@@ -172,9 +189,27 @@ def start_worker(entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, 
 class WorkerGroup:
     """The workers of this node by rank, and their exits as selector events (pidfds)."""
 
-    def __init__(self, sel: selectors.BaseSelector):
+    def __init__(self, sel: selectors.BaseSelector, tag: str | None = None):
         self._sel = sel
         self._by_rank: dict[int, Worker] = {}
+        self.tag = tag or new_job_tag()
+        """Every worker's ZLAUNCH_JOB_TAG: what carries it is this agent's to stop."""
+        self._cgroup: JobCgroup | None = None
+        self._cgroup_tried = False
+
+    @property
+    def cgroup(self) -> JobCgroup | None:
+        """The job's cgroup on this node, made with the first worker (None where it may not
+        be made: zlaunch/agent/cgroup.py)."""
+        if not self._cgroup_tried:
+            self._cgroup_tried = True
+            self._cgroup = JobCgroup.create(self.tag)
+        return self._cgroup
+
+    def close(self) -> None:
+        """Remove the job's cgroup (once its processes are gone)."""
+        if self._cgroup is not None:
+            self._cgroup.remove()
 
     def __iter__(self) -> Iterator[Worker]:
         return iter(self._by_rank.values())
@@ -199,6 +234,7 @@ class WorkerGroup:
         if code is None:
             return False
         worker.returncode = code
+        worker.reaped_at = boot_ticks()
         if worker.pidfd is not None:
             self._sel.unregister(worker.pidfd)
             os.close(worker.pidfd)
@@ -217,19 +253,61 @@ class WorkerGroup:
         return all(w.exited for w in self)
 
     def any_group_alive(self) -> bool:
-        return any(w.group_alive() for w in self)
+        """Something of the job still runs: a worker, or what one started (in its group or,
+        by the job tag, outside it)."""
+        return any(not w.exited for w in self) or bool(self.leftovers())
+
+    def leftovers(self) -> set[int]:
+        """Live processes the reaped workers left behind, and every tagged one."""
+        table = ProcessTable()
+        if not table.available:
+            return set()
+        found = set(table.tagged(self.tag))
+        if self._cgroup is not None:
+            found.update(self._cgroup.pids())
+        for worker in self:
+            if worker.reaped_at is not None:
+                found.update(table.left_of_group(worker.pgid, worker.reaped_at))
+        # a live worker's group is signalled as a group: nobody in it gets a signal twice
+        signalled_as_group = {w.pgid for w in self if w.reaped_at is None}
+        return {pid for pid in found if table.group_of(pid) not in signalled_as_group}
 
     def signal_groups(self, sig: int) -> None:
+        """Every worker's group while it is ours, and what was left behind, one by one."""
         for worker in self:
             worker.signal_group(sig)
+        for pid in self.leftovers():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill_remaining(self) -> None:
-        for worker in self:
-            if not worker.exited or worker.group_alive():
-                worker.signal_group(signal.SIGKILL)
+        if self._cgroup is not None:
+            self._cgroup.signal(signal.SIGKILL)  # the kernel's cgroup.kill: all at once
+        self.signal_groups(signal.SIGKILL)
+
+    def note_armed(self, rank: int, pid: object) -> None:
+        """Rank ``rank`` said that process ``pid`` dumps its stacks on the stacks signal; it is
+        believed only for the worker itself or a process of its job (the tag)."""
+        worker = self._by_rank.get(rank)
+        if worker is None or worker.exited:
+            return
+        if pid is None:  # a runtime that does not say: the worker armed itself
+            pid = worker.pid
+        if isinstance(pid, int) and (pid == worker.pid or carries_tag(pid, self.tag)):
+            worker.armed_pid = pid
 
     def signal_processes(self, sig: int, ranks: list[int] | None) -> None:
-        """To the worker processes themselves, not their groups: all, or ``ranks`` only."""
+        """To the worker processes themselves, not their groups: all, or ``ranks`` only. The
+        stacks signal goes only to the process that armed itself for it: anything else (a
+        bash wrapper) would die of it."""
         for worker in self:
-            if not worker.exited and (ranks is None or worker.rank in ranks):
+            if worker.exited or (ranks is not None and worker.rank not in ranks):
+                continue
+            if sig != protocol.STACKS_SIGNAL:
                 _signal_main_thread(worker.pid, sig)
+            elif worker.armed_pid == worker.pid:
+                _signal_main_thread(worker.pid, sig)  # not reaped: the pid is still its own
+            elif worker.armed_pid is not None and carries_tag(worker.armed_pid, self.tag):
+                _signal_main_thread(worker.armed_pid, sig)

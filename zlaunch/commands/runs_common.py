@@ -17,9 +17,10 @@ import click
 from zlaunch.clip import clip
 from zlaunch.commands.run_choice import started_here
 from zlaunch.errors import UsageError, ZlaunchError
+from zlaunch.metrics_check import checked_metrics
 from zlaunch.options import DEFAULT_LOG_DIR
 from zlaunch.rundir.index import default_log_dir, index_dir, indexed_run_paths
-from zlaunch.rundir.layout import RunDir, list_runs, lock_holder, process_identity
+from zlaunch.rundir.layout import RunDir, lock_holder, process_identity, run_paths
 from zlaunch.rundir.records import RunStatus
 
 __all__ = [
@@ -61,11 +62,11 @@ def known_runs(log_dir: str | None) -> tuple[list[tuple[RunDir, dict[str, Any]]]
     """
     if log_dir is not None:
         roots = [os.path.abspath(os.path.expanduser(log_dir))]
-        paths = [os.path.join(roots[0], r["run_id"]) for r in list_runs(roots[0])]
+        paths = run_paths(roots[0])
         where = roots[0]
     else:
         root = default_log_dir()
-        paths = [os.path.join(root, r["run_id"]) for r in list_runs(root)]
+        paths = run_paths(root)
         paths += indexed_run_paths()
         where = f"{root} or the index of runs ({index_dir()})"
     seen: set[str] = set()
@@ -78,11 +79,18 @@ def known_runs(log_dir: str | None) -> tuple[list[tuple[RunDir, dict[str, Any]]]
         run = RunDir(path, os.path.basename(path))
         try:
             record = run.record()
-        except (OSError, ValueError):
+        except (OSError, ValueError) as err:  # a bad run is skipped, said, never a crash
+            click.echo(f"zlaunch: skipped run {run.run_id}: {_reason(err)}", err=True)
             continue
+        if run.problems:
+            click.echo(f"zlaunch: run {run.run_id}: run.json: {'; '.join(run.problems)}", err=True)
         runs.append((run, record))
     runs.sort(key=lambda item: (_start(item[1]), item[0].run_id))
     return runs, where
+
+
+def _reason(err: Exception) -> str:
+    return err.strerror if isinstance(err, OSError) and err.strerror else str(err)
 
 
 def _start(record: dict[str, Any]) -> float:
@@ -186,7 +194,8 @@ def run_ended(record: dict[str, Any]) -> bool:
 
 def engine_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The step-metrics rows (not the script's own ``log_metrics`` rows)."""
-    return [r for r in rows if r.get("source", "engine") == "engine" and "step" in r]
+    checked = (checked_metrics(r).row for r in rows if isinstance(r, dict))
+    return [r for r in checked if r is not None and r.get("source", "engine") == "engine"]
 
 
 def last_engine_row(run: RunDir) -> dict[str, Any] | None:
@@ -204,10 +213,11 @@ def last_engine_row(run: RunDir) -> dict[str, Any] | None:
                 for raw in reversed(lines):
                     try:
                         row = json.loads(raw) if raw.strip() else None
-                    except ValueError:  # a row half-written right now
+                    except (ValueError, RecursionError):  # half-written right now, or garbage
                         continue
                     if isinstance(row, dict) and row.get("source", "engine") == "engine":
-                        if "step" in row:
+                        row = checked_metrics(row).row  # a bad row (NaN bytes) is no crash
+                        if row is not None:
                             return row
                 if block >= size:
                     return None

@@ -220,7 +220,7 @@ def print_table(
             table.add_row(*row)
         RichConsole().print(table)
         return
-    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
+    widths = [max([len(str(c)), *(len(str(r[i])) for r in rows)]) for i, c in enumerate(columns)]
     print(title)
     print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:

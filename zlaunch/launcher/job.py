@@ -71,6 +71,7 @@ from zlaunch.launcher.state import (
     StopRanks,
     Tick,
 )
+from zlaunch.metrics_check import checked_metrics
 from zlaunch.options import LaunchOptions
 from zlaunch.plan import Plan, build_plan
 from zlaunch.rundir.recorder import Recorder
@@ -109,6 +110,8 @@ class Attempt:
         self.plan: Plan | None = None
         self.hang = HangWatch(options.hang_timeout)
         self.hang_idle = 0.0
+        self.bad_metrics = 0
+        """Metrics events with a field of a wrong type or range (named once, then counted)."""
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
 
     def _trace(self, what: str) -> None:
@@ -138,6 +141,8 @@ class Attempt:
             self.links.close()
             self._trace("connections closed")
             self.output.close()
+            if self.bad_metrics > 1:
+                self.console.note(f"{self.bad_metrics} malformed metrics events in all", error=True)
             if self.machine.done:
                 ended = None
                 if self.machine.failures or self.machine.interrupt is not None:
@@ -280,6 +285,9 @@ class Attempt:
             if kind == protocol.RUNTIME_READY or engine_step:
                 self.hang.progress(time.monotonic())  # set-up done, or a step boundary
             if kind == protocol.METRICS_EVENT and self.plan is not None:
+                event = self._checked_metrics(rank, event)
+                if event is None:
+                    continue
                 row = {"time": time.time(), "rank": rank, "host": host}
                 row.update(event)
                 self.recorder.metrics(row)
@@ -300,6 +308,21 @@ class Attempt:
                         processes if isinstance(processes, int) else None,
                     )
                 )
+
+    def _checked_metrics(self, rank: int, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The event with its bad fields dropped (zlaunch/metrics_check.py); the first bad one
+        is named once, the count at the end of the attempt."""
+        verdict = checked_metrics(event)
+        if verdict.problems:
+            self.bad_metrics += 1
+            if self.bad_metrics == 1:
+                what = "dropped" if verdict.row is None else "kept without the bad fields"
+                self.console.note(
+                    f"rank {rank} sent a malformed metrics event ({'; '.join(verdict.problems)}):"
+                    f" {what}; later ones are counted, not shown",
+                    error=True,
+                )
+        return verdict.row
 
     def _lose_agent(self, index: int, why: str) -> None:
         tail = self.links.stderr_tail(index, 5)

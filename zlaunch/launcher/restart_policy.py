@@ -1,7 +1,7 @@
 """What follows an attempt: a restart (on the same hosts, or without the lost ones), another
 try at hosts that do not answer yet, or the end of the job.
 
-Pure decisions, tested table-style (tests/launcher/test_job_state.py); the runner
+Pure decisions, tested table-style (tests/unit/launcher/test_job_state.py); the runner
 (zlaunch/launcher/job.py) carries them out, and zlaunch/launcher/elastic.py computes the hosts and batch of
 an attempt without some hosts.
 
@@ -72,6 +72,8 @@ class RestartPolicy:
         """The attempt ended with ``outcome``; ``lost_hosts``: hosts whose agent broke off."""
         if outcome.ending != Ending.RANKS_FAILED or self.restarts_left <= 0:
             return GiveUp()
+        if outcome.signal_while_stopping is not None:
+            return GiveUp()  # the user (or the system) asked to stop: the failure stands
         self.restarts_left -= 1
         self.reach_deadline = now + self.window
         without = frozenset(lost_hosts) if self.min_nodes is not None else frozenset()

@@ -306,6 +306,9 @@ class Outcome:
     failures: tuple[Failure, ...] = ()
     stopped_ranks: tuple[int, ...] = ()
     summary: str = ""
+    signal_while_stopping: int | None = None
+    """A SIGINT/SIGTERM that arrived after a failure had started the stop: it does not replace
+    the failure as the root cause, but no restart follows it."""
     warnings: tuple[str, ...] = ()
     """What the job's end must say even when it succeeded (ranks that ran alone)."""
 
@@ -428,6 +431,8 @@ class AttemptMachine:
         self.stop_started: float | None = None
         self.stop_grace = policy.grace
         self.interrupt: int | None = None
+        """The signal that started the stop (None: a failure started it, or nothing did)."""
+        self.signal_while_stopping: int | None = None
         self.sigint_count = 0
         self.save_requested = False
         self.save_asked_at: float | None = None
@@ -612,6 +617,14 @@ class AttemptMachine:
                     ),
                     SignalRanks(self.policy.save_signal),
                 ]
+        if self.stopping:
+            # A stop is under way (a failure, or an earlier signal): the first failure stays the
+            # root cause whatever arrives now, and Ctrl-C kills at once, as the notes promise.
+            if self.interrupt is None and self.signal_while_stopping is None:
+                self.signal_while_stopping = signum
+            if signum == signal.SIGINT:
+                return [Note("killing all ranks now", error=True), *self._stop(0.0, now)]
+            return []
         if self.interrupt is None:
             self.interrupt = signum
             note = Note(
@@ -620,8 +633,6 @@ class AttemptMachine:
                 error=True,
             )
             return [note, *self._stop(self.policy.grace, now)]
-        if signum == signal.SIGINT and self.sigint_count >= 2:
-            return [Note("killing all ranks now", error=True), *self._stop(0.0, now)]
         return []
 
     # ---- pieces -----------------------------------------------------------------------------
@@ -726,14 +737,17 @@ class AttemptMachine:
                 128 + signal.SIGTERM,
                 f"{ended_by_scheduler}; all ranks stopped",
             )
+        if self.failures:  # the first failure is the root cause, whatever came after it
+            return dataclasses.replace(
+                _failed(self.failures, self.ranks),
+                signal_while_stopping=self.interrupt or self.signal_while_stopping,
+            )
         if self.interrupt is not None:
             return Outcome(
                 Ending.INTERRUPTED,
                 128 + self.interrupt,
                 f"stopped by {signal_name(self.interrupt)}; all ranks stopped",
             )
-        if self.failures:
-            return _failed(self.failures, self.ranks)
         if self.ranks.live():
             return Outcome(Ending.INCOMPLETE, EXIT_LOST_AGENT, "some ranks never reported an exit")
         return Outcome(Ending.SUCCEEDED, 0)

@@ -70,19 +70,39 @@ def indexed_run_paths(environ: Mapping[str, str] | None = None) -> list[str]:
     root = index_dir(environ)
     try:
         names = sorted(os.listdir(root))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         return []
     paths = []
     for name in names:
         link = os.path.join(root, name)
-        if ".tmp." in name or not os.path.islink(link):
+        if ".tmp." in name:
             continue
-        target = os.readlink(link)
+        try:
+            target = os.readlink(link)  # another listing may drop the link meanwhile
+        except OSError:
+            continue
         if os.path.isfile(os.path.join(target, RUN_FILE)):
             paths.append(target)
-        elif not os.path.exists(target):
+        elif _deleted(target):
             try:
                 os.unlink(link)  # the run was deleted: forget it
             except OSError:
                 pass
     return paths
+
+
+def _deleted(run_path: str) -> bool:
+    """The run directory is gone for good: its log root is there and readable, and the run
+    is not in it. A root that is unreadable or unmounted right now deletes nothing."""
+    try:
+        os.stat(run_path)
+        return False
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    try:
+        os.listdir(os.path.dirname(run_path))
+    except OSError:
+        return False
+    return True

@@ -25,15 +25,24 @@ import fcntl
 import json
 import os
 import re
+import stat
 import struct
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from zlaunch.plan import Plan, new_run_id
 from zlaunch.redact import recorded_env_value, redact_argv
 from zlaunch.rundir.records import FailureReport, RanksFile, RunStatus
+from zlaunch.rundir.root import (
+    make_private_dir,
+    open_log_root,
+    open_private_file,
+    read_json_at,
+    write_json_atomic,
+)
+from zlaunch.rundir.run_record import RunRecordError, checked_run_record
 
 __all__ = [
     "RunDir",
@@ -43,6 +52,7 @@ __all__ = [
     "new_run_id",
     "find_run",
     "list_runs",
+    "run_paths",
     "host_dirname",
     "plan_record",
 ]
@@ -53,6 +63,7 @@ METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 LATEST = "latest"
 CONTROLLER_LOCK = "controller.lock"
+MAX_RUN_FILE_BYTES = 64 * 1024 * 1024  # a plan of 100,000 ranks is far below this
 # struct flock on Linux (x86-64, arm64): l_type, l_whence, l_start, l_len, l_pid, padding.
 _FLOCK = "hhqqi4x"
 
@@ -60,23 +71,6 @@ _FLOCK = "hhqqi4x"
 def host_dirname(host: str) -> str:
     """A host name as a directory name (IPv6 colons and odd characters become '_')."""
     return re.sub(r"[^A-Za-z0-9_.@-]", "_", host) or "_"
-
-
-PRIVATE_DIR = 0o700
-PRIVATE_FILE = 0o600
-
-
-def _open_private(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
-
-
-def _write_json_atomic(path: str, data: Any) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = _open_private(tmp, os.O_WRONLY | os.O_TRUNC)
-    with open(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=False)
-        handle.write("\n")
-    os.replace(tmp, path)
 
 
 def plan_record(plan: Plan) -> dict[str, Any]:
@@ -124,13 +118,13 @@ def process_identity(pid: int) -> dict[str, Any] | None:
     return {"pid": pid, "start_ticks": int(fields[19]), "boot_id": boot_id}
 
 
-def _hold_controller_lock(path: str) -> int:
+def _hold_controller_lock(dir_fd: int, name: str) -> int:
     """Lock ``path`` for as long as this process lives (never closed: closing would unlock).
 
     A POSIX lock, because F_GETLK tells another process who holds it. It also drops when this
     process closes *any* descriptor of the file: nothing in the controller opens it again.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+    fd = open_private_file(dir_fd, name, os.O_RDWR)
     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     return fd
 
@@ -159,36 +153,48 @@ class RunDir:
     path: str
     run_id: str
     _lock_fd: int | None = None
+    _dir_fd: int | None = None
+    """The writer's hold on the directory: every file is opened relative to it."""
+    problems: list[str] = field(default_factory=list)
+    """What the last read of run.json found wrong (fields left out)."""
 
     # ---- writing (controller) -----------------------------------------------------------
 
     @classmethod
     def create(cls, log_dir: str, run_id: str, record: dict[str, Any]) -> RunDir:
         root = os.path.abspath(log_dir)
-        os.makedirs(root, mode=PRIVATE_DIR, exist_ok=True)  # an existing root keeps its mode
-        path = os.path.join(root, run_id)
-        os.mkdir(path, PRIVATE_DIR)
-        run = cls(path, run_id)
-        # `zlaunch stop` and `stacks` signal only the process that holds this lock and matches
-        # the identity recorded below: never a process that merely reuses the pid.
-        run._lock_fd = _hold_controller_lock(os.path.join(path, CONTROLLER_LOCK))
-        run.write_record(
-            {
-                "run_id": run_id,
-                "status": RunStatus.STARTING,
-                "controller_pid": os.getpid(),
-                "controller": process_identity(os.getpid()),
-                "start_time": time.time(),
-                "end_time": None,
-                "exit_code": None,
-                **record,
-            }
-        )
-        _point_latest(os.path.dirname(path), run_id)
+        root_fd = open_log_root(root)  # the user's own, or LogRootError (zlaunch/rundir/root.py)
+        try:
+            run = cls(os.path.join(root, run_id), run_id, None, make_private_dir(root_fd, run_id))
+            # `zlaunch stop` and `stacks` signal only the process that holds this lock and
+            # matches the identity recorded below: never a process that merely reuses the pid.
+            run._lock_fd = _hold_controller_lock(run._fd(), CONTROLLER_LOCK)
+            run.write_record(
+                {
+                    "run_id": run_id,
+                    "status": RunStatus.STARTING,
+                    "controller_pid": os.getpid(),
+                    "controller": process_identity(os.getpid()),
+                    "start_time": time.time(),
+                    "end_time": None,
+                    "exit_code": None,
+                    **record,
+                }
+            )
+            _point_latest(root_fd, run_id)
+        finally:
+            os.close(root_fd)
         return run
 
+    def _fd(self) -> int:
+        """The directory's descriptor (opened once, never through a link)."""
+        if self._dir_fd is None:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._dir_fd = os.open(self.path, flags)
+        return self._dir_fd
+
     def write_record(self, record: dict[str, Any]) -> None:
-        _write_json_atomic(os.path.join(self.path, RUN_FILE), record)
+        write_json_atomic(self._fd(), RUN_FILE, record)
 
     def update(self, **fields: Any) -> dict[str, Any]:
         record = self.record()
@@ -200,30 +206,41 @@ class RunDir:
         return os.path.join(self.path, f"attempt-{attempt}", host_dirname(host), f"rank-{rank}.log")
 
     def open_rank_log(self, attempt: int, host: str, rank: int) -> IO[bytes]:
-        path = self.rank_log_path(attempt, host, rank)
-        attempt_dir = os.path.dirname(os.path.dirname(path))
-        for folder in (attempt_dir, os.path.dirname(path)):
-            os.makedirs(folder, mode=PRIVATE_DIR, exist_ok=True)
+        attempt_fd = make_private_dir(self._fd(), f"attempt-{attempt}", exist_ok=True)
+        try:
+            host_fd = make_private_dir(attempt_fd, host_dirname(host), exist_ok=True)
+        finally:
+            os.close(attempt_fd)
+        try:
+            fd = open_private_file(host_fd, f"rank-{rank}.log", os.O_WRONLY | os.O_APPEND)
+        finally:
+            os.close(host_fd)
         # Unbuffered: each batch of lines reaches the file at once, so `zlaunch logs --follow`
         # in another terminal sees it within its poll interval.
-        return open(_open_private(path, os.O_WRONLY | os.O_APPEND), "ab", buffering=0)
+        return open(fd, "ab", buffering=0)
 
     def write_failure(self, report: FailureReport) -> None:
-        _write_json_atomic(os.path.join(self.path, FAILURE_FILE), report.to_json())
+        write_json_atomic(self._fd(), FAILURE_FILE, report.to_json())
 
     def open_metrics(self) -> IO[str]:
-        fd = _open_private(os.path.join(self.path, METRICS_FILE), os.O_WRONLY | os.O_APPEND)
+        fd = open_private_file(self._fd(), METRICS_FILE, os.O_WRONLY | os.O_APPEND)
         return open(fd, "a", encoding="utf-8")
 
     def write_ranks(self, ranks: RanksFile) -> None:
         """Every rank's current state (read by `zlaunch status`); rewritten atomically."""
-        _write_json_atomic(os.path.join(self.path, RANKS_FILE), ranks.to_json())
+        write_json_atomic(self._fd(), RANKS_FILE, ranks.to_json())
 
     # ---- reading (any process) ----------------------------------------------------------
 
     def record(self) -> dict[str, Any]:
-        with open(os.path.join(self.path, RUN_FILE), encoding="utf-8") as handle:
-            return json.load(handle)
+        """run.json. The writer reads back its own; a reader gets it checked field by field
+        (zlaunch/rundir/run_record.py: bad fields left out and listed in ``problems``), and
+        RunRecordError (a ValueError) for a file that is not a run's record."""
+        if self._dir_fd is not None:  # the writer reads back through its own hold
+            return read_json_at(self._dir_fd, RUN_FILE)
+        data = _read_json_file(os.path.join(self.path, RUN_FILE), MAX_RUN_FILE_BYTES)
+        record, self.problems = checked_run_record(data, self.run_id)
+        return record
 
     def ranks(self) -> RanksFile | None:
         data = self._read_json(RANKS_FILE)
@@ -269,15 +286,34 @@ class RunDir:
         return dict(sorted(logs.items()))
 
 
-def _point_latest(log_dir: str, run_id: str) -> None:
-    link = os.path.join(log_dir, LATEST)
-    tmp = f"{link}.tmp.{os.getpid()}"
+def _read_json_file(path: str, limit: int) -> Any:
+    """A JSON file a reader did not write: a regular file (a FIFO in its place would block),
+    at most ``limit`` bytes, nested no deeper than the parser's stack allows. OSError or
+    RunRecordError (a ValueError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RunRecordError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise RunRecordError(f"{path} is {info.st_size} bytes (more than {limit})")
+        raw = handle.read(info.st_size + 1)  # read(n) allocates n bytes up front
     try:
-        os.symlink(run_id, tmp)
-        os.replace(tmp, link)
+        return json.loads(raw)
+    except RecursionError:
+        raise RunRecordError(f"{path}: nested too deeply") from None
+    except ValueError as err:
+        raise RunRecordError(f"{path}: not JSON ({err})") from None
+
+
+def _point_latest(root_fd: int, run_id: str) -> None:
+    tmp = f"{LATEST}.tmp.{os.getpid()}"
+    try:
+        os.symlink(run_id, tmp, dir_fd=root_fd)
+        os.replace(tmp, LATEST, src_dir_fd=root_fd, dst_dir_fd=root_fd)
     except OSError:  # file systems without symlinks: find_run falls back to sorting ids
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=root_fd)
         except OSError:
             pass
 
@@ -287,8 +323,11 @@ def find_run(log_dir: str, run_id: str | None = None) -> RunDir:
     log_dir = os.path.abspath(log_dir)
     if run_id is None:
         link = os.path.join(log_dir, LATEST)
-        if os.path.islink(link) and os.path.isfile(os.path.join(link, RUN_FILE)):
-            target = os.readlink(link)
+        try:
+            target = os.readlink(link)  # another run may replace the link meanwhile
+        except OSError:
+            target = None
+        if target is not None and os.path.isfile(os.path.join(log_dir, target, RUN_FILE)):
             return RunDir(os.path.join(log_dir, target), os.path.basename(target))
         ids = _run_ids(log_dir)
         if not ids:
@@ -306,19 +345,26 @@ def find_run(log_dir: str, run_id: str | None = None) -> RunDir:
 def _run_ids(log_dir: str) -> list[str]:
     try:
         names = os.listdir(log_dir)
-    except FileNotFoundError:
+    except OSError:  # missing, unreadable right now, not a directory: no runs to show
         return []
     return sorted(
         n for n in names if n != LATEST and os.path.isfile(os.path.join(log_dir, n, RUN_FILE))
     )
 
 
+def run_paths(log_dir: str) -> list[str]:
+    """The directory of every run under log_dir, by directory name (what run.json says of
+    itself does not choose a path)."""
+    root = os.path.abspath(log_dir)
+    return [os.path.join(root, run_id) for run_id in _run_ids(log_dir)]
+
+
 def list_runs(log_dir: str) -> list[dict[str, Any]]:
     """The run.json of every run under log_dir, oldest first (unreadable ones skipped)."""
     runs = []
-    for run_id in _run_ids(log_dir):
+    for path in run_paths(log_dir):
         try:
-            runs.append(RunDir(os.path.join(os.path.abspath(log_dir), run_id), run_id).record())
+            runs.append(RunDir(path, os.path.basename(path)).record())
         except (OSError, ValueError):
             continue
     return runs

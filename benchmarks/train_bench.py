@@ -46,6 +46,8 @@ FRAMEWORKS = ("ddp", "deepspeed", "zlaunch", "fsdp2")
 # algorithm (a missing average, a skipped clip) shows at 1e-2 or more within a few steps.
 LOSS_MATCH_RTOL = {"fp32": 1e-3, "bf16": 5e-2}
 CORPUS_CHARS = 400_000
+RECORDS_DIR_ENV = "BENCH_COLLECTIVE_RECORDS"
+"""Set to a directory: every rank keeps its collective records there, as under zlaunch."""
 
 
 @dataclass(frozen=True)
@@ -405,6 +407,13 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
     )
 
     pin_threads()
+    records = os.environ.get(RECORDS_DIR_ENV)
+    if records:  # as zlaunch.worker_boot does for every worker (records_overhead.py)
+        from zlaunch.collective_records import start_watch
+        from zlaunch.protocol import COLLECTIVES_FILE_ENV
+
+        os.environ[COLLECTIVES_FILE_ENV] = os.path.join(records, f"rank-{os.environ['RANK']}.json")
+        start_watch()
     import torch
     import torch.distributed as dist
 

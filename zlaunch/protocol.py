@@ -26,6 +26,9 @@ __all__ = [
     "STACKS_SIGNAL",
     "STACKS_SIGNAL_ENV",
     "STACKS_READY",
+    "COLLECTIVES_EVENT",
+    "COLLECTIVE_MISMATCH",
+    "COLLECTIVES_FILE_ENV",
     "RUNTIME_READY",
     "METRICS_EVENT",
     "INVALID_EVENT",
@@ -69,6 +72,12 @@ STDOUT, STDERR = "o", "e"
 STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
+# A rank's recent collectives (zlaunch/collective_records.py): the file its watch thread keeps
+# for the agent, the event the agent sends with a stacks request, and the event of a rank
+# that found its peers in another collective at the same position.
+COLLECTIVES_FILE_ENV = "ZLAUNCH_COLLECTIVES_FILE"
+COLLECTIVES_EVENT = "collectives"
+COLLECTIVE_MISMATCH = "collective_mismatch"
 RUNTIME_READY = "runtime_ready"  # event kind: runtime.initialize finished (hang watch arms)
 METRICS_EVENT = "metrics"  # event kind: one row of step metrics (runtime/metrics.py)
 INVALID_EVENT = "invalid"  # event kind the agent puts in place of a line that was not an event
@@ -131,6 +140,7 @@ JOB_ENV_NAMES = frozenset(
         RESUME_ENV,
         SAVE_ON_ENV,
         STACKS_SIGNAL_ENV,
+        COLLECTIVES_FILE_ENV,
         COLLECTIVE_TIMEOUT_ENV,
         BATCH_ENV,
     }

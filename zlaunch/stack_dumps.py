@@ -23,6 +23,7 @@ STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recen
 # A frame's line is "???" where faulthandler cannot tell it (a frame inside a C call's setup).
 STACK_FRAME = re.compile(r'^  File ".*", line (\d+|\?\?\?) in .*$|^  <no Python frame>$')
 
+_OWN_THREAD = "collective_records.py"  # zlaunch's thread in every worker (its collectives)
 QUIET_AFTER = 0.3
 """Seconds without new stack lines after which a rank's dump is taken as complete."""
 
@@ -42,6 +43,8 @@ def parse_dump(text: str) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
     for _, frames in threads:  # zlaunch.worker_boot's and runpy's frames under the script
         while frames and ("<frozen runpy>" in frames[-1] or "worker_boot.py" in frames[-1]):
             frames.pop()
+    # zlaunch's own collective-records thread is no part of where the script stands
+    threads = [t for t in threads if not any(_OWN_THREAD in f for f in t[1])]
     threads.sort(key=lambda t: t[0] != "main")
     return tuple((kind, tuple(frames)) for kind, frames in threads)
 

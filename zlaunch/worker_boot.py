@@ -4,7 +4,9 @@ The agent starts a Python worker as ``python -u -m zlaunch.worker_boot SCRIPT AR
 ``... -m MODULE ARGS...``) instead of ``python -u SCRIPT ARGS...``. Before the script runs,
 ``faulthandler`` is registered on the stacks signal (``ZLAUNCH_STACKS_SIGNAL``), so every
 thread's stack can be dumped even while the worker is blocked in C code, and the agent is told
-(a ``stacks_ready`` event) that this rank can be asked: plain torch scripts and Hugging Face
+(a ``stacks_ready`` event) that this rank can be asked, and torch's flight recorder is turned
+on, with a thread that keeps the rank's recent collectives where the agent reads them
+(zlaunch/collective_records.py): plain torch scripts and Hugging Face
 Trainer jobs answer `zlaunch stacks` as runtime jobs do. No sitecustomize, no PYTHONSTARTUP:
 nothing changes for other Python processes. Stdlib only; the script sees the ``sys.argv``,
 ``sys.path[0]``, ``__main__`` and ``__file__`` that ``python SCRIPT`` gives it.
@@ -25,6 +27,7 @@ import signal
 import sys
 import types
 
+from zlaunch.collective_records import start_watch
 from zlaunch.protocol import EVENTS_FD_ENV, STACKS_READY, STACKS_SIGNAL_ENV
 from zlaunch.worker_group import GroupWatch, leave_group, report_group
 
@@ -80,6 +83,7 @@ def main() -> None:
     if not args:
         sys.exit("usage: python -m zlaunch.worker_boot SCRIPT [ARGS] | -m MODULE [ARGS]")
     arm_stacks()
+    start_watch()  # the rank's recent collectives, for a hang report
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
     watch = _watch_group()

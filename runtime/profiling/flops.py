@@ -1,15 +1,20 @@
-"""FLOPs of a step, counted as it runs, and `flops_profiler`'s per-module table.
+"""FLOPs of a step, counted as it runs, and `flops_profiler`'s profile in DeepSpeed's layout.
 
 Counts come from torch's own formulas (`torch.utils.flop_counter`): `StepFlops` is a light
 dispatch mode summing them (used once per run for MFU), `ModuleProfile` runs torch's
-`FlopCounterMode` (FLOPs per module, forward and backward) with forward hooks for each
-module's latency. Both cover every micro-batch of the profiled optimizer step, forward and
-backward (activation recomputation included: it runs), not the optimizer.
+`FlopCounterMode` (FLOPs per module) with forward hooks for each module's latency and for the
+forward's share of the count: forward FLOPs and MACs per module, backward FLOPs (the rest of
+the step's count: activation recomputation included, it runs), fwd+bwd. Both cover every
+micro-batch of the profiled optimizer step, not the optimizer.
+
+Torch's formulas cover the multiply-accumulate ops (matmul, linear, conv, attention), where
+one MAC is two FLOPs, so MACs = FLOPs / 2; unlike DeepSpeed's profiler they do not count
+element-wise ops (activations, norms, softmax), which are a small share in transformer
+layers and make DeepSpeed's "fwd flops" a little larger than 2 x MACs.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -17,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-__all__ = ["StepFlops", "ModuleProfile", "ModuleRow", "format_table"]
+__all__ = ["StepFlops", "ModuleProfile", "ModuleRow", "StepTimes", "format_table"]
 
 
 class StepFlops(TorchDispatchMode):
@@ -43,17 +48,44 @@ class ModuleRow:
     kind: str
     params: int
     flops: int
+    """Forward and backward FLOPs of the profiled step."""
     forward_s: float
+    fwd_flops: int = 0
+    extra: str = ""
+    """The module's own ``extra_repr()`` (``in_features=4, ...``), as DeepSpeed prints it."""
+
+    @property
+    def fwd_macs(self) -> int:
+        return self.fwd_flops // 2
+
+    @property
+    def bwd_flops(self) -> int:
+        return self.flops - self.fwd_flops
+
+
+@dataclass
+class StepTimes:
+    """Seconds of the profiled optimizer step's phases (every micro-batch)."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    step_s: float = 0.0
+    samples: int = 0
+    """Samples this rank ran in the step (micro-batch x accumulation)."""
+    world_size: int = 1
 
 
 class ModuleProfile:
-    """FLOPs (FlopCounterMode) and forward latency (hooks) of every module of `root`."""
+    """FLOPs (FlopCounterMode), the forward's share of them and forward latency (hooks) of
+    every module of `root`."""
 
     def __init__(self, root: torch.nn.Module, sync_cuda: bool = False):
         self.root = root
         self.sync_cuda = sync_cuda
         self.counter = FlopCounterMode(display=False, depth=None)
         self.latency: dict[int, float] = {}
+        self.forward_counts: dict[str, int] = {}
+        self._at_forward_start: dict[str, int] = {}
         self._starts: dict[int, list[float]] = {}
         self._hooks: list = []
 
@@ -79,7 +111,12 @@ class ModuleProfile:
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def _totals(self) -> dict[str, int]:
+        return {k: int(sum(v.values())) for k, v in self.counter.get_flop_counts().items()}
+
     def _pre(self, module, _args) -> None:
+        if module is self.root:  # what the counter holds before this forward
+            self._at_forward_start = self._totals()
         self._starts.setdefault(id(module), []).append(self._now())
 
     def _post(self, module, _args, _out) -> None:
@@ -87,137 +124,177 @@ class ModuleProfile:
         if starts:
             key = id(module)
             self.latency[key] = self.latency.get(key, 0.0) + self._now() - starts.pop()
+        if module is self.root:  # the forward's share: what it added to every module
+            for name, total in self._totals().items():
+                added = total - self._at_forward_start.get(name, 0)
+                self.forward_counts[name] = self.forward_counts.get(name, 0) + added
 
     def rows(self) -> list[ModuleRow]:
         """One row per module, in registration (tree) order; the root is depth 0."""
-        counts = self.counter.get_flop_counts()
+        totals = self._totals()
         prefix = type(self.root).__name__
         rows = []
         for name, module in self.root.named_modules():
             key = prefix if not name else f"{prefix}.{name}"
-            flops = sum(counts.get(key, {}).values())
             params = sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
+            try:
+                extra = module.extra_repr()
+            except Exception:  # a module's repr is not worth failing a profile for
+                extra = ""
             rows.append(
                 ModuleRow(
                     name or "(model)",
                     0 if not name else name.count(".") + 1,
                     type(module).__name__,
                     int(params),
-                    int(flops),
+                    int(totals.get(key, 0)),
                     self.latency.get(id(module), 0.0),
+                    int(self.forward_counts.get(key, 0)),
+                    extra,
                 )
             )
-        if rows:
+        if rows:  # the root: everything counted (an engine around it may rename it in the count)
             rows[0].flops = max(rows[0].flops, self.flops)
+            rows[0].fwd_flops = max(rows[0].fwd_flops, self.forward_counts.get("Global", 0))
         return rows
 
 
-def _num(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+def _num(n: float, unit: str = "") -> str:
+    """DeepSpeed's style: 3 significant decimals and a prefix (``6.28 G``, ``336.23 M``)."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f}"
+            return f"{n / scale:.2f} {prefix}{unit}"
+    return f"{n:.0f} {unit}".rstrip()
 
 
-def _columns(row: ModuleRow, total_flops: int, step_s: float) -> list[str]:
-    share = 100.0 * row.flops / total_flops if total_flops else 0.0
-    of_step = 100.0 * row.forward_s / step_s if step_s > 0 else 0.0
-    return [
-        _num(row.params),
-        _num(row.flops),
-        f"{share:.1f}%",
-        f"{row.forward_s * 1e3:.2f}",
-        f"{of_step:.1f}%",
-    ]
+def _dur(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.2f} us"
 
 
-_HEADERS = ["params", "FLOPs (fwd+bwd)", "% FLOPs", "fwd ms", "% of step"]
+def _rate(flops: float, seconds: float) -> str:
+    return _num(flops / seconds, "FLOPS") if seconds > 0 else "-"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.2f}%" if whole else "0.00%"
+
+
+_RULE = "-" * 26
 
 
 def format_table(
     rows: list[ModuleRow],
     *,
     step: int,
-    step_s: float,
+    times: StepTimes,
     module_depth: int = -1,
     top_modules: int = 1,
     detailed: bool = True,
-    rich: bool | None = None,
-) -> str | object:
-    """The profile as plain text, or as a rich renderable when `rich` (default: stdout is a
-    terminal and rich is installed)."""
-    total = rows[0].flops if rows else 0
-    params = rows[0].params if rows else 0
-    head = (
-        f"flops profiler: step {step} | params {_num(params)} | FLOPs {_num(total)} (fwd+bwd, "
-        f"this rank) | step {step_s * 1e3:.1f} ms | {total / step_s / 1e12 if step_s else 0:.3g}"
-        " TFLOP/s"
-    )
+    mfu: str | None = None,
+) -> str:
+    """The profile as DeepSpeed's flops profiler prints it: the summary of the step, the top
+    modules per depth, and the model tree with each module's numbers."""
+    root = rows[0] if rows else ModuleRow("(model)", 0, "Module", 0, 0, 0.0)
+    fwd, total = root.fwd_flops, root.flops
+    fwd_s, bwd_s = times.forward_s or root.forward_s, times.backward_s
+    iter_s = fwd_s + bwd_s + times.step_s
+    line = "{:<70}  {}".format
+    out = [
+        f"{_RULE} zlaunch flops profiler (DeepSpeed's layout) {_RULE}",
+        f"Profile Summary at step {step}:",
+        "Notations: params (parameters), MACs (multiply-accumulate operations), flops",
+        "(floating-point operations), FLOPS (flops per second), fwd/bwd latency (forward/",
+        "backward propagation), step (weights update), iter latency (fwd + bwd + step);",
+        "every micro-batch of the step is counted",
+        "",
+        line("world size: ", times.world_size),
+        line("samples per GPU in the step: ", times.samples),
+        line("params per GPU: ", _num(root.params)),
+        line("fwd MACs per GPU: ", _num(root.fwd_macs, "MACs")),
+        line("fwd flops per GPU: ", _num(fwd)),
+        line("bwd flops per GPU: ", _num(total - fwd)),
+        line("fwd+bwd flops per GPU: ", _num(total)),
+        line("fwd latency: ", _dur(fwd_s)),
+        line("fwd FLOPS per GPU = fwd flops per GPU / fwd latency: ", _rate(fwd, fwd_s)),
+    ]
+    if bwd_s > 0:
+        out += [
+            line("bwd latency: ", _dur(bwd_s)),
+            line(
+                "bwd FLOPS per GPU = bwd flops per GPU / bwd latency: ", _rate(total - fwd, bwd_s)
+            ),
+            line(
+                "fwd+bwd FLOPS per GPU = fwd+bwd flops per GPU / (fwd+bwd latency): ",
+                _rate(total, fwd_s + bwd_s),
+            ),
+            line("step latency: ", _dur(times.step_s)),
+            line("iter latency: ", _dur(iter_s)),
+            line("FLOPS per GPU = fwd+bwd flops per GPU / iter latency: ", _rate(total, iter_s)),
+            line("samples/second: ", f"{times.samples * times.world_size / iter_s:.2f}"),
+        ]
+    if mfu:
+        out.append(line("MFU: ", mfu))
     shown = [r for r in rows if module_depth < 0 or r.depth <= module_depth]
-    top: list[tuple[int, list[ModuleRow]]] = []
-    for depth in sorted({r.depth for r in shown if r.depth > 0}):
-        at = sorted((r for r in shown if r.depth == depth), key=lambda r: -r.flops)
-        top.append((depth, at[:top_modules]))
-    table = _Table(head, top, top_modules, shown if detailed else None, total, step_s)
-    if rich is None:
-        rich = sys.stdout.isatty()
-    if rich:
-        try:
-            return table.rich()
-        except ImportError:
-            pass
-    return table.plain()
+    out += ["", f"{_RULE} Aggregated Profile per GPU {_RULE}"]
+    out.append("Top modules in terms of params, MACs or fwd latency at different model depths:")
+    for depth in sorted({r.depth for r in shown}):
+        at = [r for r in shown if r.depth == depth]
+
+        def top(key, fmt, at=at):
+            picked = sorted(at, key=key, reverse=True)[:top_modules]
+            return "{" + ", ".join(f"'{r.name}': '{fmt(r)}'" for r in picked) + "}"
+
+        out += [
+            f"depth {depth}:",
+            f"    params      - {top(lambda r: r.params, lambda r: _num(r.params))}",
+            f"    MACs        - {top(lambda r: r.fwd_macs, lambda r: _num(r.fwd_macs, 'MACs'))}",
+            f"    fwd latency - {top(lambda r: r.forward_s, lambda r: _dur(r.forward_s))}",
+        ]
+    if detailed:
+        out += [
+            "",
+            f"{_RULE} Detailed Profile per GPU {_RULE}",
+            "Each module profile is listed after its name in the following order:",
+            "params, percentage of total params, MACs, percentage of total MACs, fwd latency,",
+            "percentage of total fwd latency, fwd FLOPS, fwd flops, bwd flops",
+            "",
+        ]
+        out += _tree(shown, root)
+    out.append("-" * 78)
+    return "\n".join(out)
 
 
-def _label(row: ModuleRow) -> str:
-    """The module's own name, indented by its depth, with its class."""
-    name = row.name.rsplit(".", 1)[-1] if row.depth else row.name
-    return "  " * row.depth + f"{name} ({row.kind})"
+def _tree(rows: list[ModuleRow], root: ModuleRow) -> list[str]:
+    """The modules as ``print(model)`` shows them, each with its numbers (DeepSpeed's detailed
+    profile)."""
 
+    def numbers(r: ModuleRow) -> str:
+        items = [
+            f"{_num(r.params)} = {_pct(r.params, root.params)} Params",
+            f"{_num(r.fwd_macs, 'MACs')} = {_pct(r.fwd_macs, root.fwd_macs)} MACs",
+            f"{_dur(r.forward_s)} = {_pct(r.forward_s, root.forward_s)} latency",
+            _rate(r.fwd_flops, r.forward_s),
+            f"fwd {_num(r.fwd_flops)}",
+            f"bwd {_num(r.bwd_flops)}",
+        ]
+        return ", ".join(items + ([r.extra] if r.extra else []))
 
-@dataclass
-class _Table:
-    """What `format_table` shows, ready to be drawn as text or with rich."""
-
-    head: str
-    top: list[tuple[int, list[ModuleRow]]]
-    top_modules: int
-    detail: list[ModuleRow] | None
-    """Every module shown, in tree order; None without the per-module table."""
-    total_flops: int
-    step_s: float
-
-    def plain(self) -> str:
-        lines = [self.head, "", f"top {self.top_modules} module(s) by FLOPs per depth:"]
-        for depth, picked in self.top:
-            names = ", ".join(f"{r.name} {_num(r.flops)}" for r in picked)
-            lines.append(f"  depth {depth}: {names}")
-        if self.detail is not None:
-            labels = [_label(r) for r in self.detail]
-            width = max([len(x) for x in labels] + [6])
-            lines += ["", f"{'module':<{width}}  " + "  ".join(f"{h:>15}" for h in _HEADERS)]
-            for label, r in zip(labels, self.detail, strict=True):
-                cols = _columns(r, self.total_flops, self.step_s)
-                lines.append(f"{label:<{width}}  " + "  ".join(f"{c:>15}" for c in cols))
-        return "\n".join(lines)
-
-    def rich(self) -> object:
-        """ImportError without rich."""
-        from rich.console import Group
-        from rich.table import Table
-
-        summary = Table(title=f"top {self.top_modules} module(s) by FLOPs per depth")
-        for col in ["depth", "module", *_HEADERS]:
-            summary.add_column(col, justify="left" if col == "module" else "right")
-        for depth, picked in self.top:
-            for r in picked:
-                summary.add_row(str(depth), r.name, *_columns(r, self.total_flops, self.step_s))
-        parts: list = [summary]
-        if self.detail is not None:
-            tree = Table(title="per module")
-            for col in ["module", *_HEADERS]:
-                tree.add_column(col, justify="left" if col == "module" else "right")
-            for r in self.detail:
-                tree.add_row(_label(r), *_columns(r, self.total_flops, self.step_s))
-            parts.append(tree)
-        return Group(self.head, *parts)
+    out: list[str] = []
+    open_parents: list[int] = []  # depths of the modules whose ")" is still to come
+    for i, r in enumerate(rows):
+        while open_parents and open_parents[-1] >= r.depth:
+            out.append("  " * open_parents.pop() + ")")
+        pad = "  " * r.depth
+        label = r.kind if r.depth == 0 else f"({r.name.rsplit('.', 1)[-1]}): {r.kind}"
+        if i + 1 < len(rows) and rows[i + 1].depth > r.depth:
+            out += [f"{pad}{label}(", f"{pad}  {numbers(r)},"]
+            open_parents.append(r.depth)
+        else:
+            out.append(f"{pad}{label}({numbers(r)})")
+    while open_parents:
+        out.append("  " * open_parents.pop() + ")")
+    return out

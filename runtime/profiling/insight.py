@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 import time
 from typing import Any
 
 import torch
 
 from .comms import CommsLogger, format_summary
-from .flops import ModuleProfile, StepFlops, format_table
+from .flops import ModuleProfile, StepFlops, StepTimes, format_table
 from .peak import Peak, resolve_peak
 from .timers import PHASES, Phase, WallClock
 
@@ -84,6 +83,8 @@ class StepInsight:
         self._counter: StepFlops | ModuleProfile | None = None
         self._counting = False  # the counter's dispatch mode is entered
         self._profile_started = 0.0
+        self._profile_times = StepTimes()  # the profiled step's phases, for the profile
+        self._phase_started = 0.0
         self.flops_per_step: int | None = None
         self._peak: Peak | None = None
         self._hosts: list[str] | None = None
@@ -96,18 +97,22 @@ class StepInsight:
                 self._start_count()
         if self.clock is not None:
             self.clock.start(Phase.FORWARD)
+        self._phase_begin()
 
     def forward_end(self) -> None:
         if self.clock is not None:
             self.clock.stop()
+        self._profile_times.forward_s += self._phase_seconds()
 
     def backward_begin(self) -> None:
         if self.clock is not None:
             self.clock.start(Phase.BACKWARD)
+        self._phase_begin()
 
     def backward_end(self, boundary: bool) -> None:
         if self.clock is not None:
             self.clock.stop()
+        self._profile_times.backward_s += self._phase_seconds()
         if boundary and self._counting:
             self._counting = False
             self._counter.__exit__(None, None, None)
@@ -115,12 +120,14 @@ class StepInsight:
     def step_begin(self) -> None:
         if self.clock is not None:
             self.clock.start(Phase.STEP)
+        self._phase_begin()
 
     def step_end(self) -> None:
         """After an optimizer step (accumulation boundary), before the step metrics."""
         if self.clock is not None:
             self.clock.stop()
             self.clock.end_step()
+        self._profile_times.step_s += self._phase_seconds()
         counter = self._counter
         if counter is not None and not self._counting:
             self._counter = None
@@ -129,6 +136,23 @@ class StepInsight:
                 self._show_profile(counter, time.perf_counter() - self._profile_started)
 
     # ---- FLOPs ---------------------------------------------------------------------------------
+
+    def _profiling(self) -> bool:
+        return isinstance(self._counter, ModuleProfile)
+
+    def _phase_begin(self) -> None:
+        if self._profiling():
+            if self._sync_cuda:
+                torch.cuda.synchronize()
+            self._phase_started = time.perf_counter()
+
+    def _phase_seconds(self) -> float:
+        """Seconds since `_phase_begin` while the module profile runs, else 0."""
+        if not self._profiling():
+            return 0.0
+        if self._sync_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - self._phase_started
 
     def _start_count(self) -> None:
         if self.profiler_config.enabled:
@@ -143,28 +167,38 @@ class StepInsight:
         if self.rank != 0:
             return
         block = self.profiler_config
+        times = self._profile_times
+        engine = self.engine
+        times.world_size = engine.comm.world_size
+        times.samples = (
+            engine.train_micro_batch_size_per_gpu() * engine.gradient_accumulation_steps()
+        )
         options = dict(
             step=self.profile_step,
-            step_s=step_s,
+            times=times,
             module_depth=block.module_depth,
             top_modules=block.top_modules,
             detailed=block.detailed,
+            mfu=self._profile_mfu(profile.flops, step_s),
         )
         rows = profile.rows()
         if block.output_file:
             with open(block.output_file, "w") as handle:
-                handle.write(format_table(rows, rich=False, **options) + "\n")
+                handle.write(format_table(rows, **options) + "\n")
             return
-        table = format_table(rows, **options)
-        if isinstance(table, str):
-            from ..metrics import _log_line
+        from ..metrics import _log_line
 
-            for line in table.splitlines():
-                _log_line(line)
-        else:
-            from rich.console import Console
+        for line in format_table(rows, **options).splitlines():
+            _log_line(line)
 
-            Console(file=sys.stdout).print(table)
+    def _profile_mfu(self, flops: int, step_s: float) -> str | None:
+        """The profiled step's MFU in words: its FLOP rate over the device's peak."""
+        if self._peak is None:
+            self._peak = resolve_peak(self.engine.device, self.engine.precision.param_dtype)
+        if not self._peak.tflops or step_s <= 0:
+            return f"- (no peak: {self._peak.source})"
+        tflops = flops / step_s / 1e12
+        return f"{100 * tflops / self._peak.tflops:.3g}% ({tflops:.3g} of {self._peak.tflops:g} TFLOP/s, {self._peak.source})"
 
     # ---- reports -------------------------------------------------------------------------------
 

@@ -85,6 +85,7 @@ AGENT_SIDE = [
             "save_request.py",
             "frames.py",
             "protocol.py",
+            "collective_records.py",
         )
     ),
 ]

@@ -28,6 +28,7 @@ from zlaunch.agent.netinfo import interface_for
 from zlaunch.agent.output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
 from zlaunch.agent.upstream import Upstream
 from zlaunch.agent.workers import StartFailed, Worker, WorkerGroup, start_worker
+from zlaunch.collective_records import RecordFiles
 
 __all__ = ["Agent", "AgentPhase", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
 
@@ -67,6 +68,7 @@ class Agent:
         self.all_exited_at: float | None = None
         self.signal_r, self.signal_w = os.pipe()
         self.pending_signals: list[int] = []
+        self.records = RecordFiles()  # each rank's recent collectives, sent with its stacks
 
     def _send(self, frame: frames.Frame) -> None:
         if isinstance(frame, frames.Event):
@@ -106,7 +108,8 @@ class Agent:
 
     def _spawn(self, entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
         try:
-            worker = start_worker(entry, cwd, node_env, self.workers.tag, self.workers.cgroup)
+            env = {**node_env, protocol.COLLECTIVES_FILE_ENV: self.records.path(entry.rank)}
+            worker = start_worker(entry, cwd, env, self.workers.tag, self.workers.cgroup)
         except StartFailed as err:
             self._send(frames.Error(str(err)))
             self._send(frames.Exited.of_returncode(entry.rank, None, err.code))
@@ -200,10 +203,20 @@ class Agent:
             self.stop(frame.grace, "")
         elif isinstance(frame, frames.Signal):  # --save-on, stacks: to the worker, not its group
             self.workers.signal_processes(frame.sig, frame.ranks)
+            if frame.sig == protocol.STACKS_SIGNAL:
+                self._send_records(frame.ranks or [w.rank for w in self.workers])
         elif isinstance(frame, frames.Heartbeat):
             # Echoed, so the controller hears from this agent at least every heartbeat
             # interval and can tell a silent node (link down, partition) from a quiet one.
             self._send(frames.Heartbeat())
+
+    def _send_records(self, ranks: list[int]) -> None:
+        """The ranks' collective records, read from their files: a rank that cannot answer
+        (stopped, stuck in C) still shows what it last did."""
+        for rank in ranks:
+            event = self.records.event(rank)
+            if event is not None:
+                self._send(frames.Event(rank, [event]))
 
     def _heartbeat_missed(self, now: float) -> bool:
         silence = now - self.last_heard
@@ -224,8 +237,11 @@ class Agent:
     def run(self) -> int:
         self._install()
         self._send(hello())
-        while not self._finished(time.monotonic()):
-            self._turn(time.monotonic())
+        try:
+            while not self._finished(time.monotonic()):
+                self._turn(time.monotonic())
+        finally:
+            self.records.remove()
         self.workers.close()
         self._send(frames.Bye())
         self.upstream.flush_blocking()

@@ -10,6 +10,8 @@ somewhere else than its peers stands out at once.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from typing import Any
@@ -48,8 +50,15 @@ def _read_from(path: str, offset: int) -> bytes:
     show_default=True,
     help="Seconds to wait for the ranks' dumps.",
 )
-def command(run: str | None, log_dir: str | None, timeout: float) -> None:
-    """Print every rank's Python stacks, grouped: where RUN (default: the latest) is stuck."""
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the stacks, collective records and suspect as failure.json's root_cause holds them.",
+)
+def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool) -> None:
+    """Print every rank's Python stacks and recent collectives, grouped: where RUN (default:
+    the latest) is stuck, and which rank the others wait for."""
     from zlaunch import protocol
 
     rundir = open_run(log_dir, run, "stacks")
@@ -70,6 +79,7 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
         )
     paths = {r: rundir.rank_log_path(state.attempt, row.host, r) for r, row in ready.items()}
     start = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
+    asked_at = time.time()
     try:
         os.kill(controller, protocol.STACKS_SIGNAL)
     except (ProcessLookupError, PermissionError) as err:
@@ -93,7 +103,24 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
                 seen_lines[r], changed_at[r] = n, now
             elif n and now - changed_at[r] >= QUIET_AFTER:
                 dumps[r] = parse_dump(text)
-    _print_groups(rundir.run_id, ready, dumps)
+    from zlaunch.launcher.hang import hang_failure  # it reads this module's parser
+
+    records = _fresh_records(rundir, asked_at)
+    failure = hang_failure(
+        0.0,
+        0.0,
+        {r: row.host for r, row in ready.items()},
+        dumps,
+        silent,
+        records,
+        {r: row.pid for r, row in ready.items()},
+        headline="stacks asked by `zlaunch stacks`",
+    )
+    if as_json:
+        click.echo(json.dumps({"run_id": rundir.run_id, "root_cause": failure.to_json()}, indent=2))
+    else:
+        _print_groups(rundir.run_id, ready, dumps)
+        _print_collectives(failure)
     missing = sorted(set(paths) - set(dumps))
     if missing:
         click.echo(f"no dump within {timeout:g}s from rank(s) {rank_ranges(missing)}", err=True)
@@ -103,6 +130,34 @@ def command(run: str | None, log_dir: str | None, timeout: float) -> None:
         )
     if missing or not dumps:
         raise click.exceptions.Exit(1)
+
+
+def _fresh_records(rundir: Any, asked_at: float, wait: float = 1.0) -> dict[int, list[dict]]:
+    """The ranks' collective records the controller received for this request (its agents
+    send them with the signal, before the stacks are complete)."""
+    deadline = time.monotonic() + wait
+    while True:
+        fresh = {
+            r: v["records"]
+            for r, v in rundir.collectives().items()
+            if isinstance(v.get("records"), list) and v.get("received", 0) >= asked_at - 0.5
+        }
+        if fresh or time.monotonic() >= deadline:
+            return fresh
+        time.sleep(0.05)
+
+
+def _print_collectives(failure: Any) -> None:
+    from zlaunch.console.terminal import format_hang
+
+    hang = failure.hang or {}
+    if not hang.get("collective_groups"):
+        return
+    click.echo("")
+    only = {**hang, "stack_groups": [], "no_dump": []}
+    for line in format_hang(dataclasses.replace(failure, hang=only)):
+        click.echo(line.removeprefix("    "))
+    click.echo(f"\nsuspect: {hang['suspect']['message']}")
 
 
 def _print_groups(run_id: str, ready: dict[int, RankRow], dumps: dict[int, Any]) -> None:

@@ -132,7 +132,8 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
         lines.append("metrics  none reported yet")
     if failure:
         root = failure.root_cause
-        lines.append(f"cause    rank {root.rank} on {root.host}: {root.how()}")
+        who = ", ".join(map(str, root.rank)) if isinstance(root.rank, list) else root.rank
+        lines.append(f"cause    rank {who} on {root.host}: {root.how()}")
     click.echo("\n".join(lines))
     print_table(
         "ranks",

@@ -168,9 +168,10 @@ def format_failure(report: FailureReport, *, color: bool = False) -> str:
     for index, failure in enumerate(report.failures or (report.root_cause,)):
         if index == 1:
             out.append("Other failures:")
-        out.append(f"  [{index}] {bold}host {failure.host}  rank {failure.rank}{reset}")
+        rank = _ranks_text(failure.rank)
+        out.append(f"  [{index}] {bold}host {failure.host}  rank {rank}{reset}")
         out.append(f"      local_rank: {failure.local_rank}")
-        out.append(f"      pid       : {failure.pid}")
+        out.append(f"      pid       : {_ranks_text(failure.pid)}")
         out.append(f"      exit      : {_exit_text(failure)}")
         if failure.time:
             out.append(f"      time      : {failure.time}")
@@ -178,14 +179,20 @@ def format_failure(report: FailureReport, *, color: bool = False) -> str:
             out.append(f"      message   : {failure.message}")
         if failure.hang:  # a hang: where every rank stands (zlaunch/launcher/hang.py)
             out.extend(format_hang(failure))
-        out.append(f"      last {len(failure.last_lines)} lines of rank {failure.rank} output:")
-        out.extend(f"        | {line}" for line in failure.last_lines)
+        if failure.last_lines:
+            out.append(f"      last {len(failure.last_lines)} lines of rank {rank} output:")
+            out.extend(f"        | {line}" for line in failure.last_lines)
     if report.stopped_ranks:
         out.append(f"Stopped by zlaunch: ranks {_compact(report.stopped_ranks)}")
     if report.log_dir:
         out.append(f"Logs: {report.log_dir}")
     out.append(rule)
     return "\n".join(out) + "\n"
+
+
+def _ranks_text(value: object) -> str:
+    """A failure's rank or pid: one, several (a hang's suspects) or "all"."""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _compact(ranks: Iterable[int]) -> str:
@@ -228,7 +235,8 @@ def print_table(
 
 
 def format_hang(failure: Failure) -> list[str]:
-    """Lines for the console's failure report: the stack groups, the silent ranks."""
+    """Lines for the console's failure report: the stack groups, the collective groups, the
+    silent ranks."""
     hang = failure.hang or {}
     out = []
     for group in hang.get("stack_groups", []):
@@ -237,6 +245,14 @@ def format_hang(failure: Failure) -> list[str]:
         main = next((t for t in group["threads"] if t["thread"] == "main"), None)
         for frame in (main or {"frames": []})["frames"][:6]:
             out.append(f"        {frame}")
+    for group in hang.get("collective_groups", []):  # each rank's last collectives
+        ranks = ", ".join(map(str, group["ranks"]))
+        out.append(f"      collectives of ranks {ranks} (last first):")
+        for rec in reversed(group["records"][-4:]):
+            state = "waiting" if rec["state"] == "issued" else "completed"
+            out.append(
+                f"        {rec['op']} #{rec['seq']} group {rec['group']} {rec['sizes']} {state}"
+            )
     if hang.get("no_dump"):
         out.append(
             f"      no stacks from rank(s) {', '.join(map(str, hang['no_dump']))} "

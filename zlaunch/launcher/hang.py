@@ -7,8 +7,11 @@ such report, so a script that never calls the runtime is never declared hung.
 When the watch fires, the controller asks every rank that can for its Python stacks (as
 ``zlaunch stacks`` does) and gathers them from the rank output for up to `STACKS_WAIT`
 seconds: a rank stopped with SIGSTOP, or stuck in C code that never returns to Python, does not
-answer, and the report says so. The report (reason ``hang``) groups the ranks by identical
-stack, so the one rank that stands elsewhere than its peers is named at once.
+answer, and the report says so. With the same request each agent sends its ranks' recent
+collectives (zlaunch/collective_records.py). The report (reason ``hang``) groups the ranks by
+identical stack and by identical collective records, and names the suspect in the failure's
+own fields (``rank``, ``host``, ``pid``): zlaunch/launcher/hang_suspect.py reads who waits for
+whom.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from zlaunch.launcher.hang_suspect import find_suspect, group_records
 from zlaunch.rundir.records import REASON_HANG, Failure
 from zlaunch.stack_dumps import QUIET_AFTER, group_ranks, parse_dump
 
@@ -54,6 +58,7 @@ class StackCapture:
 
     def __init__(self, ranks: Iterable[int], now: float, wait: float = STACKS_WAIT):
         self.text: dict[int, list[str]] = {r: [] for r in ranks}
+        self.records: dict[int, list[dict]] = {}
         self.deadline = now + wait
         self._stack_lines = dict.fromkeys(self.text, 0)
         self._changed = dict.fromkeys(self.text, now)
@@ -66,6 +71,10 @@ class StackCapture:
         count = sum(len(frames) + 1 for _, frames in dump) if dump else 0
         if count != self._stack_lines[rank]:
             self._stack_lines[rank], self._changed[rank] = count, now
+
+    def collectives(self, rank: int, records: list[dict]) -> None:
+        """A rank's collective records, sent by its agent with the request."""
+        self.records[rank] = records
 
     def complete(self, rank: int, now: float) -> bool:
         return self._stack_lines[rank] > 0 and now - self._changed[rank] >= QUIET_AFTER
@@ -88,34 +97,62 @@ def hang_failure(
     hosts_of: dict[int, str],
     dumps: dict[int, Any],
     silent: list[int],
+    records: dict[int, list[dict]] | None = None,
+    pids_of: dict[int, int | None] | None = None,
+    headline: str | None = None,
 ) -> Failure:
-    """The failure record of a hang: where every rank stands (stack groups), who did not
-    answer. ``silent``: running ranks that cannot dump (no runtime.initialize yet)."""
+    """The failure record of a hang: where every rank stands (stack groups, collective
+    groups), who did not answer, and the suspect. ``silent``: running ranks that cannot dump
+    (not Python, or still starting)."""
+    records = records or {}
+    pids_of = pids_of or {}
+    stack_groups = group_ranks(dumps)
     groups = [
         {
             "ranks": ranks,
             "hosts": sorted({hosts_of[r] for r in ranks}),
             "threads": [{"thread": kind, "frames": list(frames)} for kind, frames in dump],
         }
-        for ranks, dump in group_ranks(dumps)
+        for ranks, dump in stack_groups
     ]
     no_dump = sorted(set(hosts_of) - set(dumps) - set(silent))
-    outliers = groups[1:] if len(groups) > 1 else []
-    named = [r for g in outliers for r in g["ranks"]] + no_dump
-    message = f"no rank reached a step boundary for {idle_s:.0f} s (--hang-timeout {timeout:g})"
-    if named:
-        message += f"; rank(s) {', '.join(map(str, sorted(named)))} stand apart"
+    # a stack apart from a strict majority of identical stacks (two different: no majority)
+    majority = len(stack_groups) > 1 and len(stack_groups[0][0]) > len(stack_groups[1][0])
+    outliers = [r for ranks, _ in stack_groups[1:] for r in ranks] if majority else []
+    suspect = find_suspect(hosts_of, records, no_dump, outliers)
+    if headline is None:
+        headline = (
+            f"no rank reached a step boundary for {idle_s:.0f} s (--hang-timeout {timeout:g})"
+        )
+    message = f"{headline}: {suspect.message}"
+    named = list(suspect.ranks)
+    if len(named) == 1:
+        rank: int | str | list[int] = named[0]
+        pid: int | list[int] | None = pids_of.get(named[0])
+    elif named:
+        rank, pid = named, [pids_of[r] for r in named if pids_of.get(r) is not None]
+    else:
+        rank, pid = "all", None
+    hosts = sorted({hosts_of[r] for r in (named or hosts_of)})
     return Failure(
         reason=REASON_HANG,
-        host=", ".join(sorted(set(hosts_of.values()))),
-        rank="all",
+        host=", ".join(hosts),
+        rank=rank,
+        pid=pid,
         exit_code=EXIT_HANG,
         time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         message=message,
         hang={
             "timeout_s": timeout,
             "idle_s": round(idle_s, 1),
+            "suspect": {
+                "ranks": named,
+                "message": suspect.message,
+                "waiting": list(suspect.waiting),
+                "positions": {str(r): p for r, p in sorted(suspect.positions.items())},
+            },
             "stack_groups": groups,
+            "collective_groups": group_records(records, hosts_of),
             "no_dump": no_dump,
             "cannot_dump": sorted(silent),
         },

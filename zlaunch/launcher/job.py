@@ -112,6 +112,7 @@ class Attempt:
         self.hang_idle = 0.0
         self.bad_metrics = 0
         """Metrics events with a field of a wrong type or range (named once, then counted)."""
+        self.mismatches: set[tuple] = set()  # (group, seq) already said
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
 
     def _trace(self, what: str) -> None:
@@ -296,6 +297,12 @@ class Attempt:
                 self.view.metrics(rank, host, row)
             elif kind == protocol.STACKS_READY:
                 self._handle(StacksReady(rank))
+            elif kind == protocol.COLLECTIVES_EVENT and isinstance(event.get("records"), list):
+                if self.output.capture is not None:
+                    self.output.capture.collectives(rank, event["records"])
+                self.recorder.collectives(rank, event)  # for `zlaunch stacks`
+            elif kind == protocol.COLLECTIVE_MISMATCH:
+                self._mismatch(rank, event)
             elif kind == protocol.SAVE_ACK_EVENT:
                 self._handle(SaveAcknowledged(rank))
             elif kind == protocol.PROCESS_GROUP_EVENT and isinstance(event.get("size"), int):
@@ -323,6 +330,27 @@ class Attempt:
                     error=True,
                 )
         return verdict.row
+
+    def _mismatch(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank found its peers in another collective at its position: say so now, once
+        per position (every rank of the group may report the same one)."""
+        mine, peers = event.get("mine"), event.get("peers")
+        if not isinstance(mine, dict) or not isinstance(peers, dict):
+            return
+        key = (mine.get("group"), mine.get("seq"))
+        if key in self.mismatches:
+            return
+        self.mismatches.add(key)
+        others = "; ".join(
+            f"rank {r} in {p.get('op')} {p.get('sizes')}" for r, p in sorted(peers.items())
+        )
+        self.console.note(
+            f"collective mismatch in group {mine.get('group')} at #{mine.get('seq')}: rank "
+            f"{rank} in {mine.get('op')} {mine.get('sizes')}; {others}. The ranks disagree "
+            "on which collective comes next: this job will hang (the hang report names the "
+            "ranks at --hang-timeout)",
+            error=True,
+        )
 
     def _lose_agent(self, index: int, why: str) -> None:
         tail = self.links.stderr_tail(index, 5)
@@ -361,6 +389,8 @@ class Attempt:
             {s.rank: s.slot.host for s in live},
             capture.dumps(),
             [s.rank for s in live if not s.stacks],
+            capture.records,
+            {s.rank: s.pid for s in live},
         )
         self._handle(HangStacksIn(failure))
 

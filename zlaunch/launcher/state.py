@@ -763,7 +763,8 @@ def _failed(failures: Sequence[Failure], ranks: RankTable) -> Outcome:
     """The outcome of an attempt that failed; the first failure is the root cause."""
     root = failures[0]
     code = root.exit_code if root.exit_code is not None else 1
-    stopped = ranks.stopped_by_us({f.rank for f in failures})
+    # a hang's suspects did not fail themselves: zlaunch stopped every rank
+    stopped = ranks.stopped_by_us({f.rank for f in failures if not f.is_hang})
     if root.is_hang:
         cause, what = "the job", "hung: " + (root.message or "")
         summary = f"hung, {len(ranks)} ranks stopped"

@@ -61,6 +61,7 @@ RUN_FILE = "run.json"
 FAILURE_FILE = "failure.json"
 METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
+COLLECTIVES_FILE = "collectives.json"  # each rank's last collectives, as its agent last sent
 LATEST = "latest"
 CONTROLLER_LOCK = "controller.lock"
 MAX_RUN_FILE_BYTES = 64 * 1024 * 1024  # a plan of 100,000 ranks is far below this
@@ -230,6 +231,10 @@ class RunDir:
         """Every rank's current state (read by `zlaunch status`); rewritten atomically."""
         write_json_atomic(self._fd(), RANKS_FILE, ranks.to_json())
 
+    def write_collectives(self, by_rank: dict[int, Any]) -> None:
+        data = {str(rank): value for rank, value in sorted(by_rank.items())}
+        write_json_atomic(self._fd(), COLLECTIVES_FILE, data)
+
     # ---- reading (any process) ----------------------------------------------------------
 
     def record(self) -> dict[str, Any]:
@@ -241,6 +246,13 @@ class RunDir:
         data = _read_json_file(os.path.join(self.path, RUN_FILE), MAX_RUN_FILE_BYTES)
         record, self.problems = checked_run_record(data, self.run_id)
         return record
+
+    def collectives(self) -> dict[int, Any]:
+        """Rank -> {"records": [...], "received": unix time} (`zlaunch stacks` reads it)."""
+        data = self._read_json(COLLECTIVES_FILE)
+        if not isinstance(data, dict):
+            return {}
+        return {int(k): v for k, v in data.items() if k.isdigit() and isinstance(v, dict)}
 
     def ranks(self) -> RanksFile | None:
         data = self._read_json(RANKS_FILE)

@@ -39,6 +39,7 @@ class Recorder:
         """'' or why the run is not in the per-user index (said with the run's id)."""
         self._metrics: IO[str] | None = None
         self._ranks_written = 0.0
+        self._collectives: dict[int, dict[str, Any]] = {}
         self.failed_writes: dict[str, str] = {}
         """What could not be written (file -> the first error), each said once."""
 
@@ -177,6 +178,11 @@ class Recorder:
         self._guarded(
             "ranks.json", lambda: self.run_dir.write_ranks(RanksFile(attempt, now, tuple(rows)))
         )
+
+    def collectives(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's collective records, as its agent sent them with a stacks request."""
+        self._collectives[rank] = {"records": event["records"], "received": time.time()}
+        self._guarded("collectives.json", lambda: self.run_dir.write_collectives(self._collectives))
 
     def failure(self, report: FailureReport) -> None:
         self._guarded("failure.json", lambda: self.run_dir.write_failure(report))

@@ -155,12 +155,13 @@ class Failure:
     ended and its last lines. A hang is one failure of "all" ranks with the stack groups."""
 
     host: str
-    rank: int | str
+    rank: int | str | list[int]
+    """The rank (a hang's suspects: a list when several; "all" when none stands out)."""
     exit_code: int | None
     reason: str = REASON_RANK_FAILED
     local_rank: int | None = None
     node_rank: int | None = None
-    pid: int | None = None
+    pid: int | list[int] | None = None
     signal: int | None = None
     signal_name: str | None = None
     time: str | None = None

@@ -230,6 +230,22 @@ def test_stacks_name_the_one_stuck_rank_among_six_on_three_hosts(cluster, procs,
     alone = text[text.index("rank 3 (node2):") :]
     assert "6 rank(s), 2 distinct stacks" in text
     assert " in backward" in waiting and " in wait_for_data" in alone
+
+    def suspect():  # the collective records from three agents name rank 3 on node2
+        out = subprocess.run(
+            zlaunch("stacks", "--log-dir", str(runs), "--json"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        root = json.loads(out.stdout)["root_cause"] if out.stdout.strip() else {}
+        return root if root.get("rank") == 3 else None
+
+    root = wait_for(suspect, 60, "zlaunch stacks --json naming rank 3", job)
+    assert root["host"] == "node2" and "rank 3 on node2 not in a collective" in root["message"]
+    waiting_records = root["hang"]["collective_groups"][0]
+    assert waiting_records["ranks"] == [0, 1, 2, 4, 5]
+    assert waiting_records["records"][-1]["state"] == "issued"
     assert job.poll() is None  # still running: the dumps are not fatal
     assert sorted(h for h, p in ((h, cluster.pids(h)) for h in cluster.hosts) if p) == cluster.hosts
     assert all(r["state"] == "running" for r in (read_json(ranks_file) or {})["ranks"])

@@ -5,6 +5,7 @@ The multi-host case (6 ranks, one stuck) is in test_cluster_visibility.py.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -94,10 +95,15 @@ def test_stacks_of_a_local_job_show_who_is_stuck_and_leave_it_running(tmp_path):
             return text, text[at0:at1] if at0 < at1 else text[at0:], text[at1:]
 
         # The ranks still start up for a moment; ask until rank 0 waits in backward for
-        # rank 1, which sits in wait_for_data.
+        # rank 1, which sits in wait_for_data (and rank 0's records, written every half
+        # second, say it waits).
         text, rank0, rank1 = wait_for(
             lambda: (
-                (t := sections()) and " in backward" in t[1] and " in wait_for_data" in t[2] and t
+                (t := sections())
+                and " in backward" in t[1]
+                and " in wait_for_data" in t[2]
+                and "waiting" in t[0]
+                and t
             ),
             60,
             "rank 0 in backward, rank 1 in wait_for_data",
@@ -107,6 +113,15 @@ def test_stacks_of_a_local_job_show_who_is_stuck_and_leave_it_running(tmp_path):
         assert " in wait_for_data" in rank1 and " in backward" not in rank1, text
         # its second thread, printing all along, is shown too
         assert "other thread:" in rank1 and " in chatter" in rank1, text
+        # the collective records say whom rank 0 waits for
+        assert "all_reduce #2 group 0 [[32]] waiting" in text, text
+        assert "suspect: rank 1 on localhost not in a collective" in text, text
+        out = zlaunch("stacks", "--log-dir", str(runs), "--json")
+        root = json.loads(out.stdout)["root_cause"]  # as failure.json holds it
+        assert (root["rank"], root["host"], root["pid"]) == (1, "localhost", rows[1]["pid"])
+        waiting = root["hang"]["collective_groups"][0]
+        assert waiting["ranks"] == [0] and waiting["records"][-1]["state"] == "issued"
+        assert [g["ranks"] for g in root["hang"]["stack_groups"]] == [[0], [1]]
         # Asking did not hurt: both ranks still run.
         assert job.poll() is None
         assert all(os.path.exists(f"/proc/{r['pid']}") for r in rows)

@@ -121,19 +121,22 @@ def test_wandb_without_the_package_is_refused_before_launch(monkeypatch):
 
 
 def test_module_depth_and_top_modules_shape_the_table():
-    from runtime.profiling.flops import ModuleRow, format_table
+    from runtime.profiling.flops import ModuleRow, StepTimes, format_table
 
-    rows = [
-        ModuleRow("(model)", 0, "M", 10, 100, 0.01),
-        ModuleRow("a", 1, "L", 4, 60, 0.004),
-        ModuleRow("b", 1, "L", 6, 40, 0.003),
-        ModuleRow("b.x", 2, "L", 6, 40, 0.003),
+    rows = [  # name, depth, kind, params, fwd+bwd flops, fwd seconds, fwd flops
+        ModuleRow("(model)", 0, "M", 10, 300, 0.01, 100),
+        ModuleRow("a", 1, "L", 4, 180, 0.004, 60),
+        ModuleRow("b", 1, "L", 6, 120, 0.003, 40),
+        ModuleRow("b.x", 2, "L", 6, 120, 0.003, 40),
     ]
-    text = format_table(rows, step=1, step_s=0.02, module_depth=1, top_modules=1, rich=False)
-    assert "depth 1: a 60" in text and "depth 2" not in text and " x (L)" not in text
-    assert "60.0%" in text and "20.0%" in text  # a's share of FLOPs, of the step (4 / 20 ms)
-    brief = format_table(rows, step=1, step_s=0.02, detailed=False, top_modules=2, rich=False)
-    assert "depth 1: a 60, b 40" in brief and "% of step" not in brief
+    times = StepTimes(0.01, 0.02, 0.005, samples=4)
+    text = format_table(rows, step=1, times=times, module_depth=1, top_modules=1)
+    assert "    MACs        - {'a': '30 MACs'}" in text  # the top module at depth 1 by MACs
+    assert "depth 2" not in text and "(x): L" not in text
+    # a's share of the forward MACs and of the forward latency (4 of 10 ms)
+    assert "(a): L(4 = 40.00% Params, 30 MACs = 60.00% MACs, 4.00 ms = 40.00% latency" in text
+    brief = format_table(rows, step=1, times=times, detailed=False, top_modules=2)
+    assert "{'a': '30 MACs', 'b': '20 MACs'}" in brief and "Detailed Profile" not in brief
 
 
 def test_peak_from_the_table_by_device_name_and_the_cpu_probe(monkeypatch):
@@ -297,29 +300,28 @@ def test_comms_logger_verbose_lines_prof_ops_and_summary_table(caplog):
     assert bus_factor("broadcast", 4) == 1.0 and bus_factor("all_gather", 4) == 0.75
 
 
-def test_the_rich_table_shows_the_rows_of_the_plain_one():
-    import io
+def test_the_detailed_profile_is_the_model_tree_with_each_modules_numbers():
+    from runtime.profiling.flops import ModuleRow, StepTimes, format_table
 
-    from rich.console import Console as RichConsole
-
-    from runtime.profiling.flops import ModuleRow, format_table
-
-    rows = [
-        ModuleRow("(model)", 0, "M", 10, 100, 0.01),
-        ModuleRow("a", 1, "L", 4, 60, 0.004),
-        ModuleRow("a.x", 2, "L", 4, 60, 0.004),
+    rows = [  # name, depth, kind, params, fwd+bwd flops, fwd seconds, fwd flops, extra
+        ModuleRow("(model)", 0, "M", 10, 300, 0.01, 100),
+        ModuleRow("a", 1, "L", 4, 180, 0.004, 60, "in=2"),
+        ModuleRow("a.x", 2, "L", 4, 180, 0.004, 60),
+        ModuleRow("b", 1, "R", 0, 0, 0.001, 0),
     ]
-    plain = format_table(rows, step=3, step_s=0.02, rich=False)
-    assert plain.splitlines()[:4] == [
-        "flops profiler: step 3 | params 10 | FLOPs 100 (fwd+bwd, this rank) | step 20.0 ms"
-        " | 5e-09 TFLOP/s",
-        "",
-        "top 1 module(s) by FLOPs per depth:",
-        "  depth 1: a 60",
+    text = format_table(rows, step=3, times=StepTimes(0.01, 0.02, 0.001, samples=2))
+    tree = text.split("\n\n")[-1].splitlines()[:-1]  # the last block, less the closing rule
+    assert tree == [
+        "M(",
+        "  10 = 100.00% Params, 50 MACs = 100.00% MACs, 10.00 ms = 100.00% latency, "
+        "10.00 KFLOPS, fwd 100, bwd 200,",
+        "  (a): L(",
+        "    4 = 40.00% Params, 30 MACs = 60.00% MACs, 4.00 ms = 40.00% latency, "
+        "15.00 KFLOPS, fwd 60, bwd 120, in=2,",
+        "    (x): L(4 = 40.00% Params, 30 MACs = 60.00% MACs, 4.00 ms = 40.00% latency, "
+        "15.00 KFLOPS, fwd 60, bwd 120)",
+        "  )",
+        "  (b): R(0 = 0.00% Params, 0 MACs = 0.00% MACs, 1.00 ms = 10.00% latency, 0 FLOPS, "
+        "fwd 0, bwd 0)",
+        ")",
     ]
-    assert "    x (L)" in plain
-    screen = RichConsole(record=True, width=200, file=io.StringIO())
-    screen.print(format_table(rows, step=3, step_s=0.02, rich=True))
-    drawn = screen.export_text()
-    assert "flops profiler: step 3" in drawn and "per module" in drawn
-    assert "(model) (M)" in drawn and "    x (L)" in drawn and "60.0%" in drawn

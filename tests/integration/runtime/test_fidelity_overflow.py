@@ -131,6 +131,14 @@ def test_skipped_step_logs_one_line_on_rank_0(caplog):
     assert lines == ["step 1: bf16 gradients are not finite (inf or nan): skipping step"]
 
 
+def every_case_on_this_rank() -> dict:
+    out = {}
+    for stage, precision, check in CASES:
+        result = train_three_steps(stage, precision, check, inf_rank=1)
+        out[f"{stage}/{precision}/{check}"] = result
+    return out
+
+
 @pytest.mark.multirank
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank():
     ranks = run_ranks(2, f"{HERE}:every_case_on_this_rank", timeout=600)

@@ -163,12 +163,178 @@ def full_model(layers=2) -> TPTransformer:
     return TPTransformer(layers=layers)
 
 
+def shard(full: TPTransformer, rank: int, size: int, group, checkpoint=None) -> TPTransformer:
+    part = TPTransformer(size, group, len(full.blocks), checkpoint)
+    for mine, theirs in zip(part.modules(), full.modules(), strict=True):
+        if isinstance(mine, Linear):
+            mine.take_from(theirs, rank)
+        elif isinstance(mine, torch.nn.LayerNorm):
+            mine.load_state_dict(theirs.state_dict())
+    return part
+
+
+def unshard(part: TPTransformer, size: int, group) -> dict[str, torch.Tensor]:
+    """The full model's parameters, gathered from every model-parallel rank's part."""
+    out = {}
+    for name, module in part.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            key = f"{name}.{pname}" if name else pname
+            t = p.detach().contiguous()
+            kind = getattr(module, "kind", "replicated")
+            if size > 1 and kind != "replicated" and not (kind == "row" and pname == "bias"):
+                parts = [torch.empty_like(t) for _ in range(size)]
+                dist.all_gather(parts, t, group=group)
+                dim = 1 if kind == "row" else 0
+                t = torch.cat(parts, dim=dim)
+            out[key] = t.clone()
+    return out
+
+
 # --------------------------------------------------------------------------- rank side
 def batches():
     g = torch.Generator().manual_seed(11)
     x = torch.randn(STEPS, GAS * DP * MICRO, SEQ, FEATURES, generator=g)
     w = torch.randn(FEATURES, OUT, generator=g)
     return x, torch.tanh(x @ w)
+
+
+def micro(t: torch.Tensor, m: int, dp_rank: int) -> torch.Tensor:
+    lo = (m * DP + dp_rank) * MICRO
+    return t[lo : lo + MICRO]
+
+
+def config(stage: int, activation_checkpointing: dict) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "gradient_clipping": CLIP,
+        "steps_per_print": 1000,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
+        "activation_checkpointing": activation_checkpointing,
+    }
+
+
+def _steps(engine, dp_rank: int, first: int, last: int):
+    x, y = batches()
+    losses, norms = [], []
+    for s in range(first, last):
+        for m in range(GAS):
+            loss = F.mse_loss(engine(micro(x[s], m, dp_rank)), micro(y[s], m, dp_rank))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        norms.append(engine.get_global_grad_norm())
+    return losses, norms
+
+
+def _train(runtime, mpu, stage: int, out_dir: str) -> dict:
+    import runtime.activation_checkpointing as ck
+
+    mp_rank, dp_rank = mpu.get_model_parallel_rank(), mpu.get_data_parallel_rank()
+    group = mpu.get_model_parallel_group()
+    cfg = config(stage, CASES[stage])
+    model = shard(full_model(), mp_rank, MP, group, checkpoint=ck.checkpoint)
+    engine, *_ = runtime.initialize(model=model, config=cfg, mpu=mpu)
+    assert ck.options().partition_activations
+    losses, norms = _steps(engine, dp_rank, 0, SAVE_AT)
+    engine.save_checkpoint(out_dir, tag="mid")
+    more, more_norms = _steps(engine, dp_rank, SAVE_AT, STEPS)
+    params = unshard(model, MP, group)
+
+    fresh = shard(full_model(), mp_rank, MP, group, checkpoint=ck.checkpoint)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.add_(1.0)  # the load must overwrite every parameter
+    engine2, *_ = runtime.initialize(model=fresh, config=cfg, mpu=mpu)
+    engine2.load_checkpoint(out_dir, tag="mid")
+    resumed, _ = _steps(engine2, dp_rank, SAVE_AT, STEPS)
+    return {
+        "losses": losses + more,
+        "norms": norms + more_norms,
+        "params": params,
+        "resumed_losses": resumed,
+        "resumed_params": unshard(fresh, MP, group),
+        "layout_world": engine.sharding.layout.world_size,
+        "global_steps": engine2.global_steps,
+    }
+
+
+def _held_bytes(model, x) -> int:
+    """Bytes of the distinct storages autograd holds between this forward and its backward
+    (saved-tensor hooks see what the checkpoints keep: they save it for backward)."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).square().sum()
+    loss.backward()
+    return sum(storages.values())
+
+
+def _partition_effect(mpu) -> dict:
+    import runtime.activation_checkpointing as ck
+
+    group = mpu.get_model_parallel_group()
+    model = shard(full_model(layers=3), mpu.get_model_parallel_rank(), MP, group, ck.checkpoint)
+    x = torch.randn(4, SEQ, FEATURES, generator=torch.Generator().manual_seed(3))
+    out = {}
+    for partition in (False, True):
+        ck.configure(mpu, partition_activations=partition)
+        out[partition] = _held_bytes(model, x)
+    out["block_input_bytes"] = 4 * SEQ * HIDDEN * 4
+    out["blocks"] = 3
+    # Gradients through partitioned checkpoints (both variants) equal those without.
+    want = _grads(model, x, None)
+    out["same_grads"] = {
+        name: _grads(model, x, fn) == want
+        for name, fn in (
+            ("reentrant", ck.checkpoint),
+            ("non_reentrant", ck.non_reentrant_checkpoint),
+        )
+    }
+    return out
+
+
+def _grads(model, x, checkpoint) -> list:
+    model.checkpoint = checkpoint
+    model.zero_grad(set_to_none=True)
+    model(x).square().sum().backward()
+    return [p.grad.tolist() for p in model.parameters()]
+
+
+def _stage3_refused(runtime, mpu) -> str:
+    from runtime.config import ConfigError
+
+    model = shard(full_model(), mpu.get_model_parallel_rank(), MP, mpu.get_model_parallel_group())
+    try:
+        runtime.initialize(model=model, config=config(3, {}), mpu=mpu)
+    except ConfigError as err:
+        return str(err)
+    return "not refused"
+
+
+def worker(out_dir: str) -> dict:
+    import runtime
+    from runtime.parallel_groups import ModelParallelGroups
+
+    runtime.init_distributed()
+    mpu = ModelParallelGroups(MP)
+    out = {
+        "rank": dist.get_rank(),
+        "mp_rank": mpu.get_model_parallel_rank(),
+        "dp_rank": mpu.get_data_parallel_rank(),
+        "stages": {},
+    }
+    for stage in CASES:
+        out["stages"][stage] = _train(runtime, mpu, stage, f"{out_dir}/stage{stage}")
+    out["partition"] = _partition_effect(mpu)
+    out["stage3"] = _stage3_refused(runtime, mpu)
+    return out
 
 
 # --------------------------------------------------------------------------- test side

@@ -9,7 +9,9 @@ all ranks and micro-steps, in this process, with torch's AdamW and clip_grad_nor
 from __future__ import annotations
 
 import json
+import logging
 import math
+import weakref
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,17 @@ from tests.integration.runtime.reference import (
     MICRO,
     STEPS,
     assert_matches_reference,
+    comm_bytes_per_step,
     mean_step_losses,
+    model_state_bytes,
     reference_training,
     small_model,
+    square_config,
+    square_model,
+    train_steps,
+    train_user_example,
 )
+from tests.integration.runtime.reference import base_config as shared_config
 
 pytestmark = pytest.mark.multirank
 
@@ -154,7 +163,218 @@ def batches(world: int, steps: int = STEPS):
     return x, torch.tanh(x @ w)
 
 
+def base_config(zero: dict, **extra) -> dict:
+    return shared_config({"stage": 3, **zero}, **extra)
+
+
+def gathered_params(runtime, model) -> dict[str, torch.Tensor]:
+    params = dict(model.named_parameters())
+    with runtime.zero.GatheredParameters(list(params.values())):
+        return {n: p.detach().float().clone() for n, p in params.items()}
+
+
 # --------------------------------------------------------------------------- rank side
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _train(runtime, world, rank, model_name, zero, out_dir):
+    records = _Records()
+    logger = logging.getLogger("runtime.zero.stage3")
+    logger.addHandler(records)
+    logger.setLevel(logging.INFO)
+    model = MODELS[model_name]()
+    cfg = base_config({**zero, "stage3_gather_16bit_weights_on_model_save": True})
+    engine, *_ = runtime.initialize(model=model, config=cfg)
+    x, y = batches(world)
+    losses = train_steps(engine, x, y, rank, world, 0, STEPS)
+    result = {
+        "losses": losses,
+        "params": gathered_params(runtime, model),
+        "steps": engine.global_steps,
+        "released": all(p.numel() == 0 for p in model.parameters() if p.ds_numel > 30),
+        "saved": engine.save_16bit_model(out_dir, "weights.safetensors"),
+        "log": records.messages,
+    }
+    logger.removeHandler(records)
+    return result
+
+
+def _checkpoint_round_trip(runtime, world, rank, out_dir):
+    """Save at stage 3, load into fresh stage-3 and stage-2 engines, train on identically."""
+    x, y = batches(world)
+
+    def run(engine, first, last):
+        return train_steps(engine, x, y, rank, world, first, last)
+
+    zero = {"stage3_param_persistence_threshold": 30}
+    engine, *_ = runtime.initialize(model=small_model(), config=base_config(zero))
+    run(engine, 0, 3)
+    engine.save_checkpoint(f"{out_dir}/ckpt")
+    out = {"continued": run(engine, 3, 6)}
+    for stage in (3, 2):
+        fresh, *_ = runtime.initialize(
+            model=small_model(), config=base_config({**zero, "stage": stage})
+        )
+        fresh.load_checkpoint(f"{out_dir}/ckpt")
+        out[stage] = run(fresh, 3, 6)
+    return out
+
+
+def _gathered_parameters_write_back(runtime, rank):
+    model = small_model()
+    engine, *_ = runtime.initialize(
+        model=model, config=base_config({"stage3_param_persistence_threshold": 30})
+    )
+    w = model[2].weight
+    with runtime.zero.GatheredParameters(w, modifier_rank=1), torch.no_grad():
+        if rank == 1:
+            w.fill_(0.25)
+    with runtime.zero.GatheredParameters([w]), torch.no_grad():
+        w.fill_(9.0)  # no modifier_rank: discarded
+    with runtime.zero.GatheredParameters([w]):
+        seen = w.detach().clone()
+    return {"seen": seen, "numel_outside": w.numel()}
+
+
+def _memory(runtime, precision, out_dir):
+    model = square_model()
+    cfg = square_config(
+        {
+            "stage": 3,
+            "reduce_bucket_size": 2 * SQUARE,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_prefetch_bucket_size": SQUARE,
+            "stage3_max_live_parameters": MEM_LIVE,
+            "stage3_max_reuse_distance": 0,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        }
+    )
+    if precision != "fp32":
+        cfg[precision] = {"enabled": True}
+    engine, *_ = runtime.initialize(model=model, config=cfg)
+    during = []
+    # Mid-forward (after the last layer ran): the most gathered parameters at once.
+    model[-2].register_forward_hook(lambda *a: during.append(model_state_bytes(engine)))
+    x = torch.randn(2, 128)
+    for _ in range(2):
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+    saved = engine.save_16bit_model(out_dir, f"{precision}.safetensors")
+    return {
+        "after_step": model_state_bytes(engine),
+        "during": max(during),
+        "peak_live": engine.sharding.coordinator.peak_live_numel,
+        "saved": saved,
+        "params": gathered_params(runtime, model),
+    }
+
+
+def _comm(runtime):
+    return comm_bytes_per_step(
+        runtime,
+        {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0},
+    )
+
+
+def _construction(runtime, use_init: bool):
+    """Peak bytes of parameters held while InitNet is built (sampled at every registration)."""
+    tracked: list[weakref.ref] = []
+    peak = {"full": 0, "total": 0}
+
+    def sample():
+        full, total = {}, {}
+        for ref in tracked:
+            p = ref()
+            if p is None:
+                continue
+            st = p.untyped_storage()
+            full[st.data_ptr()] = st.nbytes()
+            owner = getattr(p, "_zero_owner", None)
+            shard = getattr(owner, "shard", None)
+            if shard is not None:
+                total[shard.untyped_storage().data_ptr()] = shard.untyped_storage().nbytes()
+        full.pop(0, None)
+        peak["full"] = max(peak["full"], sum(full.values()))
+        peak["total"] = max(peak["total"], sum(full.values()) + sum(total.values()))
+
+    def on_register(module, name, param):
+        tracked.append(weakref.ref(param))
+        sample()
+
+    handle = torch.nn.modules.module.register_module_parameter_registration_hook(on_register)
+    try:
+        torch.manual_seed(5)
+        if use_init:
+            with runtime.zero.Init():
+                model = InitNet()
+        else:
+            model = InitNet()
+        sample()
+    finally:
+        handle.remove()
+    return model, peak
+
+
+def _init_and_train(runtime, world, rank):
+    model, peak = _construction(runtime, use_init=True)
+    shapes = {n: tuple(p.ds_shape) for n, p in model.named_parameters()}
+    _, control = _construction(runtime, use_init=False)
+    cfg = base_config({"stage3_param_persistence_threshold": 100})
+    cfg["train_micro_batch_size_per_gpu"] = 4
+    cfg["gradient_accumulation_steps"] = 1
+    engine, *_ = runtime.initialize(model=model, config=cfg)
+    g = torch.Generator().manual_seed(3)
+    losses = []
+    for _ in range(4):
+        x = torch.randn(4 * world, 16, generator=g)
+        xb = x[rank * 4 : rank * 4 + 4]
+        loss = engine(xb).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return {"peak": peak, "control": control, "shapes": shapes, "losses": losses}
+
+
+def _user_example(runtime, rank, out_dir):
+    """examples/configs/zero3_offload.json (the issue's stage-3 example), unchanged."""
+    model = small_model()
+    config = str(REPO / "examples" / "configs" / "zero3_offload.json")
+    engine, *_ = runtime.initialize(model=model, config=config)
+    losses = train_user_example(engine, rank)
+    zero = engine.config.zero_optimization
+    return {
+        "losses": losses,
+        "steps": engine.global_steps,
+        "resolved": (
+            zero.reduce_bucket_size,
+            zero.stage3_prefetch_bucket_size,
+            zero.stage3_param_persistence_threshold,
+        ),
+        "saved": engine.save_16bit_model(out_dir, "user.safetensors"),
+    }
+
+
+def worker(world: int, out_dir: str):
+    import runtime
+
+    rank = int(__import__("os").environ["RANK"])
+    out = {"parity": {}}
+    for name, (model_name, zero) in PARITY_CASES.items():
+        out["parity"][name] = _train(runtime, world, rank, model_name, zero, f"{out_dir}/{name}")
+    out["write_back"] = _gathered_parameters_write_back(runtime, rank)
+    out["checkpoint"] = _checkpoint_round_trip(runtime, world, rank, out_dir)
+    out["memory"] = {p: _memory(runtime, p, out_dir) for p in ("fp32", "bf16")}
+    out["comm"] = _comm(runtime)
+    out["init"] = _init_and_train(runtime, world, rank)
+    if world == 2:
+        out["user_example"] = _user_example(runtime, rank, out_dir)
+    return out
 
 
 # --------------------------------------------------------------------------- test side

@@ -8,10 +8,57 @@ happens when the ranks' executions differ, and the expert-layer detection on its
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.integration.runtime.mp_utils import run_ranks
 
 HERE = "tests/integration/runtime/test_stage3_patterns.py"
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1,
+    "steps_per_print": 1000,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+}
+
+
+class Branchy(torch.nn.Module):
+    """``inp -> a or b -> head``; which branch runs is decided by the caller."""
+
+    def __init__(self, b_out: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(8, 8)
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, b_out)
+        self.head = torch.nn.Linear(8, 1)
+        self.use_b = False
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = self.b(h)[:, :8] if self.use_b else self.a(h)
+        return self.head(h)
+
+
+def rank_runs_other_branch(b_out: int, diverge_at: int, zero: dict | None = None) -> dict:
+    """Rank 1 takes branch b from step ``diverge_at`` on; what each rank saw."""
+    import torch.distributed as dist
+
+    import runtime
+    from runtime.zero.stage3.sequence import RankMismatchError
+
+    model = Branchy(b_out)
+    config = dict(CONFIG, zero_optimization={**CONFIG["zero_optimization"], **(zero or {})})
+    engine, *_ = runtime.initialize(model=model, model_parameters=model.parameters(), config=config)
+    x = torch.randn(2, 8)
+    for step in range(6):
+        model.use_b = dist.get_rank() == 1 and step >= diverge_at
+        try:
+            engine.backward(engine(x).pow(2).mean())
+        except RankMismatchError as e:
+            return {"error": str(e), "step": step, "global_steps": engine.global_steps}
+        engine.step()
+    return {"error": None, "step": 6, "global_steps": engine.global_steps}
 
 
 @pytest.mark.multirank
@@ -43,6 +90,29 @@ def test_same_sizes_reported_before_the_step():
     for r in results:
         assert r["step"] == 4 and r["global_steps"] == 4, r
         assert "'a'" in r["error"] and "'b'" in r["error"]
+
+
+def switch_with_leaves(mode: str) -> dict:
+    """Train the zoo's Switch Transformers MoE at stage 3: experts auto-detected ("auto"),
+    declared ("declared"), or neither ("none": detection switched off)."""
+    import runtime
+    import runtime.zero.leaf_modules as leaf_modules
+    from runtime.zero.stage3.sequence import RankMismatchError
+    from tests.cluster.zoo import training
+    from tests.cluster.zoo.models import ZOO
+
+    model = ZOO["switch_moe"].build()
+    if mode != "auto":
+        leaf_modules.find_expert_leaves = lambda module: {}
+    if mode == "declared":
+        from transformers.models.switch_transformers import modeling_switch_transformers as sw
+
+        runtime.zero.set_z3_leaf_modules(model, [sw.SwitchTransformersSparseMLP])
+    try:
+        results = training.train_model_on_ranks(model, "switch_moe", stage=3)
+    except RankMismatchError as e:
+        return {"error": str(e)}
+    return {"error": None, "losses": results["losses"]}
 
 
 @pytest.mark.multirank

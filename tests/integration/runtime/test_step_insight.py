@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -281,3 +282,32 @@ def test_through_zlaunch_csv_rows_match_metrics_jsonl_and_plot_draws_the_split(t
 
 
 # --- live view ------------------------------------------------------------------------------
+
+
+def _ranked(stage: int, slow_rank: int | None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, 256), torch.nn.Linear(256, OUT))
+    cfg = config(
+        zero_optimization={"stage": stage},
+        wall_clock_breakdown=True,
+        comms_logger={"enabled": True},
+    )
+    engine, *_ = runtime.initialize(model=model, config=cfg)
+    engine.step_metrics.sink = recorder = Recorder()
+    if slow_rank is not None and engine.global_rank == slow_rank:
+        inner = engine.module.forward
+
+        def slow_forward(*args):
+            time.sleep(0.25)  # far more than a step of this model takes
+            return inner(*args)
+
+        engine.module.forward = slow_forward
+    before = dict(engine.comm.stats.bytes)
+    train(engine, 2)
+    return {
+        "summary": engine.comms_summary(show=False),
+        "bytes": {k: v - before.get(k, 0) for k, v in engine.comm.stats.bytes.items()},
+        "events": recorder.events,
+        "numel": sum(p.numel() for p in model.parameters()),
+        "world": engine.comm.world_size,
+    }

@@ -68,6 +68,8 @@ def initialize(
     config: Any = None,
     dist_init_required: bool | None = None,
     mpu: Any = None,
+    *,
+    engine_class: Any = None,
 ):
     """Wrap ``model`` for distributed training: ``(engine, optimizer, dataloader, lr_scheduler)``.
 
@@ -81,6 +83,8 @@ def initialize(
     ``get_data_parallel_group/rank/world_size``; runtime.parallel_groups has one). ZeRO stages
     0-2 then partition and reduce over the data-parallel group, batch sizes count data-parallel
     ranks, and each model-parallel rank checkpoints its own part (runtime.model_parallel).
+    ``engine_class``: a subclass of `Engine` to build instead (the DeepSpeed API's
+    ``DeepSpeedEngine``, which adds DeepSpeed's names for the Hugging Face integration).
     The config's ``activation_checkpointing`` block configures runtime.activation_checkpointing, with the
     mpu's group for ``partition_activations``.
     """
@@ -100,7 +104,7 @@ def initialize(
     _show_config_notes(notes, source, env.rank)
     resolved = loaded.resolve(_data_parallel_size(mpu, env), _hidden_size(model))
     _configure_activation_checkpointing(loaded, resolved, mpu)
-    engine = Engine(
+    engine = (engine_class or Engine)(
         module=model,
         config=resolved,
         env=env,

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from zlaunch.errors import UsageError
 from zlaunch.hostfile import Host
+
+if TYPE_CHECKING:
+    from zlaunch.deepspeed_api import DeepSpeedApi
 
 __all__ = ["SshOptions", "LaunchOptions", "DEFAULT_LOG_DIR", "DEFAULT_GRACE_PERIOD", "LAUNCHERS"]
 
@@ -115,6 +119,9 @@ class LaunchOptions:
     collective_timeout: float | None = None
     """torch.distributed's collective timeout in seconds for the workers; None: the
     runtime's default (DEEPSPEED_TIMEOUT minutes if set, else 30 minutes)."""
+    deepspeed_api: DeepSpeedApi | None = None
+    """Which runtime serves ``import deepspeed`` in the workers (--runtime); None: the
+    workers' path is left as it is (no Python program, or options built by a test)."""
 
     def __post_init__(self) -> None:
         if not self.hosts:

@@ -188,6 +188,14 @@ def _run_env(options: LaunchOptions, run_id: str, attempt: int) -> dict[str, str
     collective_timeout = getattr(options, "collective_timeout", None)
     if collective_timeout is not None:
         env[protocol.COLLECTIVE_TIMEOUT_ENV] = f"{collective_timeout:g}"
+    api = getattr(options, "deepspeed_api", None)
+    if api is not None:  # `import deepspeed` -> the runtime --runtime chose
+        from zlaunch.deepspeed_api import worker_pythonpath
+
+        current = options.env.get("PYTHONPATH")
+        path = worker_pythonpath(api, current)
+        if path != current and path is not None:
+            env["PYTHONPATH"] = path
     return env
 
 

@@ -8,6 +8,7 @@ job; this module knows nothing of it. No torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,8 +47,9 @@ class Config:
     """Micro batches accumulated per optimizer step."""
     gradient_clipping: float = 1.0
     """Clip the global gradient norm to this; 0 disables."""
-    steps_per_print: int = 10
-    """Rank 0 logs progress every this many optimizer steps."""
+    steps_per_print: int | None = 10
+    """Rank 0 logs progress every this many optimizer steps; None: never (DeepSpeed's
+    ``inf``, which accelerate writes into the configs it hands over)."""
     dataloader_drop_last: bool = False
     """The engine's DataLoader drops the last incomplete micro batch."""
     fp16: FP16Config = field(default_factory=FP16Config)
@@ -88,7 +90,10 @@ class Config:
             if value is not None:
                 check_field(self, name, as_int, 1, auto=True)
         check_field(self, "gradient_clipping", as_float, 0.0)
-        check_field(self, "steps_per_print", as_int, 1)
+        if self.steps_per_print == math.inf:
+            object.__setattr__(self, "steps_per_print", None)
+        if self.steps_per_print is not None:
+            check_field(self, "steps_per_print", as_int, 1)
         check_field(self, "dataloader_drop_last", as_bool)
         check_field(self, "wall_clock_breakdown", as_bool)
         for name, cls in (
@@ -108,6 +113,16 @@ class Config:
             raise ConfigError(
                 "fp16.enabled and bf16.enabled are both true; enable at most one of them"
             )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of top-level ``key`` as the config was written (``raw``), else ``default``.
+
+        DeepSpeed's ``engine.config`` is the config mapping, and the Hugging Face Trainer reads
+        it so (``engine.config.get("zero_optimization", {})``). A copy: changing it changes
+        nothing in training."""
+        import copy
+
+        return copy.deepcopy(self.raw.get(key, default))
 
     @property
     def precision(self) -> Literal["fp32", "fp16", "bf16"]:

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 import torch
 
 from ..comm import Communicator
+from .param_status import ZeroParamStatus
 
 __all__ = ["Init", "GatheredParameters", "ParamPartition", "is_partitioned"]
 
@@ -75,6 +76,7 @@ class ParamPartition:
         param.ds_shape = self.shape
         param.ds_numel = self.numel
         param._zero_owner = self
+        param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
     def full_flat(self) -> torch.Tensor:
         """The whole (padded) parameter, gathered from every rank's chunk."""
@@ -90,6 +92,7 @@ class ParamPartition:
         if self.users == 1:
             self._flat = self.full_flat()
             self._param.data = self._flat[: self.numel].view(self.shape)
+            self._param.ds_status = ZeroParamStatus.AVAILABLE
 
     def release_for_user(self, modifier_rank: int | None) -> None:
         if modifier_rank is not None:
@@ -99,12 +102,32 @@ class ParamPartition:
         self.users -= 1
         if self.users == 0:
             self._param.data = torch.empty(0, dtype=self.dtype, device=self.device)
+            self._param.ds_status = ZeroParamStatus.NOT_AVAILABLE
             self._flat = None
 
     def detach_from_param(self) -> None:
         """Forget this partition (the engine has taken the parameter over)."""
         if getattr(self._param, "_zero_owner", None) is self:
             self._param._zero_owner = None
+
+
+def _offloads_params(source) -> bool:
+    """Whether the config (a Config, a mapping or a file) offloads parameters. Only its
+    ``zero_optimization`` block is read: the Hugging Face integration builds models under Init
+    before it has filled the config's other "auto" values (scheduler steps and the like)."""
+    import os
+    from collections.abc import Mapping
+
+    from ..config import load_config
+
+    if hasattr(source, "zero_optimization"):
+        return source.zero_optimization.offload_param.enabled
+    if isinstance(source, (str, os.PathLike)):
+        from ..config.files import read_file
+
+        source = read_file(source, os.fspath(source))
+    zero = source.get("zero_optimization", {}) if isinstance(source, Mapping) else {}
+    return load_config({"zero_optimization": zero}).zero_optimization.offload_param.enabled
 
 
 class Init:
@@ -133,12 +156,8 @@ class Init:
         self.dtype = dtype
         self._group = data_parallel_group
         source = config_dict_or_path if config_dict_or_path is not None else config
-        if remote_device is None and source is not None:
-            from ..config import load_config
-
-            loaded = source if hasattr(source, "zero_optimization") else load_config(source)
-            if loaded.zero_optimization.offload_param.enabled:
-                remote_device = "cpu"
+        if remote_device is None and source is not None and _offloads_params(source):
+            remote_device = "cpu"
         self._remote = remote_device if remote_device not in (None, "none") else None
         self._comm: Communicator | None = None
         self._patched: list[tuple[type, object]] = []

@@ -245,6 +245,15 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     help="torch.distributed collective timeout of the workers. Default: DEEPSPEED_TIMEOUT "
     "(minutes) if set, else 1800.",
 )
+@click.option(
+    "--runtime",
+    type=click.Choice(["auto", "bundled", "deepspeed"]),
+    default="auto",
+    show_default=True,
+    help="Which runtime serves `import deepspeed` in the workers (Hugging Face Trainer, "
+    "accelerate, TRL): 'deepspeed' the installed DeepSpeed, 'bundled' this project's runtime, "
+    "'auto' the installed DeepSpeed if the job's Python has one, else the bundled runtime.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def command(**values) -> None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RunArguments",
+    "auto_keys",
     "build_options",
     "find_config_in_args",
     "parse_ranks",
@@ -34,6 +35,9 @@ __all__ = [
 
 # Spellings of a config path among the script's own args (DeepSpeed scripts use the last two).
 SCRIPT_CONFIG_FLAGS = ("--config", "--deepspeed_config", "--deepspeed-config")
+# The Hugging Face Trainer's spelling (TrainingArguments.deepspeed), with a file as its value.
+HF_CONFIG_FLAG = "--deepspeed"
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class RunArguments:
     launcher: str = "auto"
     slurm_args: str | None = None
     mpirun_args: str | None = None
+    runtime: str = "auto"
     environ: Mapping[str, str] | None = None
     """The environment to read (default: os.environ)."""
     home: str | None = None
@@ -263,14 +268,38 @@ def _launch_options(
         min_nodes=args.min_nodes,
         spare_hosts=tuple(spares),
         collective_timeout=args.collective_timeout,
+        deepspeed_api=_deepspeed_api(args, worker_env),
     )
 
 
+def _deepspeed_api(args: RunArguments, worker_env: Mapping[str, str]):
+    """Which runtime serves ``import deepspeed`` in the workers (--runtime; see
+    zlaunch.deepspeed_api). None for a program that is not run by Python (--no-python)."""
+    from zlaunch.deepspeed_api import bundled_path, choose, find_installed
+
+    if args.no_python:
+        if args.runtime == "bundled":
+            raise UsageError(
+                "--runtime bundled needs the script to run under Python",
+                hint="drop --no-python, or run your program with PYTHONPATH set yourself",
+            )
+        return None
+    environ = dict(args.environ)
+    if "PYTHONPATH" in worker_env:
+        environ["PYTHONPATH"] = worker_env["PYTHONPATH"]
+    # Looked up for --runtime bundled too: the start line says when it shadows a real one.
+    installed = find_installed(args.python or sys.executable, environ)
+    return choose(args.runtime, installed, bundled_path())
+
+
 def find_config_in_args(args: Sequence[str]) -> str | None:
-    """The config path the script's args name with --config / --deepspeed_config, if any.
+    """The config path the script's args name, if any: `--config` / `--deepspeed_config`, or
+    the Hugging Face Trainer's `--deepspeed ds.json`.
 
     Accepts `--config P` and `--config=P`; the last occurrence wins (as with argparse); a bare
-    `--` ends the options, as it does for the script.
+    `--` ends the options, as it does for the script. `--deepspeed` is also DeepSpeed's own
+    flag (no value, `deepspeed.add_config_arguments`), so it counts only with a value that
+    names a config file: ending in .json, .yaml or .yml.
     """
     found = None
     index = 0
@@ -279,7 +308,12 @@ def find_config_in_args(args: Sequence[str]) -> str | None:
         if arg == "--":
             break
         flag, eq, value = arg.partition("=")
-        if flag in SCRIPT_CONFIG_FLAGS:
+        if flag == HF_CONFIG_FLAG:
+            value = value if eq else (args[index + 1] if index + 1 < len(args) else "")
+            if value.lower().endswith(CONFIG_SUFFIXES):
+                found = value
+                index += 0 if eq else 1
+        elif flag in SCRIPT_CONFIG_FLAGS:
             if eq:
                 found = value
             elif index + 1 < len(args):
@@ -312,6 +346,7 @@ def validate_config(path: str, world_size: int) -> None:
     try:
         from runtime.config import ConfigError as RuntimeConfigError
         from runtime.config import load_config
+        from runtime.config.schema import BATCH_KEYS
     except ImportError as err:
         raise ConfigError(
             f"cannot validate {path}: runtime.config is unavailable ({err})"
@@ -319,7 +354,9 @@ def validate_config(path: str, world_size: int) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            load_config(path).resolve(world_size)
+            config, autos, unchecked = _load_leaving_autos(path, load_config, RuntimeConfigError)
+            if not any(key in autos for key in BATCH_KEYS):
+                config.resolve(world_size)
         except RuntimeConfigError as err:
             message = str(err)
             name = os.path.basename(path)
@@ -329,7 +366,64 @@ def validate_config(path: str, world_size: int) -> None:
         except OSError as err:
             raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
     for warning in caught:
+        if autos and '"auto"' in str(warning.message):
+            continue  # said once below, for the script that fills them in
         click.echo(f"warning: {warning.message}", err=True)
+    if autos:
+        blocks = f", with the {' and '.join(unchecked)} block that needs them," if unchecked else ""
+        click.echo(
+            f'note: {path}: the values marked "auto" ({", ".join(autos)}){blocks} are left to '
+            "the script: the Hugging Face Trainer and accelerate fill them in from their own "
+            "arguments; everything else was checked",
+            err=True,
+        )
+
+
+def _load_leaving_autos(path: str, load_config, error_type):
+    """(config, "auto" key paths, blocks left unchecked). A block whose check fails on a key
+    written "auto" (WarmupDecayLR's total_num_steps, which the Trainer fills in) cannot be
+    checked before the script fills it: it is checked without that block instead."""
+    from runtime.config.files import read_file
+
+    data = read_file(path, path)
+    autos = auto_keys(data)
+    unchecked: list[str] = []
+    while True:
+        try:
+            return load_config(data, origin=path), autos, unchecked
+        except error_type as err:
+            block = (err.key or "").split(".")[0]
+            # Only an error about a key written "auto" (or a required key missing beside
+            # "auto" siblings in its block) is the script's to fix; anything else is reported.
+            missing = err.key is not None and not _has_key(data, err.key)
+            left_to_script = err.key in autos or (
+                missing and any(a.startswith(f"{block}.") for a in autos)
+            )
+            if not block or block in unchecked or not left_to_script or block not in data:
+                raise
+            unchecked.append(block)
+            data = {k: v for k, v in data.items() if k != block}
+
+
+def _has_key(data: object, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def auto_keys(raw: object, prefix: str = "") -> list[str]:
+    """The dotted key paths whose value is "auto", in file order."""
+    found: list[str] = []
+    if isinstance(raw, Mapping):
+        for key, value in raw.items():
+            path = f"{prefix}{key}"
+            if value == "auto":
+                found.append(path)
+            else:
+                found.extend(auto_keys(value, path + "."))
+    return found
 
 
 def parse_ranks(text: str, world_size: int) -> frozenset[int]:

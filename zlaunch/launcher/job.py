@@ -208,6 +208,9 @@ class Attempt:
                 f"run {run_id}  logs {self.recorder.path}{self.recorder.index_error}"
                 + (f"  threads {threads}" if threads else "")
             )
+            api = self.options.deepspeed_api
+            if api is not None:  # which runtime serves `import deepspeed` (--runtime)
+                self.console.note(api.describe())
         for index, spec in enumerate(specs):
             if not self.links.send(index, spec):
                 self._lose_agent(index, "connection closed before the spec was sent")

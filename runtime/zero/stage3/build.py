@@ -63,12 +63,14 @@ def _partition_unit(u: Unit, comm: Communicator) -> None:
 def _unpartition_leftovers(module: torch.nn.Module) -> None:
     """Parameters partitioned by zero.Init that the optimizer does not step stay whole."""
     from ..init_context import ParamPartition
+    from ..param_status import ZeroParamStatus
 
     for p in module.parameters():
         owner = getattr(p, "_zero_owner", None)
         if isinstance(owner, ParamPartition):
             p.data = owner.full_flat()[: owner.numel].view(owner.shape).clone()
             owner.detach_from_param()
+            p.ds_status = ZeroParamStatus.AVAILABLE
 
 
 def _log_leaves(leaves: dict, comm: Communicator) -> None:

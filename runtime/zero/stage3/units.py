@@ -33,6 +33,7 @@ import torch
 from ...comm import Communicator, Handle
 from ...errors import InvalidValueError
 from ..param_offload import ShardStore
+from ..param_status import ZeroParamStatus, mark
 from ..partition import FlatGroup, FlatLayout, ParamSpec, plan_layout
 
 __all__ = [
@@ -137,6 +138,7 @@ class Unit:
         self.store.load_into(self.group, own)
         self.handle = comm.all_gather(self.full, own, async_op=True)
         self.state = UnitState.INFLIGHT
+        mark(self.params, ZeroParamStatus.INFLIGHT)
 
     def regather(self, comm: Communicator) -> None:
         """All-gather a gathered unit again, in place (its values predate the last step)."""
@@ -156,6 +158,7 @@ class Unit:
     def point_at_full(self) -> None:
         for p, v in zip(self.params, self.views, strict=True):
             p.data = v
+        mark(self.params, ZeroParamStatus.AVAILABLE)
 
     def release(self, force: bool = False) -> None:
         """Free the gathered buffer (persistent units only when ``force``)."""
@@ -167,6 +170,7 @@ class Unit:
             return
         for p, empty in zip(self.params, self.placeholders, strict=True):
             p.data = empty
+        mark(self.params, ZeroParamStatus.NOT_AVAILABLE)
         self.full.untyped_storage().resize_(0)
         self.state = UnitState.RELEASED
 

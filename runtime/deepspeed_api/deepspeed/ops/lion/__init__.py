@@ -1,0 +1,12 @@
+"""``deepspeed.ops.lion``: not served by the bundled runtime (DeepSpeed's compiled CPU kernel).
+
+accelerate imports ``DeepSpeedCPULion`` only when optimizer offload meets a torch lion-family optimizer;
+asking for it raises NotInBundledRuntime with the way out.
+"""
+
+from __future__ import annotations
+
+from ..._missing import module_getattr
+
+__all__: list[str] = []
+__getattr__ = module_getattr("deepspeed.ops.lion")

@@ -1,0 +1,69 @@
+"""``deepspeed.utils``: the logger, the ZeRO-3 leaf-module calls, full-gradient access and the
+``zero_to_fp32`` helpers, as the Hugging Face integration imports them."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from runtime.dist import is_initialized
+from runtime.zero import (
+    GatheredParameters,
+    get_z3_leaf_modules,
+    set_z3_leaf_modules,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+)
+
+from .._missing import module_getattr
+from . import zero_to_fp32
+from .zero_to_fp32 import (
+    convert_zero_checkpoint_to_fp32_state_dict,
+    get_fp32_state_dict_from_zero_checkpoint,
+    load_state_dict_from_zero_checkpoint,
+)
+
+__all__ = [
+    "convert_zero_checkpoint_to_fp32_state_dict",
+    "get_fp32_state_dict_from_zero_checkpoint",
+    "get_z3_leaf_modules",
+    "is_initialized",
+    "load_state_dict_from_zero_checkpoint",
+    "logger",
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "set_z3_leaf_modules",
+    "unset_z3_leaf_modules",
+    "z3_leaf_module",
+    "zero_to_fp32",
+]
+
+# DeepSpeed's logger is named "DeepSpeed"; the Trainer sets its level to the Trainer's own.
+logger = logging.getLogger("DeepSpeed")
+
+
+def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor:
+    """The whole value of ``param`` (gathered under ZeRO-3), as an fp32 copy. A collective at
+    ZeRO-3: call it on every rank."""
+    with GatheredParameters([param]):
+        return param.detach().to(torch.float32, copy=True)
+
+
+def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
+    """The parameter's gradient as the module holds it after backward, or None. The runtime
+    reduces gradients into its own shards, so only a gradient still on the parameter (stage 0,
+    or before the reduction) is there to read; at stages 1-3 this refuses instead of returning
+    a partial or stale value."""
+    from runtime.errors import UnsupportedError
+
+    if getattr(param, "_zero_owner", None) is not None or param.grad is None:
+        raise UnsupportedError(
+            "deepspeed.utils.safe_get_full_grad: the runtime keeps reduced gradients in its "
+            "ZeRO shards, not on the parameters; read the gradient norm with "
+            "engine.get_global_grad_norm(), or train at ZeRO stage 0 to inspect .grad"
+        )
+    return param.grad.detach().clone()
+
+
+__getattr__ = module_getattr("deepspeed.utils")

@@ -29,7 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "stacks": ("stacks", "Every rank's Python stacks, grouped: where a running job is stuck."),
     "plot": ("plot", "Plot loss, lr, throughput and loss scale of a run to a PNG."),
     "consolidate": ("consolidate", "One full state dict (safetensors) from a sharded checkpoint."),
-    "convert": ("convert", "A checkpoint (ours or DeepSpeed's) as zlaunch, hf, dcp or safetensors."),
+    "convert": (
+        "convert",
+        "A checkpoint (ours or DeepSpeed's) as zlaunch, hf, dcp or safetensors.",
+    ),
 }
 DEFAULT_COMMAND = "run"
 

@@ -195,13 +195,15 @@ def test_a_load_failing_with_any_error_still_reaches_the_agreement(tmp_path, mon
     save(tmp_path, "t")
     calls = []
     engine = types.SimpleNamespace(
-        device="cpu", comm=types.SimpleNamespace(all_reduce=lambda t: calls.append(t), rank=0)
+        device="cpu",
+        comm=types.SimpleNamespace(all_reduce=lambda t: calls.append(t), rank=0),
+        checkpoint_saver=types.SimpleNamespace(wait=lambda: None),  # no save in flight
     )
 
     def broken(path):
         raise TypeError("crafted")
 
-    monkeypatch.setattr(engine_io, "CheckpointReader", broken)
+    monkeypatch.setattr(engine_io, "open_checkpoint", broken)  # whatever the format
     with pytest.raises(CheckpointError, match="TypeError: crafted"):
         engine_io.load_engine(engine, str(tmp_path))
     assert len(calls) == 1  # the other ranks are told, not left waiting

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "tests" / "clients" / "tiny_gpt_ddp.py"
+SCRIPT = REPO / "tests" / "integration" / "clients" / "tiny_gpt_ddp.py"
 CORES = len(os.sched_getaffinity(0))
 
 

@@ -33,30 +33,29 @@ STACKS_WAIT = 5.0
 
 
 class HangWatch:
-    """When did any rank last make progress, and is that longer ago than the timeout?"""
+    """When did any rank last make progress, and is that longer ago than the timeout? A timer
+    only: whether a hang may still be declared is the attempt machine's `HangPhase`."""
 
     def __init__(self, timeout: float):
         self.timeout = timeout
         self.last: float | None = None
-        self.fired = False
 
     def progress(self, now: float) -> None:
         self.last = now
 
     def due(self, now: float) -> bool:
-        return (
-            self.timeout > 0
-            and not self.fired
-            and self.last is not None
-            and now - self.last >= self.timeout
-        )
+        return self.timeout > 0 and self.last is not None and now - self.last >= self.timeout
 
 
 class StackCapture:
     """The output of ranks asked for their stacks, until every dump is complete (no new
     stack line for `QUIET_AFTER` seconds) or `STACKS_WAIT` has passed."""
 
-    def __init__(self, ranks: Iterable[int], now: float, wait: float = STACKS_WAIT):
+    def __init__(
+        self, ranks: Iterable[int], now: float, idle_s: float = 0.0, wait: float = STACKS_WAIT
+    ):
+        self.idle_s = idle_s
+        """How long no rank had made progress when the hang was declared."""
         self.text: dict[int, list[str]] = {r: [] for r in ranks}
         self.records: dict[int, list[dict]] = {}
         self.deadline = now + wait

@@ -53,6 +53,7 @@ from zlaunch.launcher.state import (
     Ending,
     GroupReported,
     HangDue,
+    HangPhase,
     HangStacksIn,
     Note,
     Outcome,
@@ -109,7 +110,6 @@ class Attempt:
         self.output = RankOutput(console, self.view)
         self.plan: Plan | None = None
         self.hang = HangWatch(options.hang_timeout)
-        self.hang_idle = 0.0
         self.bad_metrics = 0
         """Metrics events with a field of a wrong type or range (named once, then counted)."""
         self.mismatches: set[tuple] = set()  # (group, seq) already said
@@ -373,11 +373,8 @@ class Attempt:
         if self.output.capture is not None:
             if self.output.capture.done(now):
                 self._report_hang()
-        elif self.hang.due(now):
-            idle = now - self.hang.last
-            if self._handle(HangDue(idle, self.options.hang_timeout)):
-                self.hang.fired = True
-                self.hang_idle = idle
+        elif self.machine.hang is HangPhase.WATCHING and self.hang.due(now):
+            self._handle(HangDue(now - self.hang.last, self.options.hang_timeout))
         self._handle(Tick())
 
     def _report_hang(self) -> None:
@@ -385,7 +382,7 @@ class Attempt:
         live = self.machine.ranks.live()
         failure = hang_failure(
             self.options.hang_timeout,
-            self.hang_idle,
+            capture.idle_s,
             {s.rank: s.slot.host for s in live},
             capture.dumps(),
             [s.rank for s in live if not s.stacks],
@@ -422,8 +419,8 @@ class Attempt:
                 sig = int(protocol.STACKS_SIGNAL)
                 for index, node_ranks in by_node.items():
                     self.links.send(index, frames.encode(frames.Signal(sig, list(node_ranks))))
-            case CaptureStacks(ranks):
-                self.output.capture = StackCapture(ranks, time.monotonic())
+            case CaptureStacks(ranks, idle_s):
+                self.output.capture = StackCapture(ranks, time.monotonic(), idle_s)
             case unexpected:
                 assert_never(unexpected)
 

@@ -60,6 +60,7 @@ __all__ = [
     "SetStatus",
     "RecordRanks",
     "Ending",
+    "HangPhase",
     "Outcome",
     "AttemptMachine",
     "Policy",
@@ -267,6 +268,8 @@ class CaptureStacks:
     """Collect these ranks' stack dumps from their output for the hang report."""
 
     ranks: tuple[int, ...]
+    idle_s: float = 0.0
+    """How long no rank had made progress when the hang was declared (for the report)."""
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,16 @@ class RecordRanks:
 
 
 Action = StopRanks | SignalRanks | RequestStacks | CaptureStacks | Note | SetStatus | RecordRanks
+
+
+class HangPhase(enum.Enum):
+    """The hang watch of one attempt, owned by the machine: the runner's timer raises HangDue
+    only while WATCHING, the stack capture lives only while CAPTURING, and a hang is declared
+    once."""
+
+    WATCHING = "watching"
+    CAPTURING = "capturing"
+    DECLARED = "declared"
 
 
 class Ending(enum.Enum):
@@ -437,7 +450,7 @@ class AttemptMachine:
         self.save_requested = False
         self.save_asked_at: float | None = None
         """When the ranks were asked to save; None once one answered or the silence was said."""
-        self.hang_capture = False
+        self.hang = HangPhase.WATCHING
         self.groups: dict[int, GroupReport] = {}
         """Per rank, the process group its script joined (zlaunch/launcher/world_check.py)."""
 
@@ -559,9 +572,9 @@ class AttemptMachine:
         return []
 
     def _on_HangDue(self, event: HangDue, now: float) -> list[Action]:
-        if self.stopping or self.interrupt is not None or self.hang_capture:
+        if self.stopping or self.interrupt is not None or self.hang is not HangPhase.WATCHING:
             return []
-        self.hang_capture = True
+        self.hang = HangPhase.CAPTURING
         return [
             Note(
                 f"no rank reached a step boundary for {event.idle_s:.0f} s (--hang-timeout "
@@ -569,11 +582,11 @@ class AttemptMachine:
                 error=True,
             ),
             *self._request_stacks(_STACKS_WORDS),
-            CaptureStacks(tuple(s.rank for s in self.ranks.live() if s.stacks)),
+            CaptureStacks(tuple(s.rank for s in self.ranks.live() if s.stacks), event.idle_s),
         ]
 
     def _on_HangStacksIn(self, event: HangStacksIn, now: float) -> list[Action]:
-        self.hang_capture = False
+        self.hang = HangPhase.DECLARED
         if self.stopping:
             return []
         self.failures.append(event.failure)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-WORKER = str(REPO / "tests" / "survive" / "elastic_worker.py")
+WORKER = str(REPO / "tests" / "cluster" / "faults" / "elastic_worker.py")
 STEPS = 12
 
 

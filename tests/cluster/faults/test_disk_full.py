@@ -13,7 +13,7 @@ import pytest
 from tests.cluster.faults.common import REPO, WORKER, config
 from tests.integration.launcher.helpers import alive, seconds_until
 
-FAKE_WORKER = str(REPO / "tests" / "launcher" / "fake_worker.py")
+FAKE_WORKER = str(REPO / "tests" / "integration" / "launcher" / "fake_worker.py")
 
 pytestmark = pytest.mark.faults
 

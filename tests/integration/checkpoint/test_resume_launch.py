@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[3]
-WORKER = str(REPO / "tests" / "checkpoint" / "ckpt_worker.py")
+WORKER = str(REPO / "tests" / "integration" / "checkpoint" / "ckpt_worker.py")
 
 
 def zlaunch(tmp: Path, name: str, *flags: str, worker_args=(), env=None, wait=True):

@@ -20,6 +20,7 @@ from zlaunch.launcher.state import (
     CaptureStacks,
     Ending,
     HangDue,
+    HangPhase,
     HangStacksIn,
     Note,
     Policy,
@@ -300,10 +301,13 @@ def test_hang_collects_stacks_then_stops_with_the_hang_as_root_cause():
     machine.handle(StacksReady(0), now=0.0)
     actions = machine.handle(HangDue(idle_s=31.0, timeout_s=30.0), now=31.0)
     assert kinds(actions) == [Note, Note, RequestStacks, CaptureStacks]
-    assert actions[-1] == CaptureStacks((0,))
+    assert actions[-1] == CaptureStacks((0,), idle_s=31.0)
+    assert machine.hang is HangPhase.CAPTURING
     assert machine.handle(HangDue(idle_s=32.0, timeout_s=30.0), now=32.0) == []  # once
     hang = Failure(host="node1, node2", rank="all", exit_code=124, reason=REASON_HANG, message="m")
     assert kinds(machine.handle(HangStacksIn(hang), now=36.0)) == [SetStatus, StopRanks]
+    assert machine.hang is HangPhase.DECLARED
+    assert machine.handle(HangDue(idle_s=40.0, timeout_s=30.0), now=40.0) == []  # never again
     for slot in SLOTS:
         machine.handle(RankExited(slot.rank, None, None, int(signal.SIGTERM)), now=37.0)
     outcome = machine.outcome()

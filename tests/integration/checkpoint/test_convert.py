@@ -7,21 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
-
-from tests.fixtures.deepspeed import ds_case
-
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "deepspeed" / "checkpoints"
-CASE = "zero3_bf16"
-
-
-@pytest.fixture(scope="module")
-def config_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cfg")
-    ds_case.build_model().config.save_pretrained(d)
-    return d
+from tests.unit.checkpoint.test_convert import (  # shared with the unit half
+    CASE,
+    FIXTURE,
+)
 
 
 def test_the_command_line_and_a_clean_failure(tmp_path, config_dir):

@@ -14,10 +14,10 @@ import torch
 from runtime.checkpoint import consolidate_state_dict
 from runtime.checkpoint.reader import CheckpointReader
 from tests.integration.runtime.mp_utils import run_ranks
+from tests.unit.checkpoint.test_engine_checkpoint import RTOL  # shared with the unit half
 
 WORKER = "tests/integration/checkpoint/ckpt_worker.py"
 SAVE_AT, TOTAL = 4, 8
-RTOL = 1e-6
 
 
 @pytest.fixture(scope="module")

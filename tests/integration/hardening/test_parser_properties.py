@@ -5,20 +5,16 @@ file and line (or the option), in bounded memory; a few random bad inputs go thr
 from __future__ import annotations
 
 from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 
 from tests.integration.hardening.helpers import assert_usage_error, write_script, zlaunch
+from tests.unit.hardening.test_parser_properties import (  # shared with the unit half
+    GRAMMAR_TEXT,
+)
 from zlaunch.errors import HostfileError
 from zlaunch.hostfile import parse_hostfile
 
 # Text that looks like the grammar as often as not: its tokens, digits of every script, and
 # anything else.
-TOKENS = st.sampled_from(
-    ["node1", "node2", "slots=", "port=", "user=", "=", "@", ":", ",", "-", "[", "]", "#", " ",
-     "\n", "\t", "export ", '"', "'", "\\", "²", "٣", "9" * 30, "::1", "a:22", "\x00", "\r\n",
-     "KEY", "localhost", "0", "1", "2-3", "%eth0", "\u2028"]
-)  # fmt: skip
-GRAMMAR_TEXT = st.lists(st.one_of(TOKENS, st.text(max_size=8)), max_size=40).map("".join)
 
 
 # ---------------------------------------------------------------- checkpoint manifests

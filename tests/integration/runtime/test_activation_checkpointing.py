@@ -15,17 +15,13 @@ import torch.distributed as dist
 import runtime
 import runtime.activation_checkpointing as ck
 from tests.integration.runtime.cli_utils import dry_run
+from tests.unit.runtime.test_activation_checkpointing import (  # shared with the unit half
+    blocks,
+    engine_config,
+    inputs,
+)
 
 D, T, B, BLOCKS = 16, 8, 4, 3
-
-
-@pytest.fixture(autouse=True)
-def fresh_configuration():
-    ck._unconfigure()
-    ck.get_cuda_rng_tracker().reset()
-    yield
-    ck._unconfigure()
-    ck.get_cuda_rng_tracker().reset()
 
 
 @pytest.fixture(scope="module")
@@ -34,34 +30,6 @@ def single_process_group():
     yield
     if not was and dist.is_initialized():
         dist.destroy_process_group()
-
-
-class Block(torch.nn.Module):
-    """Dropout in the default stream and in the tracker's model-parallel stream (as Megatron's
-    attention dropout inside a tensor-parallel region)."""
-
-    def __init__(self, tracked: bool = True):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(D, 4 * D)
-        self.fc2 = torch.nn.Linear(4 * D, D)
-        self.drop = torch.nn.Dropout(0.3)
-        self.tracked = tracked
-
-    def forward(self, x, scale=1.0):
-        h = torch.nn.functional.gelu(self.fc1(x))
-        if self.tracked:
-            with ck.get_cuda_rng_tracker().fork():
-                h = self.drop(h)
-        return x + scale * self.drop(self.fc2(h))
-
-
-def blocks(tracked: bool = True) -> torch.nn.ModuleList:
-    torch.manual_seed(0)
-    return torch.nn.ModuleList(Block(tracked) for _ in range(BLOCKS))
-
-
-def inputs() -> torch.Tensor:
-    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(1))
 
 
 # --------------------------------------------------------------------------- recomputation
@@ -82,15 +50,6 @@ class Net(torch.nn.Module):
         for block in self.blocks:
             x = ck.checkpoint(block, x)
         return x
-
-
-def engine_config(**block):
-    return {
-        "train_micro_batch_size_per_gpu": B,
-        "steps_per_print": 2,
-        "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
-        "activation_checkpointing": block,
-    }
 
 
 def test_initialize_configures_from_the_block_and_reports_profile(single_process_group):

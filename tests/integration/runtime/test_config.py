@@ -3,32 +3,7 @@
 import subprocess
 import sys
 
-STAGE2_EXAMPLE = {
-    "train_micro_batch_size_per_gpu": 16,
-    "gradient_accumulation_steps": 2,
-    "fp16": {
-        "enabled": True,
-        "loss_scale": 0,
-        "loss_scale_window": 1000,
-        "hysteresis": 2,
-        "min_loss_scale": 1,
-    },
-    "optimizer": {
-        "type": "Adam",
-        "params": {"lr": 1.5e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 1e-2},
-    },
-    "zero_optimization": {
-        "stage": 2,
-        "offload_optimizer": {"device": "cpu", "pin_memory": True},
-        "allgather_partitions": True,
-        "allgather_bucket_size": 200000000,
-        "reduce_scatter": True,
-        "reduce_bucket_size": 200000000,
-        "overlap_comm": True,
-        "contiguous_gradients": True,
-    },
-}
-
+from tests.unit.runtime.test_config import STAGE2_EXAMPLE  # shared with the unit half
 
 # --- no torch -------------------------------------------------------------------------------
 

@@ -11,26 +11,9 @@ import sys
 import pytest
 
 from tests.integration.runtime.mp_utils import REPO, free_port
+from tests.unit.runtime.test_dist_env_launchers import SLURM_TASK  # shared with the unit half
 
 # What `srun -N3 --ntasks-per-node=2` gives task 3 (measured on the test cluster).
-SLURM_TASK = {
-    "SLURM_JOB_ID": "1234",
-    "SLURM_JOBID": "1234",
-    "SLURM_STEP_ID": "0",
-    "SLURM_STEPID": "0",
-    "SLURM_PROCID": "3",
-    "SLURM_LOCALID": "1",
-    "SLURM_NODEID": "1",
-    "SLURM_NTASKS": "6",
-    "SLURM_NPROCS": "6",
-    "SLURM_STEP_NUM_TASKS": "6",
-    "SLURM_STEP_NUM_NODES": "3",
-    "SLURM_JOB_NUM_NODES": "3",
-    "SLURM_NNODES": "3",
-    "SLURM_JOB_NODELIST": "gpu-a[001-004,007],gpu-b12",
-    "SLURM_STEP_NODELIST": "gpu-a[002-004]",
-    "SLURM_NODELIST": "gpu-a[001-004,007],gpu-b12",
-}
 
 
 # -- which launcher -------------------------------------------------------------------------

@@ -8,19 +8,10 @@ import types
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import runtime
 from runtime.config import ConfigError
 from runtime.engine import AccumulationError
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_process_group():
-    was = dist.is_initialized()
-    yield
-    if not was and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def model():

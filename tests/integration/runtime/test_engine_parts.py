@@ -12,15 +12,13 @@ import runtime
 from runtime.zero.flat_strategy import FlatStrategy
 from runtime.zero.stage3.build import Stage3Strategy
 from runtime.zero.strategy import TrainedParam
-from tests.integration.runtime.test_engine_api import single_process_group  # noqa: F401 - autouse fixture
+from tests.unit.runtime.test_engine_api import single_process_group  # noqa: F401 - autouse fixture
+from tests.unit.runtime.test_engine_parts import _net  # shared with the unit half
 
 # --------------------------------------------------------------------------- accumulation
 
 
 # --------------------------------------------------------------------------- client optimizer
-def _net():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
 
 
 # --------------------------------------------------------------------------- engine assembly

@@ -16,30 +16,15 @@ import pytest
 
 from tests.integration.runtime.cli_utils import dry_run
 from tests.integration.runtime.mp_utils import REPO
-
-HJSON_TEXT = """{
-  // DeepSpeed's reader is hjson: comments and trailing commas are fine
-  "train_batch_size": 24,   # another comment
-  /* a block comment */
-  "gradient_clipping": 0.5,
-  "zero_optimization": {"stage": 2,},
-  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95,],},},
-}
-"""
-
+from tests.unit.runtime.test_fidelity_config import (  # shared with the unit half
+    HJSON_TEXT,
+    _alias_bomb,
+)
 
 # --- hjson ---------------------------------------------------------------------------------------
 
 
 # --- hostile files: one ConfigError, bounded ------------------------------------------------------
-
-
-def _alias_bomb(levels: int = 9) -> str:
-    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
-    for i in range(1, levels + 1):
-        refs = ", ".join([f"*a{i - 1}"] * 9)
-        lines.append(f"a{i}: &a{i} [{refs}]")
-    return "\n".join(lines) + "\n"
 
 
 # --- refused before launch --------------------------------------------------------------------------

@@ -31,14 +31,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_process_group():
-    was = dist.is_initialized()
-    yield
-    if not was and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _config(stage: int, precision: str, check: bool, steps_per_print: int = 1) -> dict:
     cfg = {
         "train_micro_batch_size_per_gpu": 2,

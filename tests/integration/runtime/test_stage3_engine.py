@@ -19,9 +19,7 @@ import torch
 
 from tests.integration.runtime.mp_utils import REPO, run_ranks
 from tests.integration.runtime.reference import (
-    GAS,
     LR,
-    MICRO,
     STEPS,
     assert_matches_reference,
     comm_bytes_per_step,
@@ -35,6 +33,7 @@ from tests.integration.runtime.reference import (
     train_user_example,
 )
 from tests.integration.runtime.reference import base_config as shared_config
+from tests.unit.runtime.test_stage3_engine import batches  # shared with the unit half
 
 pytestmark = pytest.mark.multirank
 
@@ -149,18 +148,6 @@ class InitNet(torch.nn.Module):
         for block in self.blocks:
             h = h + block(h)
         return self.head(h)
-
-
-def batches(world: int, steps: int = STEPS):
-    g = torch.Generator().manual_seed(99)
-    rows = GAS * world * MICRO
-    x = torch.randn(steps, rows, 6, generator=g)
-    w = torch.randn(6, 3, generator=g)
-    # The branch switch: the same for every row of a step, so every rank (and the reference,
-    # which sees the whole batch) takes the same path.
-    switch = torch.tensor([(1.0, -1.0, 0.0)[(s * 7) % 3] for s in range(steps)])
-    x[:, :, 0] = switch[:, None]
-    return x, torch.tanh(x @ w)
 
 
 def base_config(zero: dict, **extra) -> dict:

@@ -16,30 +16,20 @@ import time
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import runtime
 from runtime.profiling.comms import bus_factor
 from tests.integration.runtime.cli_utils import dry_run
 from tests.integration.runtime.mp_utils import REPO, run_ranks
+from tests.unit.runtime.test_step_insight import (  # shared with the unit half
+    Recorder,
+    config,
+    stack,
+    train,
+)
 
 HERE = "tests/integration/runtime/test_step_insight.py"
 IN, HID, OUT, MICRO, GAS = 32, 64, 16, 4, 2
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_process_group():
-    was = dist.is_initialized()
-    yield
-    if not was and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def stack() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(IN, HID), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(HID, OUT))
-    )
 
 
 def hand_flops(micro: int = MICRO, gas: int = GAS) -> dict[str, int]:
@@ -48,37 +38,6 @@ def hand_flops(micro: int = MICRO, gas: int = GAS) -> dict[str, int]:
     first = 2 * micro * IN * HID * 2  # forward + weight gradient
     second = 2 * micro * HID * OUT * 3  # forward + weight + input gradient
     return {"0": first * gas, "2": second * gas, "2.0": second * gas, "": (first + second) * gas}
-
-
-def config(**extra) -> dict:
-    cfg = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "steps_per_print": 2,
-        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-    }
-    cfg.update(extra)
-    return cfg
-
-
-class Recorder:
-    """Stands in for the log sink: the report steps' events, as metrics.jsonl has them."""
-
-    fd = None
-
-    def __init__(self):
-        self.events: list[dict] = []
-
-    def emit(self, event: dict) -> None:
-        self.events.append(dict(event))
-
-
-def train(engine, steps: int, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps * engine.gradient_accumulation_steps()):
-        loss = engine(torch.randn(MICRO, IN, generator=g)).pow(2).mean()
-        engine.backward(loss)
-        engine.step()
 
 
 # --- config ---------------------------------------------------------------------------------

@@ -9,11 +9,11 @@ runtime/ must derive from runtime.errors, not from the builtins directly.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+from tests.unit.runtime.test_user_errors import builtin_uses  # shared with the unit half
+
 ROOT = Path(__file__).resolve().parents[3]
-BUILTINS = {"Exception", "ValueError", "TypeError", "RuntimeError", "NotImplementedError"}
 
 # (file, enclosing function, exception) -> why no user can cause it.
 INTERNAL = {
@@ -33,29 +33,6 @@ INTERNAL = {
         "each rank asks its own store"
     ),
 }
-
-
-def builtin_uses(source: str, path: str) -> list[tuple[str, str, str, int]]:
-    """(path, enclosing function or "class X", builtin, line) for each raise of a builtin
-    exception type and each class deriving from one directly."""
-    found = []
-
-    def visit(node: ast.AST, scope: list[str]) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                for base in child.bases:
-                    if isinstance(base, ast.Name) and base.id in BUILTINS:
-                        found.append((path, f"class {child.name}", base.id, child.lineno))
-            if isinstance(child, ast.Raise) and child.exc is not None:
-                exc = child.exc.func if isinstance(child.exc, ast.Call) else child.exc
-                if isinstance(exc, ast.Name) and exc.id in BUILTINS:
-                    where = ".".join(scope) or "<module>"
-                    found.append((path, where, exc.id, child.lineno))
-            named = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            visit(child, [*scope, child.name] if named else scope)
-
-    visit(ast.parse(source), [])
-    return found
 
 
 def runtime_builtin_uses() -> list[tuple[str, str, str, int]]:

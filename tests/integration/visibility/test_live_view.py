@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.visibility.test_live_view import tmux  # shared with the unit half
+
 pytestmark = [
     pytest.mark.multirank,
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
@@ -24,11 +26,6 @@ TRAIN = str(Path(__file__).with_name("train_tiny.py"))
 STEPS = 12
 RANK_LINE = re.compile(r"^\[localhost:([01])\] rank \1 step (\d+) loss \d+\.\d{4}$")
 TOP, BOTTOM = "╭─ zlaunch ", "╰"
-
-
-def tmux(session: str) -> list[str]:
-    """tmux on a server of this test's own (-L), untouched by any other tmux user."""
-    return ["tmux", "-L", session]
 
 
 def capture(session: str, history: bool = False) -> list[str]:

@@ -8,7 +8,7 @@ import torch
 
 from runtime.accumulation import Accumulation, AccumulationError
 from runtime.client_optimizer import build_lr_scheduler, optimizer_factory, param_groups_of
-from tests.integration.runtime.test_engine_api import single_process_group  # noqa: F401 - autouse fixture
+from tests.unit.runtime.test_engine_api import single_process_group  # noqa: F401 - autouse fixture
 
 
 # --------------------------------------------------------------------------- accumulation

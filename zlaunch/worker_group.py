@@ -104,9 +104,12 @@ def accelerate_processes() -> int | None:
 
 
 def report_group(largest: int, environ: Any = os.environ) -> None:
-    """Tell the agent the largest group this rank joined and what accelerate made of it."""
+    """Tell the agent the largest group this rank joined and what accelerate made of it.
+
+    Only a script that loaded torch is judged: a program that never touched it (a data
+    preparation step, a shell tool, a progress bar) has no group to miss."""
     fd = environ.get(EVENTS_FD_ENV, "")
-    if not fd.isdigit():
+    if not fd.isdigit() or "torch" not in sys.modules:
         return
     event = {
         "kind": PROCESS_GROUP_EVENT,

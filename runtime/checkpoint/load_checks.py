@@ -73,11 +73,13 @@ def check_optimizer_values(saved_groups: list, scalar_state: list, optimizer, wh
     """The optimizer's saved hyperparameters match its groups' kinds of values; the scalar
     state decodes to names of numbers or small tensors. Returns the scalar states decoded."""
     from . import jsonable
+    from .optimizer_state import IMPLEMENTATION_KEYS
 
     for index, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups, strict=True)):
         if not isinstance(saved, dict):
             raise CheckpointError(f"{where}: optimizer param group {index} is not an object")
-        current = {k: v for k, v in group.items() if k != "params"}
+        # how the optimizer runs (fused, foreach, ...) is this run's, never loaded: not checked
+        current = {k: v for k, v in group.items() if k != "params" and k not in IMPLEMENTATION_KEYS}
         check_like(saved, current, f"{where}: optimizer param group {index}")
     decoded = []
     for index, entry in enumerate(scalar_state):

@@ -19,7 +19,7 @@ from .pieces import PARAM, StagedRange, is_element_state
 __all__ = ["saved_optimizer", "check_saved_optimizer", "load_optimizer_state"]
 
 # Param-group keys that say how this process computes, not what it trains: kept as they are.
-_IMPLEMENTATION_KEYS = frozenset({"fused", "foreach", "capturable", "differentiable"})
+IMPLEMENTATION_KEYS = frozenset({"fused", "foreach", "capturable", "differentiable"})
 
 
 def _scalar_state(optimizer) -> list[dict[str, Any]]:
@@ -92,7 +92,7 @@ def load_optimizer_state(optimizer, staged: list[StagedRange], scalars) -> None:
     groups, scalar_state = scalars
     for group, saved in zip(optimizer.param_groups, groups, strict=True):
         for k, v in saved.items():
-            if k not in _IMPLEMENTATION_KEYS:
+            if k not in IMPLEMENTATION_KEYS:
                 group[k] = v
     for pg, group in enumerate(optimizer.param_groups):
         saved = scalar_state[pg] if pg < len(scalar_state) else {"values": {}, "on_device": []}

@@ -386,7 +386,7 @@ def _load_leaving_autos(path: str, load_config, error_type):
     from runtime.config.files import read_file
 
     data = read_file(path, path)
-    autos = auto_keys(data)
+    autos = [key for key in auto_keys(data) if filled_by_integrations(key)]
     unchecked: list[str] = []
     while True:
         try:
@@ -411,6 +411,38 @@ def _has_key(data: object, dotted: str) -> bool:
             return False
         data = data[part]
     return True
+
+
+# The "auto" values the Hugging Face integration (transformers' Trainer) and accelerate's
+# DeepSpeed plugin fill in from their own arguments before DeepSpeed reads the config. Any other
+# "auto" (an optimizer's type, say) is nobody's to fill and is checked like any value.
+_FILLED_KEYS = frozenset(
+    {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "fp16.enabled",
+        "bf16.enabled",
+        "amp.enabled",
+        "amp.opt_level",
+        "zero_optimization.stage",
+        "zero_optimization.reduce_bucket_size",
+        "zero_optimization.stage3_prefetch_bucket_size",
+        "zero_optimization.stage3_param_persistence_threshold",
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+        "zero_optimization.offload_optimizer.device",
+        "zero_optimization.offload_optimizer.nvme_path",
+        "zero_optimization.offload_param.device",
+        "zero_optimization.offload_param.nvme_path",
+    }
+)
+_FILLED_PREFIXES = ("optimizer.params.", "scheduler.params.")
+
+
+def filled_by_integrations(key: str) -> bool:
+    """Whether a key written "auto" is one the Trainer or accelerate fills in."""
+    return key in _FILLED_KEYS or key.startswith(_FILLED_PREFIXES)
 
 
 def auto_keys(raw: object, prefix: str = "") -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.integration.launcher.test_rank_tail import traceback_lines, trainer_like_output
+from tests.unit.launcher.test_rank_tail import traceback_lines, trainer_like_output
 from zlaunch.commands.followed_log import FollowedLog
 
 

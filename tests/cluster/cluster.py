@@ -332,6 +332,14 @@ class Cluster:
             if subprocess.run(argv, capture_output=True, text=True).returncode != 0:
                 self.ipv6 = False
                 return
+        # A link taken down and up again (the fault tests) keeps its IPv6 address, as IPv4's:
+        # without this, every later IPv6 test of the session finds no route to that node.
+        for host in self.hosts:
+            subprocess.run(
+                [netns.IP, "netns", "exec", self._netns[host], "sysctl", "-qw",
+                 f"net.ipv6.conf.{INTERFACE}.keep_addr_on_down=1"],
+                capture_output=True,
+            )  # fmt: skip
 
     def _write_files(self) -> None:
         d = self.state_dir

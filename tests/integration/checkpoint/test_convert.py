@@ -11,6 +11,7 @@ import sys
 from tests.unit.checkpoint.test_convert import (  # shared with the unit half
     CASE,
     FIXTURE,
+    config_dir,  # noqa: F401 - fixtures, shared with the unit half
 )
 
 

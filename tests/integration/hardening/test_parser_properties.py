@@ -7,9 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 
 from tests.integration.hardening.helpers import assert_usage_error, write_script, zlaunch
-from tests.unit.hardening.test_parser_properties import (  # shared with the unit half
-    GRAMMAR_TEXT,
-)
+from tests.unit.hardening.test_parser_properties import GRAMMAR_TEXT  # shared with the unit half
 from zlaunch.errors import HostfileError
 from zlaunch.hostfile import parse_hostfile
 

@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+from tests.unit.launcher.test_cli_run import job  # noqa: F401 - fixtures, shared with the unit half
+
 # ---- --dry-run --------------------------------------------------------------------------------
 
 

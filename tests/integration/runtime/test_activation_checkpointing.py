@@ -18,6 +18,7 @@ from tests.integration.runtime.cli_utils import dry_run
 from tests.unit.runtime.test_activation_checkpointing import (  # shared with the unit half
     blocks,
     engine_config,
+    fresh_configuration,  # noqa: F401 - fixtures, shared with the unit half
     inputs,
 )
 

@@ -12,6 +12,7 @@ import torch
 import runtime
 from runtime.config import ConfigError
 from runtime.engine import AccumulationError
+from tests.unit.runtime.test_engine_api import single_process_group  # noqa: F401 - fixtures, shared with the unit half
 
 
 def model():

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import runtime
 from tests.integration.runtime.mp_utils import REPO, free_port, run_ranks
+from tests.unit.runtime.test_fidelity_overflow import single_process_group  # noqa: F401 - fixtures, shared with the unit half
 
 HERE = "tests/integration/runtime/test_fidelity_overflow.py"
 CASES = [

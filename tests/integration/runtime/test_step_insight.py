@@ -24,6 +24,7 @@ from tests.integration.runtime.mp_utils import REPO, run_ranks
 from tests.unit.runtime.test_step_insight import (  # shared with the unit half
     Recorder,
     config,
+    single_process_group,  # noqa: F401 - fixtures, shared with the unit half
     stack,
     train,
 )

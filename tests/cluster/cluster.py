@@ -244,9 +244,12 @@ class Cluster:
         found = {}
         for host in hosts:
             procs = [
-                (pid, netns.cmdline(pid))
+                (pid, command)
                 for pid in sorted(by_ns.get(self._netns[host], []))
                 if pid not in listeners and (include_sshd or not _is_sshd(pid))
+                # an empty command line: a zombie, or a process whose memory is already gone
+                # as it exits (an ssh session's sshd, a millisecond after its client left)
+                if (command := netns.cmdline(pid))
             ]
             if procs:
                 found[host] = procs

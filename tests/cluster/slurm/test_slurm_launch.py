@@ -222,9 +222,11 @@ def test_max_restarts_starts_new_steps_in_the_same_allocation(idle_slurm, tmp_pa
     records = tmp_path / "records"
     out = idle_slurm.run(
         ["salloc", *ALLOC, *ZLAUNCH, "--max-restarts", "1", "--log-dir", str(tmp_path / "runs"),
-         FAKE, "--record-dir", str(records), "--only-rank", "4", "--exit", "3"],
+         FAKE, "--record-dir", str(records), "--only-rank", "4", "--delay", "2", "--exit", "3"],
         env=_env(idle_slurm), timeout=120,
     )  # fmt: skip
+    # --delay: rank 4 fails 2 s after its record, so every rank of the attempt has written its
+    # own before the stop (a loaded machine starts six Python processes slowly)
     assert out.returncode == 3, out.stderr[-3000:]
     assert "restarting all ranks (attempt 1, 0 restart(s) left)" in out.stderr
     ranks = [json.loads(p.read_text()) for p in sorted(records.glob("rank-*.json"))]

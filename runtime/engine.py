@@ -17,6 +17,7 @@ precision's and optimizer's state through their accessors.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -29,11 +30,14 @@ from .engine_queries import EngineQueries, LiveLossScale
 from .errors import UnsupportedError
 from .precision import Precision
 from .step_hooks import CheckpointingProfile, StepHook
+from .torch_compile import CompiledModel, compile_model, describe_regions, eager
 from .train_counters import TrainCounters
 from .zero.builder import build_strategy
 from .zero.strategy import ShardingStrategy, StrategyInputs
 
 __all__ = ["Engine", "AccumulationError", "LiveLossScale"]
+
+log = logging.getLogger("runtime.compile")
 
 
 class Engine(EngineQueries, torch.nn.Module):
@@ -78,6 +82,9 @@ class Engine(EngineQueries, torch.nn.Module):
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
         self.resumed_from = self.resumed_client_state = None  # set by zlaunch --resume
         self._build_observers()
+        self._compiled: CompiledModel | None = None
+        if config.compile.enabled:
+            self.compile()
 
     # DeepSpeed's names for the counters, read and set by scripts
     @property
@@ -167,7 +174,11 @@ class Engine(EngineQueries, torch.nn.Module):
         self.step_metrics.on_forward(args, kwargs)  # window start, tokens
         args, kwargs = self.precision.cast_inputs(args), self.precision.cast_inputs(kwargs)
         self.insight.forward_begin()
-        out = self.module(*args, **kwargs)
+        if self._compiled is not None and self.insight.counting:
+            with eager():  # torch's FLOP counter sees the eager ops only
+                out = self.module(*args, **kwargs)
+        else:
+            out = self.module(*args, **kwargs)
         self.insight.forward_end()
         return out
 
@@ -212,6 +223,54 @@ class Engine(EngineQueries, torch.nn.Module):
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - torch signature
         self.sharding.zero_grad()
+
+    # ------------------------------------------------------------------ torch.compile
+    def compile(
+        self,
+        backend=None,
+        compile_kwargs: dict | None = None,
+        schedule=None,
+        compiled_autograd_enabled: bool = False,
+    ) -> None:
+        """Compile the model with torch.compile (DeepSpeed's ``engine.compile``), in place.
+
+        ``backend`` and ``compile_kwargs`` default to the config's ``compile.backend`` and
+        ``compile.kwargs``. Stages 0-2 compile the whole model's forward; stage 3 each
+        repeated block (a transformer's layers) on its own, fetching its parameters outside
+        the compiled code (`runtime.torch_compile`). State-dict keys and checkpoints do not
+        change. Calling it again on a compiled engine does nothing, as in DeepSpeed.
+        """
+        if schedule is not None:
+            raise UnsupportedError(
+                "engine.compile(schedule=...) is a DeepCompile schedule; DeepCompile is not "
+                "implemented here: call engine.compile() without it"
+            )
+        if compiled_autograd_enabled:
+            raise UnsupportedError(
+                "engine.compile(compiled_autograd_enabled=True): compiled autograd would trace "
+                "the gradient hooks that reduce gradients across ranks; call engine.compile() "
+                "without it (backward still runs the compiled regions' backward graphs)"
+            )
+        block = self.config.compile
+        backend = block.backend if backend is None else backend
+        kwargs = dict(block.kwargs if compile_kwargs is None else compile_kwargs)
+        if self._compiled is not None:
+            log.info("engine.compile: the model is already compiled; nothing done")
+            return
+        fetch_whole = self.sharding.coordinator.fetch_whole if self.zero_stage == 3 else None
+        self._compiled = compile_model(self.module, self.zero_stage, backend, kwargs, fetch_whole)
+        if self.global_rank == 0:
+            log.info(
+                "torch.compile (backend %s%s): %s",
+                backend if isinstance(backend, str) else getattr(backend, "__name__", backend),
+                "".join(f", {k}={v}" for k, v in kwargs.items()),
+                describe_regions(self._compiled.regions),
+            )
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether `compile` (or ``compile.enabled``) compiled the model."""
+        return self._compiled is not None
 
     # ------------------------------------------------------------------ accumulation controls
     def is_gradient_accumulation_boundary(self) -> bool:

@@ -1,5 +1,5 @@
 """The training blocks of the config: precision, optimizer, ZeRO and its offload, activation
-checkpointing. One frozen dataclass per DeepSpeed block, with DeepSpeed's keys and defaults
+checkpointing, torch.compile. One frozen dataclass per DeepSpeed block, with DeepSpeed's keys and defaults
 (docs/deepspeed-compat.md); each field is checked and normalised in `__post_init__`.
 """
 
@@ -19,11 +19,13 @@ from .values import (
     as_int,
     check_field,
     describe,
+    did_you_mean,
 )
 
 __all__ = [
     "ActivationCheckpointingConfig",
     "BF16Config",
+    "CompileConfig",
     "FP16Config",
     "OffloadConfig",
     "OptimizerConfig",
@@ -242,3 +244,96 @@ class ActivationCheckpointingConfig:
                 "contiguous_memory_optimization to false",
                 "contiguous_memory_optimization",
             )
+
+
+# torch.compile's backends this runtime names before launch (the config is read without torch):
+# torch's registered training backends. Any other backend is given as the import path of its
+# function ("my_package.my_backend"), as DeepSpeed allows; the ranks import it.
+COMPILE_BACKENDS = (
+    "inductor",
+    "aot_eager",
+    "aot_eager_decomp_partition",
+    "aot_eager_default_partitioner",
+    "eager",
+    "cudagraphs",
+    "openxla",
+    "tvm",
+)
+# torch.compile's keyword arguments (besides the model and the backend) and their checks.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_KWARGS = ("fullgraph", "dynamic", "mode", "options", "disable")
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """`compile`: compile the model with torch.compile (DeepSpeed's block: ``enabled``,
+    ``backend``, ``kwargs``; ``engine.compile()`` does the same from the script). DeepSpeed
+    0.19.8's DeepCompile keys are in runtime.config.features (``deepcompile`` is refused)."""
+
+    enabled: bool = False
+    """Compile the model when the engine is built (stage 3: each repeated block on its own)."""
+    backend: str = "inductor"
+    """torch.compile's backend: a registered name, or the import path of a backend function."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """torch.compile's other arguments: fullgraph, dynamic, mode, options, disable."""
+
+    def __post_init__(self) -> None:
+        check_field(self, "enabled", as_bool)
+        backend = self.backend
+        if not isinstance(backend, str) or not (backend in COMPILE_BACKENDS or _import_path(backend)):
+            hint = did_you_mean(backend, COMPILE_BACKENDS) if isinstance(backend, str) else ""
+            raise ConfigError(
+                f"= {describe(backend)} is not a torch.compile backend; "
+                + (hint + " " if hint else "")
+                + "use one of "
+                + ", ".join(repr(b) for b in COMPILE_BACKENDS)
+                + ', or the import path of a backend function ("my_package.my_backend")'
+,
+                "backend",
+            )
+        if not isinstance(self.kwargs, Mapping):
+            raise ConfigError(f"must be a mapping, got {describe(self.kwargs)}", "kwargs")
+        kwargs = dict(self.kwargs)
+        check_compile_kwargs(kwargs, "kwargs")
+        object.__setattr__(self, "kwargs", kwargs)
+
+
+def _import_path(name: str) -> bool:
+    """``package.module.function``: dotted identifiers, at least two."""
+    parts = name.split(".")
+    return len(parts) >= 2 and all(part.isidentifier() for part in parts)
+
+
+def check_compile_kwargs(kwargs: Mapping[str, Any], where: str) -> None:
+    """torch.compile's keyword arguments, checked before anything compiles (`where` names
+    them in messages: the config's ``compile.kwargs`` or ``engine.compile(compile_kwargs=)``)."""
+    for key, value in kwargs.items():
+        path = f"{where}.{key}"
+        if key == "backend":
+            raise ConfigError(
+                "is not read from here; set the backend itself (compile.backend, or "
+                "engine.compile(backend=...))",
+                path,
+            )
+        if key not in COMPILE_KWARGS:
+            hint = did_you_mean(str(key), COMPILE_KWARGS)
+            raise ConfigError(
+                "is not a torch.compile argument; "
+                + (hint or "valid keys: " + ", ".join(COMPILE_KWARGS)),
+                path,
+            )
+        if key in ("fullgraph", "disable"):
+            as_bool(path, value)
+        elif key == "dynamic" and value is not None:
+            if not isinstance(value, bool):
+                raise ConfigError(f"must be true, false or null, got {describe(value)}", path)
+        elif key == "mode" and value is not None:
+            as_choice(path, value, COMPILE_MODES)
+        elif key == "options" and value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"must be a mapping of inductor options, got {describe(value)}", path)
+    if kwargs.get("mode") is not None and kwargs.get("options") is not None:
+        raise ConfigError(
+            "and options are both set; torch.compile takes one of them (put the mode's "
+            "settings into options, or drop options)",
+            f"{where}.mode",
+        )

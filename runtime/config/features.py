@@ -19,6 +19,7 @@ from .values import describe
 
 __all__ = [
     "BF16_KEYS",
+    "COMPILE_KEYS",
     "FP16_KEYS",
     "OFFLOAD_OPTIMIZER_KEYS",
     "OPTIMIZER_KEYS",
@@ -172,9 +173,6 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
         ("load_universal", "use_node_local_storage"),
         "checkpoints here load at any world size and stage without conversion; remove the key",
     ),
-    "compile": when_any_true(
-        ("enabled", "deepcompile"), "compile the model with torch.compile in the script"
-    ),
     "pipeline": when_differs(
         {
             "stages": "auto",
@@ -212,6 +210,38 @@ BF16_KEYS: dict[str, Check] = {
     "bf16_optimizer_states": unless(False, instead="optimizer states are fp32"),
 }
 OPTIMIZER_KEYS: dict[str, Check] = {"legacy_fusion": accepted}
+# DeepSpeed 0.19.8's `compile` block holds DeepCompile's settings (its own compiler passes);
+# torch.compile itself is `compile.enabled` / engine.compile() (runtime.config.blocks).
+_DEEPCOMPILE = (
+    "DeepCompile (DeepSpeed's own compiler passes) is not implemented; remove it: "
+    'engine.compile() or "compile": {"enabled": true} compile the model with torch.compile'
+)
+COMPILE_KEYS: dict[str, Check] = {
+    "deepcompile": unless(False, instead=_DEEPCOMPILE),
+    "autoep_non_moe": unless(False, instead="expert parallelism (AutoEP) is not implemented"),
+    "passes": unless(None, instead=_DEEPCOMPILE),
+    # DeepCompile's settings: read by DeepSpeed only with deepcompile on (refused above).
+    **{
+        key: accepted
+        for key in (
+            "free_activation",
+            "free_activation_threshold",
+            "offload_activation",
+            "offload_activation_pin_memory",
+            "offload_opt_states",
+            "double_buffer",
+            "symmetric_memory",
+            "debug_log",
+            "offload_parameters",
+            "sync_before_reduce",
+            "sync_after_reduce",
+            "sync_before_allgather",
+            "sync_after_allgather",
+            "keep_int_input_tensors",
+            "keep_all_input_tensors",
+        )
+    },
+}
 OFFLOAD_OPTIMIZER_KEYS: dict[str, Check] = {
     "pipeline_read": accepted,
     "pipeline_write": accepted,

@@ -18,6 +18,7 @@ from typing import Any
 from .blocks import (
     ActivationCheckpointingConfig,
     BF16Config,
+    CompileConfig,
     FP16Config,
     OffloadConfig,
     OptimizerConfig,
@@ -25,6 +26,7 @@ from .blocks import (
 )
 from .features import (
     BF16_KEYS,
+    COMPILE_KEYS,
     FP16_KEYS,
     OFFLOAD_OPTIMIZER_KEYS,
     OPTIMIZER_KEYS,
@@ -67,7 +69,15 @@ _PLAIN_BLOCKS = {
     "wandb": WandbConfig,
 }
 # The blocks of the top level, each read into its dataclass by `_Parser`.
-_BLOCKS = {"fp16", "bf16", "optimizer", "scheduler", "zero_optimization", *_PLAIN_BLOCKS}
+_BLOCKS = {
+    "fp16",
+    "bf16",
+    "optimizer",
+    "scheduler",
+    "zero_optimization",
+    "compile",
+    *_PLAIN_BLOCKS,
+}
 # Fields whose "auto" is resolved later (by Config.resolve); any other "auto" inside a block is
 # dropped so the default applies, as DeepSpeed does.
 _KEEP_AUTO = {
@@ -237,6 +247,7 @@ class _Parser:
             "scheduler", data.get("scheduler"), SchedulerConfig, {}
         )
         kwargs["zero_optimization"] = self.zero(data.get("zero_optimization"))
+        kwargs["compile"] = self.block("compile", data.get("compile"), CompileConfig, COMPILE_KEYS)
         for key, cls in _PLAIN_BLOCKS.items():
             kwargs[key] = self.block(key, data.get(key), cls)
         if self.dropped_autos:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from .blocks import (
     ActivationCheckpointingConfig,
     BF16Config,
+    CompileConfig,
     FP16Config,
     OptimizerConfig,
     ZeroConfig,
@@ -62,6 +63,8 @@ class Config:
     """The learning-rate schedule built when the script passes none."""
     zero_optimization: ZeroConfig = field(default_factory=ZeroConfig)
     """ZeRO partitioning and buckets."""
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    """torch.compile of the model (also engine.compile())."""
     tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
     """TensorBoard metrics."""
     activation_checkpointing: ActivationCheckpointingConfig = field(
@@ -100,6 +103,7 @@ class Config:
             ("fp16", FP16Config),
             ("bf16", BF16Config),
             ("zero_optimization", ZeroConfig),
+            ("compile", CompileConfig),
             ("tensorboard", TensorboardConfig),
             ("activation_checkpointing", ActivationCheckpointingConfig),
             ("comms_logger", CommsLoggerConfig),

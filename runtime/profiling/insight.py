@@ -89,6 +89,11 @@ class StepInsight:
         self._peak: Peak | None = None
         self._hosts: list[str] | None = None
 
+    @property
+    def counting(self) -> bool:
+        """Torch's FLOP counting (a dispatch mode) is on: this step must run eagerly."""
+        return self._counting
+
     # ---- engine hooks -----------------------------------------------------------------------
 
     def forward_begin(self) -> None:

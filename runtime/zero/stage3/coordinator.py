@@ -304,6 +304,17 @@ class Stage3Coordinator:
         if u.users == 0 and self.phase is not Phase.BACKWARD:
             self.live.release(u)
 
+    def fetch_whole(self, names: list[str]) -> None:
+        """Make each named module fetch its whole subtree's units before it runs (and release
+        them after), with no hook or parameter-read check inside it: the regions torch.compile
+        compiles (`runtime.compile_regions`), whose code must not call back into Python."""
+        self.remove_hooks()
+        self._hooks = install_hooks(self.module, self.units, self, whole=names)
+        stage3_access.install(self.module, self._on_read)
+        modules = dict(self.module.named_modules())
+        for name in names:
+            stage3_access.uninstall(modules[name])
+
     def remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()

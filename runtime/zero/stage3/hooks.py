@@ -2,14 +2,16 @@
 
 A module fetches the units of the parameters it holds directly (a tied weight: every module
 holding it); a leaf module (`leaf_modules`) fetches its whole subtree's units, and the modules
-inside a leaf fetch nothing of their own (the leaf did). Persistent units are always gathered,
+inside a leaf fetch nothing of their own (the leaf did). A module fetched *whole* (a region
+compiled with torch.compile, `runtime.compile_regions`) likewise fetches every unit of its
+subtree, so that no hook runs inside the compiled code. Persistent units are always gathered,
 so no hook fetches them.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Protocol
 
 import torch
@@ -42,34 +44,44 @@ def tensors_in(obj) -> Iterator[torch.Tensor]:
             yield from tensors_in(o)
 
 
-def unit_owners(module: torch.nn.Module, units: list[Unit]) -> list[tuple[torch.nn.Module, list]]:
-    """(module, the non-persistent units its forward fetches) for every module, in order."""
+def unit_owners(
+    module: torch.nn.Module, units: list[Unit], whole: Collection[str] = ()
+) -> list[tuple[torch.nn.Module, list]]:
+    """(module, the non-persistent units its forward fetches) for every module, in order.
+
+    ``whole``: names of modules that fetch every unit of their subtree (compiled regions); the
+    modules inside them fetch nothing."""
     unit_of = {id(p): u for u in units for p in u.params}
     leaves = {u.leaf for u in units if u.leaf is not None}
-    inside = tuple(n + "." for n in leaves)
+    fetching = leaves | set(whole)
+    inside = tuple(n + "." for n in fetching)
     out = []
     for name, m in module.named_modules():
-        if "" in leaves and m is not module:
-            continue
-        if name in leaves:
-            mine = [u for u in units if u.leaf == name and not u.persistent]
-        elif inside and name.startswith(inside):
-            continue
+        if ("" in fetching and m is not module) or (inside and name.startswith(inside)):
+            continue  # inside a leaf or a whole region: that module fetched
+        mine = []
+        if name in whole:
+            params = list(m.parameters())
+        elif name in leaves:
+            params = [p for u in units if u.leaf == name for p in u.params]
         else:
-            mine = []
-            for p in m._parameters.values():
-                u = unit_of.get(id(p)) if p is not None else None
-                if u is not None and not u.persistent and u not in mine:
-                    mine.append(u)
+            params = [p for p in m._parameters.values() if p is not None]
+        for p in params:
+            u = unit_of.get(id(p))
+            if u is not None and not u.persistent and u not in mine:
+                mine.append(u)
         out.append((m, mine))
     return out
 
 
-def install_hooks(module: torch.nn.Module, units: list[Unit], on: HookHandlers) -> list:
+def install_hooks(
+    module: torch.nn.Module, units: list[Unit], on: HookHandlers, whole: Collection[str] = ()
+) -> list:
     """Register the forward hooks of every fetching module and the gradient hooks of every
-    trained parameter; returns the handles (``handle.remove()`` undoes each)."""
+    trained parameter; returns the handles (``handle.remove()`` undoes each). ``whole``: as in
+    `unit_owners`."""
     hooks = []
-    for m, mine in unit_owners(module, units):
+    for m, mine in unit_owners(module, units, whole):
         if m is module:
             # First of the root's pre-hooks: the pass begins before any unit is fetched.
             hooks.append(m.register_forward_pre_hook(on.begin_pass, prepend=True))

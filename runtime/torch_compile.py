@@ -210,4 +210,3 @@ def eager() -> Iterator[None]:
     """Run compiled code eagerly inside (torch's FLOP counting needs the eager ops)."""
     with torch.compiler.set_stance("force_eager"):
         yield
-

@@ -280,15 +280,16 @@ class CompileConfig:
     def __post_init__(self) -> None:
         check_field(self, "enabled", as_bool)
         backend = self.backend
-        if not isinstance(backend, str) or not (backend in COMPILE_BACKENDS or _import_path(backend)):
+        if not isinstance(backend, str) or not (
+            backend in COMPILE_BACKENDS or _import_path(backend)
+        ):
             hint = did_you_mean(backend, COMPILE_BACKENDS) if isinstance(backend, str) else ""
             raise ConfigError(
                 f"= {describe(backend)} is not a torch.compile backend; "
                 + (hint + " " if hint else "")
                 + "use one of "
                 + ", ".join(repr(b) for b in COMPILE_BACKENDS)
-                + ', or the import path of a backend function ("my_package.my_backend")'
-,
+                + ', or the import path of a backend function ("my_package.my_backend")',
                 "backend",
             )
         if not isinstance(self.kwargs, Mapping):

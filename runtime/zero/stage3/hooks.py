@@ -68,7 +68,7 @@ def unit_owners(
             params = [p for p in m._parameters.values() if p is not None]
         for p in params:
             u = unit_of.get(id(p))
-            if u is not None and not u.persistent and u not in mine:
+            if u is not None and not u.persistent and all(u is not v for v in mine):
                 mine.append(u)
         out.append((m, mine))
     return out

@@ -106,7 +106,11 @@ def train(model_name: str, stage: int, compile_block: dict | None, call_compile:
         losses.append(loss.item())
         now = CompileCounts.now()
         counts.append(
-            (now.graphs - before.graphs, now.graph_breaks - before.graph_breaks, now.frames - before.frames)
+            (
+                now.graphs - before.graphs,
+                now.graph_breaks - before.graph_breaks,
+                now.frames - before.frames,
+            )
         )
     regions = engine._compiled.regions if engine.is_compiled else None
     return {
@@ -223,3 +227,22 @@ def test_checkpoint_of_compiled_engine_loads_into_plain_engine(tmp_path):
         assert r["full"].keys() == r["loaded"].keys()
         for k, v in r["full"].items():
             torch.testing.assert_close(r["loaded"][k], v, rtol=0, atol=0)
+
+
+def inductor_runs() -> dict:
+    """Stage 3 plain, then compiled with inductor (code generated and built on the CPU)."""
+    import torch._inductor.config
+
+    torch._inductor.config.compile_threads = 1  # no pool of compile workers per rank
+    plain = train("encoder", 3, None, None)
+    compiled = train("encoder", 3, {"enabled": True, "backend": "inductor"}, None)
+    for run in (plain, compiled):
+        run.pop("engine")
+    return {3: (plain, compiled)}
+
+
+def test_inductor_at_stage3_matches_eager_to_rounding():
+    results = run_ranks(2, f"{HERE}:inductor_runs", timeout=900)
+    for rank_results in results:
+        _assert_parity(rank_results, rtol=1e-5)  # fused kernels round differently
+    _assert_warm_counts(results[0], {3: 1})

@@ -15,7 +15,7 @@ one way, from reading down to the values:
       features    DeepSpeed keys not modelled here: accepted while off, refused when on
     schema      Config: the top level, the blocks, the batch rules, `resolve`
       blocks      fp16, bf16, optimizer, zero_optimization and offload, activation
-                  checkpointing
+                  checkpointing, compile (torch.compile)
       scheduler   scheduler: DeepSpeed's schedules and their parameters
       monitors    tensorboard, comms_logger, flops_profiler, csv_monitor, wandb
     values      ConfigError, ConfigWarning, the checks of one value

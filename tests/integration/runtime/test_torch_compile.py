@@ -98,8 +98,8 @@ def train(model_name: str, stage: int, compile_block: dict | None, call_compile:
     g = torch.Generator().manual_seed(100 + engine.global_rank)
     losses, counts = [], []
     before = CompileCounts.now()
+    tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)  # learnt by heart
     for _ in range(STEPS):
-        tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
         loss = _loss(model_name, engine, tokens[:, :-1], tokens[:, 1:])
         engine.backward(loss)
         engine.step()

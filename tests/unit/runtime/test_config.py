@@ -467,7 +467,7 @@ def test_common_harmless_keys_are_silent():
             {"checkpoint": {"use_node_local_storage": True}},
             "checkpoint use_node_local_storage = true is not supported",
         ),
-        ({"compile": {"deepcompile": True}}, "compile deepcompile = true is not supported"),
+        ({"compile": {"deepcompile": True}}, "compile.deepcompile = true is not supported"),
         ({"pipeline": {"stages": 2}}, "pipeline stages = 2 is not supported"),
         ({"tensor_parallel": {"autotp_size": 4}}, "tensor_parallel sets a tensor-parallel size"),
         (

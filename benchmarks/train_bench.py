@@ -40,7 +40,7 @@ from bench_utils import (  # noqa: E402  (the benchmarks folder is not a package
 __all__ = ["BenchSpec", "FRAMEWORKS", "main", "run_benchmark"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FRAMEWORKS = ("ddp", "deepspeed", "zlaunch", "fsdp2")
+FRAMEWORKS = ("ddp", "deepspeed", "zlaunch", "fsdp2", "zlaunch_compile")
 # Frameworks sum gradients in different orders, so fp32 losses drift apart by rounding, a little
 # more each step (a few 1e-4 relative after 30 steps at lr 1e-3); a real difference in the
 # algorithm (a missing average, a skipped clip) shows at 1e-2 or more within a few steps.
@@ -94,6 +94,8 @@ class BenchSpec:
     """AdamW implementation for DDP and FSDP2: torch's "default" choice (a for-loop on CPU),
     "foreach" or "fused"."""
     timeout_s: float = 900.0
+    compile_backend: str = "inductor"
+    """torch.compile backend of ``zlaunch_compile`` (this runtime with ``compile.enabled``)."""
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
@@ -353,18 +355,31 @@ class RuntimeAdapter(DeepSpeedAdapter):
         import runtime
 
         self.engine, _, _, _ = runtime.initialize(
-            model=model,
-            model_parameters=model.parameters(),
-            config=_engine_config(self.spec),
+            model=model, model_parameters=model.parameters(), config=self.config()
         )
 
     def own_counter_bytes(self) -> float | None:
         return _runtime_sent_bytes(self.engine)
 
+    def config(self) -> dict:
+        return _engine_config(self.spec)
+
     def checkpoint(self, directory: Path) -> tuple[float, float] | None:
         if not hasattr(self.engine, "save_checkpoint"):
             return None
         return _time_checkpoint(self.engine, directory)
+
+
+class CompiledRuntimeAdapter(RuntimeAdapter):
+    """This runtime with ``"compile": {"enabled": true}``: torch.compile of the whole model at
+    stages 0-2, of each transformer block at stage 3 (the first step runs eagerly, the second
+    compiles: both fall in the warm-up)."""
+
+    def config(self) -> dict:
+        return {
+            **_engine_config(self.spec),
+            "compile": {"enabled": True, "backend": self.spec.compile_backend},
+        }
 
 
 def _runtime_sent_bytes(engine) -> float | None:
@@ -392,6 +407,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "deepspeed": DeepSpeedAdapter,
     "zlaunch": RuntimeAdapter,
     "fsdp2": FSDP2Adapter,
+    "zlaunch_compile": CompiledRuntimeAdapter,
 }
 
 
@@ -766,6 +782,8 @@ def command_line(spec: BenchSpec) -> str:
         parts.append("--checkpoint")
     if spec.torch_adamw != "default":
         parts.append(f"--torch-adamw {spec.torch_adamw}")
+    if "zlaunch_compile" in spec.frameworks and spec.compile_backend != "inductor":
+        parts.append(f"--compile-backend {spec.compile_backend}")
     return " ".join(parts)
 
 
@@ -916,6 +934,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="print (and --markdown) a saved result instead of running",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per framework")
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the zlaunch_compile framework (default inductor)",
+    )
     # worker mode (internal)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -949,6 +972,7 @@ def main(argv: list[str] | None = None) -> int:
             torch_adamw=args.torch_adamw,
             profile_dir=str(Path(args.profile).resolve()) if args.profile else None,
             timeout_s=args.timeout,
+            compile_backend=args.compile_backend,
         )
     except ValueError as error:
         print(f"train_bench: {error}", file=sys.stderr)

@@ -30,7 +30,7 @@ from .engine_queries import EngineQueries, LiveLossScale
 from .errors import UnsupportedError
 from .precision import Precision
 from .step_hooks import CheckpointingProfile, StepHook
-from .torch_compile import CompiledModel, compile_model, describe_regions, eager
+from .torch_compile import CompiledModel, CompileWatch, compile_model, describe_regions, eager
 from .train_counters import TrainCounters
 from .zero.builder import build_strategy
 from .zero.strategy import ShardingStrategy, StrategyInputs
@@ -260,6 +260,7 @@ class Engine(EngineQueries, torch.nn.Module):
         fetch_whole = self.sharding.coordinator.fetch_whole if self.zero_stage == 3 else None
         self._compiled = compile_model(self.module, self.zero_stage, backend, kwargs, fetch_whole)
         if self.global_rank == 0:
+            self.add_step_hook(CompileWatch(self._compiled.regions))
             log.info(
                 "torch.compile (backend %s%s): %s",
                 backend if isinstance(backend, str) else getattr(backend, "__name__", backend),

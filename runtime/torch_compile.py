@@ -46,6 +46,7 @@ from .errors import InvalidValueError, UnsupportedError
 
 __all__ = [
     "CompileCounts",
+    "CompileWatch",
     "CompiledModel",
     "compile_model",
     "compile_regions",
@@ -210,3 +211,46 @@ def eager() -> Iterator[None]:
     """Run compiled code eagerly inside (torch's FLOP counting needs the eager ops)."""
     with torch.compiler.set_stance("force_eager"):
         yield
+
+
+class CompileWatch:
+    """A step hook on rank 0 that says what torch.compile did once it has warmed up (graphs,
+    graph breaks), and warns once if it compiles again later: a recompilation every few steps
+    (a shape or a Python value that changes) costs more than it saves."""
+
+    WARM_STEPS = 3
+    """Optimizer steps after compile(): the first may count FLOPs eagerly, the next compile."""
+
+    def __init__(self, regions: list[str]):
+        self.regions = regions
+        self.start = CompileCounts.now()
+        self.steps = 0
+        self.warm: CompileCounts | None = None
+        self.warm_step = 0
+        self.warned = False
+
+    def after_step(self, engine, outcome) -> None:
+        if outcome is None or self.warned:
+            return
+        self.steps += 1
+        if self.steps < self.WARM_STEPS:
+            return
+        now = CompileCounts.now()
+        if self.warm is None:
+            self.warm, self.warm_step = now, engine.global_steps
+            log.info(
+                "torch.compile: %d graph(s), %d graph break(s) for %s",
+                now.graphs - self.start.graphs,
+                now.graph_breaks - self.start.graph_breaks,
+                describe_regions(self.regions),
+            )
+        elif now.frames != self.warm.frames:
+            self.warned = True
+            log.warning(
+                "torch.compile compiled again at step %d (%d more frame(s) since step %d): "
+                "something the compiled code depends on changes between steps; run with "
+                "TORCH_LOGS=recompiles to see what",
+                engine.global_steps,
+                now.frames - self.warm.frames,
+                self.warm_step,
+            )

@@ -195,3 +195,31 @@ def test_a_region_fetched_whole_fetches_its_subtree_and_its_modules_nothing():
     root_whole = unit_owners(model, units, whole=[""])
     assert [m for m, _ in root_whole] == [model]
     assert root_whole[0][1] == [units[0], units[1], units[2], units[3], units[5]]
+
+
+def test_compile_watch_reports_once_warm_and_warns_once_on_a_later_compile(monkeypatch, caplog):
+    from runtime import torch_compile
+
+    counts = iter(
+        [
+            torch_compile.CompileCounts(graphs=5, graph_breaks=1, frames=5),  # at compile()
+            torch_compile.CompileCounts(graphs=7, graph_breaks=1, frames=7),  # step 3: warm
+            torch_compile.CompileCounts(graphs=7, graph_breaks=1, frames=7),  # step 4
+            torch_compile.CompileCounts(graphs=8, graph_breaks=1, frames=8),  # step 5: again
+        ]
+    )
+    monkeypatch.setattr(torch_compile.CompileCounts, "now", staticmethod(lambda: next(counts)))
+    watch = torch_compile.CompileWatch(["blocks.0", "blocks.1"])
+    engine = SimpleNamespace(global_steps=0)
+    caplog.set_level("INFO", logger="runtime.compile")
+    for step in range(1, 8):
+        engine.global_steps = step
+        watch.after_step(engine, outcome=None)  # between accumulation boundaries: nothing
+        watch.after_step(engine, outcome=object())
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "torch.compile: 2 graph(s), 0 graph break(s) for 2 regions (blocks.0, blocks.1)",
+        "torch.compile compiled again at step 5 (1 more frame(s) since step 3): something the "
+        "compiled code depends on changes between steps; run with TORCH_LOGS=recompiles to see "
+        "what",
+    ]

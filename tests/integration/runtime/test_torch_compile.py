@@ -16,7 +16,7 @@ import torch
 
 from tests.integration.runtime.mp_utils import run_ranks
 
-pytestmark = pytest.mark.multirank
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
 HERE = "tests/integration/runtime/test_torch_compile.py"
 STEPS, MICRO, SEQ, VOCAB, WIDTH = 5, 2, 8, 64, 32

@@ -11,7 +11,8 @@ Where it compiles (`compile_regions`):
   outside the blocks (embeddings, the head, the loss) runs eagerly. A model without repeated
   blocks has its parameter-holding leaf modules compiled one by one.
 
-How: a region's ``forward`` is replaced, on the instance, by its ``torch.compile``'d version.
+How: a region's ``forward`` is replaced, on the instance, by its class's ``forward`` compiled
+with ``torch.compile`` and bound to the instance.
 Not ``torch.compile(module)``: that wraps the module in an ``OptimizedModule`` whose
 state-dict keys start with ``_orig_mod.``. Not ``module.compile()`` (DeepSpeed's way): it
 compiles ``_call_impl``, the module's hooks included, and Dynamo skips torch.nn's own classes
@@ -34,6 +35,7 @@ import collections
 import contextlib
 import importlib
 import logging
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -183,9 +185,15 @@ def compile_model(
     # own graph: allow one per region.
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, len(regions) + 8)
+    compiled: dict[Callable, Callable] = {}  # one compiled function per class's forward
     for name in regions:
         m = modules[name]
-        m.forward = torch.compile(m.forward, backend=resolved, **kwargs)
+        function = type(m).forward
+        if function not in compiled:
+            compiled[function] = torch.compile(function, backend=resolved, **kwargs)
+        # A method bound to the module: a copy of the module (copy.deepcopy, an EMA copy)
+        # binds the compiled function to itself, not to this module.
+        m.forward = types.MethodType(compiled[function], m)
     config = getattr(module, "config", None)
     if stage == 3 and len(regions) > 1 and getattr(config, "use_cache", False) is True:
         log.warning(

@@ -223,3 +223,26 @@ def test_compile_watch_reports_once_warm_and_warns_once_on_a_later_compile(monke
         "compiled code depends on changes between steps; run with TORCH_LOGS=recompiles to see "
         "what",
     ]
+
+
+def test_compiled_regions_keep_their_keys_and_copies_compute_with_their_own_weights():
+    import copy
+
+    from runtime.torch_compile import CompileCounts, compile_model
+
+    torch._dynamo.reset()
+    model = Stack()
+    keys = sorted(model.state_dict())
+    x = torch.randn(3, 4)
+    expected = model(x)
+    before = CompileCounts.now()
+    done = compile_model(model, 0, "eager", {}, fetch_whole=None)
+    assert done.regions == [""]
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+    assert CompileCounts.now().graphs > before.graphs  # it really compiled
+    assert sorted(model.state_dict()) == keys
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.head.bias.add_(1.0)
+    torch.testing.assert_close(twin(x), expected + 1.0)
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)

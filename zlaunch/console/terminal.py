@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from zlaunch import frames, protocol
+from zlaunch.console.collapse import Shown
 from zlaunch.console.writer import BackgroundWriter, TextWriter
+from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import Failure, FailureReport
 
 __all__ = [
@@ -37,6 +39,9 @@ _RESET = "\x1b[0m"
 _RED = "\x1b[31m"
 _BOLD_RED = "\x1b[1;31m"
 _DIM = "\x1b[2m"
+_BOLD = "\x1b[1m"
+SHARED_RANKS_CHARS = 60
+"""A collapsed line's rank list longer than this is cut (``0,2,4,...,1022 (512 ranks)``)."""
 # Six well-separated foreground colors, then their bright variants: 12 ranks before a repeat.
 _PALETTE = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
@@ -114,12 +119,43 @@ class Console:
             self._prefixes[key] = prefix
         return prefix
 
+    def shows(self, rank: int) -> bool:
+        """The rank's lines are shown (``--ranks``; none once the reader has gone)."""
+        return self.ranks is None or rank in self.ranks
+
     def lines(self, host: str, rank: int, stream: str, lines: Sequence[str]) -> None:
         """Show a batch of complete lines of one rank (unless filtered out by ``--ranks``)."""
-        if self.ranks is not None and rank not in self.ranks:
+        if not self.shows(rank):
             return
         prefix = self._prefix(host, rank, stream)
-        data = b"".join(prefix + frames.line_bytes(line) + b"\n" for line in lines)
+        self._write_out(b"".join(prefix + frames.line_bytes(line) + b"\n" for line in lines))
+
+    def collapsed(self, shown: Sequence[Shown], hosts: Mapping[int, str]) -> None:
+        """Lines from the collapser (zlaunch.console.collapse): a line of one rank with its
+        ``[host:rank]`` tag, a line several ranks said once as ``[ranks 0-3,5]``."""
+        data = []
+        for line in shown:
+            ranks = [r for r in line.ranks if self.shows(r)]
+            if len(ranks) == 1:
+                prefix = self._prefix(hosts[ranks[0]], ranks[0], line.stream)
+            elif ranks:
+                prefix = self._shared_prefix(ranks, line.stream)
+            else:
+                continue
+            data.append(prefix + frames.line_bytes(line.text) + b"\n")
+        if data:
+            self._write_out(b"".join(data))
+
+    def _shared_prefix(self, ranks: Sequence[int], stream: str) -> bytes:
+        tag = f"[ranks {rank_ranges(ranks, limit=SHARED_RANKS_CHARS)}]"
+        mark = "!" if stream == protocol.STDERR else ""
+        if self.color:
+            tag = f"{_BOLD}{tag}{_RESET}"
+            if mark:
+                mark = f"{_RED}{mark}{_RESET}"
+        return f"{tag}{mark} ".encode()
+
+    def _write_out(self, data: bytes) -> None:
         try:
             self.out.write(data)
             self.out.flush()

@@ -172,9 +172,7 @@ class LineCollapser:
         # every other shown rank said it: nothing more can join (the lead prints anyway)
         everyone = len(held.ranks) >= self.shown - 1
         return (
-            everyone
-            or now - held.joined_at >= self.quiet
-            or now - held.first_at >= self.max_hold
+            everyone or now - held.joined_at >= self.quiet or now - held.first_at >= self.max_hold
         )
 
     def _joinable(self, rank: int, key: tuple[str, str], now: float) -> _Held:
@@ -198,9 +196,7 @@ class LineCollapser:
 
     def _bounded(self) -> list[Shown]:
         out: list[Shown] = []
-        while self._held and (
-            len(self._held) > self.max_pending or self._bytes > self.max_bytes
-        ):
+        while self._held and (len(self._held) > self.max_pending or self._bytes > self.max_bytes):
             self._release(out)
         return out
 

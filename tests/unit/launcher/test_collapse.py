@@ -252,3 +252,78 @@ def test_a_shared_line_in_color_is_bold_with_a_red_stderr_mark():
     con = Console(color=True, out=out, err=io.StringIO())
     con.collapsed([Shown((1, 2), ERR, "w")], {})
     assert out.getvalue() == b"\x1b[1m[ranks 1-2]\x1b[0m\x1b[31m!\x1b[0m w\n"
+
+
+# ---- RankOutput: the rank logs keep every line, only the console collapses ------------------
+
+
+class LogList:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        pass
+
+
+def rank_output(world: int, collapse: bool | None, **console_kw):
+    from zlaunch.console.job_view import JobView
+    from zlaunch.launcher.rank_output import RankOutput
+
+    con, out = console(**console_kw)
+    output = RankOutput(con, JobView(con), collapse)
+    logs = {}
+    for rank in range(world):
+        logs[rank] = LogList()
+        output.add_rank(rank, f"node{rank // 8}", logs[rank])
+    return output, out, logs
+
+
+WARNING = "UserWarning: TypedStorage is deprecated"
+
+
+def test_sixteen_ranks_warning_alike_is_one_follow_up_line_and_every_rank_log_has_it():
+    output, out, logs = rank_output(16, None)
+    for rank in range(16):
+        output.lines(rank, ERR, [WARNING, f"rank {rank} ready"], False)
+    output.close()
+    lines = out.getvalue().decode().splitlines()
+    assert lines[:2] == [f"[node0:0]! {WARNING}", "[node0:0]! rank 0 ready"]  # at once
+    assert lines.count(f"[ranks 1-15]! {WARNING}") == 1
+    assert sum(WARNING in line for line in lines) == 2
+    assert sorted(lines[2:]) == sorted(
+        [f"[ranks 1-15]! {WARNING}"] + [f"[node{r // 8}:{r}]! rank {r} ready" for r in range(1, 16)]
+    )
+    for rank, log in logs.items():
+        assert log.data.decode().splitlines() == [WARNING, f"rank {rank} ready"]
+
+
+def test_eight_ranks_or_no_collapse_show_one_line_per_rank_line_as_before():
+    for ranks, collapse in ((8, None), (16, False)):
+        output, out, _ = rank_output(ranks, collapse)
+        for rank in range(ranks):
+            output.lines(rank, protocol.STDOUT, ["same"], False)
+        assert output.collapser is None
+        lines = out.getvalue().decode().splitlines()  # printed at once, nothing held
+        assert lines == [f"[node{r // 8}:{r}] same" for r in range(ranks)]
+
+
+def test_collapse_forced_on_for_four_ranks_and_the_lead_is_the_first_rank_shown():
+    output, out, _ = rank_output(4, True, ranks=frozenset({1, 2, 3}))
+    for rank in range(4):
+        output.lines(rank, protocol.STDOUT, ["same"], False)
+    # rank 0 is not shown: rank 1 leads; every shown rank said it, so no wait for the rest
+    assert out.getvalue().decode().splitlines() == ["[node0:1] same", "[ranks 2-3] same"]
+
+
+def test_a_failed_rank_s_held_lines_print_before_the_note_about_it():
+    output, out, _ = rank_output(16, None)
+    output.lines(5, ERR, ["Traceback (most recent call last):", "ValueError: bad"], False)
+    assert out.getvalue() == b""  # held: other ranks may say the same
+    output.rank_failed(5)
+    assert out.getvalue().decode().splitlines() == [
+        "[node0:5]! Traceback (most recent call last):",
+        "[node0:5]! ValueError: bad",
+    ]

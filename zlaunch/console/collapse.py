@@ -31,7 +31,7 @@ The rules, which README.md ("Watching a job") states for users:
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = [
     "COLLAPSE_ABOVE",
@@ -76,19 +76,21 @@ class Shown:
     text: str
 
 
-@dataclass(eq=False)
 class _Held:
-    """A line waiting for more ranks to say it."""
+    """A line waiting for more ranks to say it (a plain class: one is made per line held)."""
 
-    seq: int
-    stream: str
-    text: str
-    first_at: float
-    joined_at: float
-    ranks: list[int] = field(default_factory=list)
-    """Ranks that said it, the lead excepted (each at most once)."""
-    lead_said: bool = False
-    """The lead rank said it too: already printed, so not named again."""
+    __slots__ = ("seq", "stream", "text", "first_at", "joined_at", "ranks", "lead_said")
+
+    def __init__(self, seq: int, stream: str, text: str, now: float):
+        self.seq = seq
+        self.stream = stream
+        self.text = text
+        self.first_at = now
+        self.joined_at = now
+        self.ranks: list[int] = []
+        """Ranks that said it, the lead excepted (each at most once)."""
+        self.lead_said = False
+        """The lead rank said it too: already printed, so not named again."""
 
     @property
     def size(self) -> int:
@@ -187,7 +189,7 @@ class LineCollapser:
             i -= 1
         if i < len(same):
             return same[i]
-        held = _Held(self._seq, key[0], key[1], now, now)
+        held = _Held(self._seq, key[0], key[1], now)
         self._seq += 1
         self._held.append(held)
         same.append(held)

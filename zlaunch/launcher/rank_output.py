@@ -32,6 +32,9 @@ class LogSink(Protocol):
 
 
 TAIL_LINES = 20
+DUE_EVERY = 0.02
+"""Seconds between two looks at the collapser's held lines (a look costs little, but the loop
+turns once per frame)."""
 
 
 class RankOutput:
@@ -41,6 +44,7 @@ class RankOutput:
         """--collapse / --no-collapse; None: by the number of ranks shown (console/collapse)."""
         self.collapser: LineCollapser | None = None
         self._collapse_decided = False
+        self._due_at = 0.0
         self.view = view
         self.noise = NoiseFilter()  # known-harmless lines: off the console, in the rank logs
         self.stack_dumps = StackDumpFilter()  # `zlaunch stacks` dumps: off the console too
@@ -95,8 +99,7 @@ class RankOutput:
         out: list[Shown] = []
         for text in shown:
             out += collapser.add(now, rank, stream, text)
-        out += collapser.due(now)
-        self._print(out)
+        self._print(out)  # the lead's lines; held ones come with tick()
 
     def _collapser(self) -> LineCollapser | None:
         """Decided at the first line shown, when every rank of the attempt is known."""
@@ -108,8 +111,12 @@ class RankOutput:
         return self.collapser
 
     def tick(self, now: float) -> None:
-        """Held lines whose time has come (the controller's loop, a few times a second)."""
-        if self.collapser is not None and self.collapser.pending:
+        """Held lines whose time has come (the controller's loop: after every frame, and at
+        least every POLL seconds); looked at every DUE_EVERY seconds at most."""
+        if self.collapser is None or now < self._due_at:
+            return
+        self._due_at = now + DUE_EVERY
+        if self.collapser.pending:
             self._print(self.collapser.due(now))
 
     def rank_failed(self, rank: int) -> None:

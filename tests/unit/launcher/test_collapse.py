@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import random
+import time
 
 import pytest
 
@@ -314,7 +315,10 @@ def test_collapse_forced_on_for_four_ranks_and_the_lead_is_the_first_rank_shown(
     output, out, _ = rank_output(4, True, ranks=frozenset({1, 2, 3}))
     for rank in range(4):
         output.lines(rank, protocol.STDOUT, ["same"], False)
-    # rank 0 is not shown: rank 1 leads; every shown rank said it, so no wait for the rest
+    # rank 0 is not shown: rank 1 leads, at once
+    assert out.getvalue().decode().splitlines() == ["[node0:1] same"]
+    # every shown rank said it: the controller loop's next look prints the rest, no waiting
+    output.tick(time.monotonic())
     assert out.getvalue().decode().splitlines() == ["[node0:1] same", "[ranks 2-3] same"]
 
 

@@ -161,8 +161,11 @@ class LineCollapser:
         return out
 
     def flush_rank(self, rank: int) -> list[Shown]:
-        """Everything held up to ``rank``'s last held line (its lines before a note about it)."""
+        """Everything held up to ``rank``'s last held line (its lines before a note about it);
+        nothing for the lead, whose lines are never held."""
         out: list[Shown] = []
+        if rank == self.lead:
+            return out
         last = self._last_seq.get(rank, -1)
         while self._held and self._held[0].seq <= last:
             self._release(out)

@@ -45,6 +45,7 @@ class RankOutput:
         self.collapser: LineCollapser | None = None
         self._collapse_decided = False
         self._due_at = 0.0
+        self._failure_seen = False
         self.view = view
         self.noise = NoiseFilter()  # known-harmless lines: off the console, in the rank logs
         self.stack_dumps = StackDumpFilter()  # `zlaunch stacks` dumps: off the console too
@@ -120,9 +121,13 @@ class RankOutput:
             self._print(self.collapser.due(now))
 
     def rank_failed(self, rank: int) -> None:
-        """Before zlaunch's note about a failed rank: its held lines (and older ones)."""
-        if self.collapser is not None:
-            self._print(self.collapser.flush_rank(rank))
+        """Before zlaunch's note about the first failed rank: its held lines (and the older
+        ones). Only the first: later exits are the stop's doing (no note follows them), and
+        flushing at each would split a traceback every rank prints into pieces."""
+        if self.collapser is None or self._failure_seen:
+            return
+        self._failure_seen = True
+        self._print(self.collapser.flush_rank(rank))
 
     def flush(self) -> None:
         """Every held line (the attempt ends; the failure report follows)."""

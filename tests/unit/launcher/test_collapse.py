@@ -331,3 +331,22 @@ def test_a_failed_rank_s_held_lines_print_before_the_note_about_it():
         "[node0:5]! Traceback (most recent call last):",
         "[node0:5]! ValueError: bad",
     ]
+
+
+def test_only_the_first_failure_flushes_and_the_lead_s_flushes_nothing():
+    output, out, _ = rank_output(16, None)
+    for rank in range(4):
+        output.lines(rank, ERR, ["Traceback (most recent call last):", "ImportError: x"], False)
+    output.rank_failed(0)  # the lead: its lines printed already, the others' keep waiting
+    assert out.getvalue().decode().splitlines() == [
+        "[node0:0]! Traceback (most recent call last):",
+        "[node0:0]! ImportError: x",
+    ]
+    output.rank_failed(2)  # failures while stopping: no note follows, nothing is split
+    for rank in range(4, 8):
+        output.lines(rank, ERR, ["Traceback (most recent call last):", "ImportError: x"], False)
+    output.close()
+    assert out.getvalue().decode().splitlines()[2:] == [
+        "[ranks 1-7]! Traceback (most recent call last):",
+        "[ranks 1-7]! ImportError: x",
+    ]

@@ -77,12 +77,24 @@ class Shown:
 
 
 class _Held:
-    """A line waiting for more ranks to say it (a plain class: one is made per line held)."""
+    """A line waiting for more ranks to say it (a plain class: one is made per line held).
+    Held lines form a doubly linked list in the order they print; ``label`` grows along it
+    (floats, so a line can be put between two others; renumbered when a gap runs out)."""
 
-    __slots__ = ("seq", "stream", "text", "first_at", "joined_at", "ranks", "lead_said")
+    __slots__ = (
+        "label",
+        "stream",
+        "text",
+        "first_at",
+        "joined_at",
+        "ranks",
+        "lead_said",
+        "prev",
+        "next",
+    )
 
-    def __init__(self, seq: int, stream: str, text: str, now: float):
-        self.seq = seq
+    def __init__(self, stream: str, text: str, now: float):
+        self.label = 0.0
         self.stream = stream
         self.text = text
         self.first_at = now
@@ -91,6 +103,8 @@ class _Held:
         """Ranks that said it, the lead excepted (each at most once)."""
         self.lead_said = False
         """The lead rank said it too: already printed, so not named again."""
+        self.prev: _Held | None = None
+        self.next: _Held | None = None
 
     @property
     def size(self) -> int:
@@ -99,7 +113,7 @@ class _Held:
 
 class LineCollapser:
     """Rank lines in, console lines out. ``lead``: the rank printed at once; ``shown``: how
-    many ranks the console shows (a line every one of them said prints without waiting)."""
+    many ranks the console shows (a line every other one said prints without waiting)."""
 
     def __init__(
         self,
@@ -117,46 +131,57 @@ class LineCollapser:
         self.max_hold = max_hold
         self.max_pending = max_pending
         self.max_bytes = max_bytes
-        self._held: deque[_Held] = deque()
-        """Held lines, oldest first: the order they print in."""
-        self._by_text: dict[tuple[str, str], deque[_Held]] = {}
-        """(stream, text) -> the held lines with that text, oldest first."""
-        self._last_seq: dict[int, int] = {}
-        """rank -> seq of the newest held line it said (a rank joins only later ones)."""
-        self._seq = 0
+        self._head: _Held | None = None
+        """The held line that prints first; ``_tail`` the last."""
+        self._tail: _Held | None = None
+        self._count = 0
         self._bytes = 0
+        self._by_text: dict[tuple[str, str], list[_Held]] = {}
+        """(stream, text) -> the held lines with that text."""
+        self._chains: dict[int, deque[_Held]] = {}
+        """rank -> its held lines, in its order (the lead's are never held)."""
 
     @property
     def pending(self) -> int:
         """Lines held now."""
-        return len(self._held)
+        return self._count
 
     def add(self, now: float, rank: int, stream: str, text: str) -> list[Shown]:
         """One complete line of ``rank``; returns what prints now: the lead's own line, and
         older held lines pushed out by the bounds (before it)."""
-        held = self._joinable(rank, (stream, text), now)
-        self._last_seq[rank] = held.seq
+        key = (stream, text)
         if rank == self.lead:  # printed at once, whatever is held
+            held = next((h for h in self._by_text.get(key, ()) if not h.lead_said), None)
+            if held is None:
+                held = self._append(key, now)
             held.lead_said = True
             out = self._bounded()
             out.append(Shown((rank,), stream, text))
             return out
+        chain = self._chains.get(rank)
+        if chain is None:
+            chain = self._chains[rank] = deque()
+        held = self._joinable(rank, chain, key)
+        if held is None:
+            held = self._append(key, now)
         held.ranks.append(rank)
         held.joined_at = now
         self._bytes += _RANK_BYTES
+        chain.append(held)
         return self._bounded()
 
     def due(self, now: float) -> list[Shown]:
-        """Held lines whose time has come, oldest first (a line waits for older ones)."""
+        """Held lines whose time has come, in print order (a line waits for those before it,
+        which are due no later than it is, but for the quiet period)."""
         out: list[Shown] = []
-        while self._held and self._ready(self._held[0], now):
+        while self._head is not None and self._ready(self._head, now):
             self._release(out)
         return out
 
     def flush(self) -> list[Shown]:
         """Everything held (the attempt ends, or a failure report follows)."""
         out: list[Shown] = []
-        while self._held:
+        while self._head is not None:
             self._release(out)
         return out
 
@@ -164,10 +189,8 @@ class LineCollapser:
         """Everything held up to ``rank``'s last held line (its lines before a note about it);
         nothing for the lead, whose lines are never held."""
         out: list[Shown] = []
-        if rank == self.lead:
-            return out
-        last = self._last_seq.get(rank, -1)
-        while self._held and self._held[0].seq <= last:
+        chain = self._chains.get(rank)
+        while chain:
             self._release(out)
         return out
 
@@ -180,38 +203,119 @@ class LineCollapser:
             everyone or now - held.joined_at >= self.quiet or now - held.first_at >= self.max_hold
         )
 
-    def _joinable(self, rank: int, key: tuple[str, str], now: float) -> _Held:
-        """The oldest held line with this text that comes after the rank's own held lines
-        (its k-th saying of a text joins the others' k-th), else a new held line."""
+    def _joinable(self, rank: int, chain: deque[_Held], key: tuple[str, str]) -> _Held | None:
+        """The first held line with this text that the rank can join, else None.
+
+        It can join a line that prints after all of its own held lines. It can also join one
+        that prints before some of them when those are lines of its own alone (a rank's "rank
+        3 at step 5" before the "epoch done" every rank says): they are moved just before the
+        line it joins, which keeps its order, and nobody else's. A held line it already said
+        it cannot join (its second "epoch done" joins the others' second)."""
+        best: _Held | None = None
+        for held in self._by_text.get(key, ()):
+            if best is not None and held.label > best.label:
+                continue
+            movable = 0  # the rank's own held lines after ``held``: all of its own alone?
+            for mine in reversed(chain):
+                if mine.label < held.label:
+                    break
+                if mine is held or mine.ranks != [rank]:
+                    movable = -1
+                    break
+                movable += 1
+            if movable >= 0:
+                best = held
+        if best is not None:
+            count = 0
+            for mine in reversed(chain):
+                if mine.label < best.label:
+                    break
+                count += 1
+            if count:
+                self._move_before(best, [chain[-i] for i in range(count, 0, -1)])
+        return best
+
+    def _append(self, key: tuple[str, str], now: float) -> _Held:
+        held = _Held(key[0], key[1], now)
+        tail = self._tail
+        held.label = tail.label + 1.0 if tail is not None else 0.0
+        held.prev = tail
+        if tail is not None:
+            tail.next = held
+        else:
+            self._head = held
+        self._tail = held
+        self._count += 1
+        self._bytes += held.size
         same = self._by_text.get(key)
         if same is None:
-            same = self._by_text[key] = deque()
-        last = self._last_seq.get(rank, -1)
-        i = len(same)
-        while i > 0 and same[i - 1].seq > last:  # the few held after the rank's last line
-            i -= 1
-        if i < len(same):
-            return same[i]
-        held = _Held(self._seq, key[0], key[1], now)
-        self._seq += 1
-        self._held.append(held)
-        same.append(held)
-        self._bytes += held.size
+            self._by_text[key] = [held]
+        else:
+            same.append(held)
         return held
+
+    def _move_before(self, target: _Held, moved: list[_Held]) -> None:
+        """Put ``moved`` (in their order) just before ``target``; they print no later than
+        it must (their max_hold counts from its first sighting if that is earlier)."""
+        for held in moved:
+            self._unlink(held)
+        lo = target.prev.label if target.prev is not None else target.label - 1.0
+        step = (target.label - lo) / (len(moved) + 1)
+        if step <= abs(target.label) * 1e-9 + 1e-12:  # the gap ran out: renumber every line
+            self._renumber()
+            lo = target.prev.label if target.prev is not None else target.label - 1.0
+            step = (target.label - lo) / (len(moved) + 1)
+        for i, held in enumerate(moved, 1):
+            held.label = lo + i * step
+            held.prev, held.next = target.prev, target
+            if target.prev is not None:
+                target.prev.next = held
+            else:
+                self._head = held
+            target.prev = held
+            held.first_at = min(held.first_at, target.first_at)
+
+    def _unlink(self, held: _Held) -> None:
+        if held.prev is not None:
+            held.prev.next = held.next
+        else:
+            self._head = held.next
+        if held.next is not None:
+            held.next.prev = held.prev
+        else:
+            self._tail = held.prev
+        held.prev = held.next = None
+
+    def _renumber(self) -> None:
+        held, label = self._head, 0.0
+        while held is not None:
+            held.label = label
+            label += 1.0
+            held = held.next
 
     def _bounded(self) -> list[Shown]:
         out: list[Shown] = []
-        while self._held and (len(self._held) > self.max_pending or self._bytes > self.max_bytes):
+        while self._head is not None and (
+            self._count > self.max_pending or self._bytes > self.max_bytes
+        ):
             self._release(out)
         return out
 
     def _release(self, out: list[Shown]) -> None:
-        held = self._held.popleft()
+        held = self._head
+        assert held is not None
+        self._unlink(held)
+        self._count -= 1
         self._bytes -= held.size
         key = (held.stream, held.text)
         same = self._by_text[key]
-        same.popleft()  # held lines print in order, so it is the oldest of its text
+        same.remove(held)
         if not same:
             del self._by_text[key]
+        for rank in held.ranks:  # the first line to print holds each rank's first held line
+            chain = self._chains[rank]
+            chain.popleft()
+            if not chain:
+                del self._chains[rank]
         if held.ranks:  # the lead's own line printed already
             out.append(Shown(tuple(sorted(held.ranks)), held.stream, held.text))

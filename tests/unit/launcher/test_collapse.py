@@ -107,6 +107,28 @@ def test_a_rank_whose_lines_come_in_another_order_keeps_its_own_order():
     assert shown(feed(c, events)) == [((1,), OUT, "A"), ((1, 2), OUT, "B"), ((2,), OUT, "A")]
 
 
+def test_a_line_of_its_own_before_a_shared_one_does_not_stop_the_rank_joining_it():
+    # each rank: a line of its own, then the line every rank says; frames of whole ranks
+    # arrive one after the other, so the shared line is first held before rank 2's own
+    c = LineCollapser(lead=0, shown=4)
+    events = []
+    for rank in (1, 2, 3):
+        events += [(0.0, rank, OUT, f"rank {rank} step 1"), (0.0, rank, OUT, "epoch tick")]
+    assert shown(feed(c, events)) == [
+        ((1,), OUT, "rank 1 step 1"),
+        ((2,), OUT, "rank 2 step 1"),
+        ((3,), OUT, "rank 3 step 1"),
+        ((1, 2, 3), OUT, "epoch tick"),
+    ]
+
+
+def test_a_shared_line_held_after_the_rank_s_own_shared_line_is_not_joined_out_of_order():
+    c = LineCollapser(lead=0, shown=4)
+    events = [(0.0, 1, OUT, "A"), (0.0, 1, OUT, "B"), (0.0, 3, OUT, "B")]
+    events += [(0.1, 2, OUT, "B"), (0.1, 2, OUT, "A")]  # B, held with rank 3, then A
+    assert shown(feed(c, events)) == [((1,), OUT, "A"), ((1, 2, 3), OUT, "B"), ((2,), OUT, "A")]
+
+
 def test_the_lead_joins_a_line_other_ranks_said_first_and_is_not_named_again():
     c = LineCollapser(lead=0, shown=3)
     assert c.add(0.0, 2, OUT, "hello") == []

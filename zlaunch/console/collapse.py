@@ -17,12 +17,14 @@ The rules, which README.md ("Watching a job") states for users:
   named exactly once and the follow-up is readable on its own.
 - **Other ranks wait a little.** A line of another rank is held while more ranks may say the
   same: it prints once no new rank has joined it for ``quiet`` seconds, once every shown rank
-  has said it, or ``max_hold`` seconds after it was first seen, whichever comes first. A line
-  only one rank said prints as it does today (``[host:rank] ...``).
-- **A rank's lines stay in order.** Held lines print in the order they were first seen, and a
-  rank joins a held line only if that line comes after the rank's own held lines (the oldest
-  such: a rank's second "epoch done" joins the others' second); otherwise its line starts a
-  new one, printed after them.
+  has said it, or ``max_hold`` seconds after it was first seen, whichever comes first (and
+  after the held lines before it, none of which is held longer). A line only one rank said
+  prints as it does today (``[host:rank] ...``).
+- **A rank's lines stay in order.** Held lines print in one order; a rank joins a held line
+  only where that keeps its own lines in order: after all of its held lines, or before some
+  of them when those are lines of its own alone, which then move just before the line it
+  joins (its "rank 3 at step 5" and then the "epoch done" every rank says). Otherwise its line
+  starts a new one, printed after them. A rank's k-th saying of a text joins the others' k-th.
 - **Bounded.** At most ``max_pending`` held lines and ``max_bytes`` of held text (and rank
   lists); beyond that the oldest prints at once. Time is the caller's clock (the
   controller's), so the rules are testable with an injected one.

@@ -188,16 +188,17 @@ def test_flush_rank_prints_that_rank_s_held_lines_and_the_older_ones_only():
     assert shown(c.flush()) == [((5,), OUT, "newer")]
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(40))
 def test_random_traffic_every_line_once_each_rank_in_order_none_held_past_the_bound(seed):
     rng = random.Random(seed)
     ranks, texts = rng.randint(2, 40), ["w0", "w1", "w2", "w3", "w4"]
     events = []
     for rank in range(ranks):  # each rank: a few lines from a small vocabulary, in time order
         at = rng.uniform(0, 1.5)
-        for _ in range(rng.randint(1, 8)):
+        for i in range(rng.randint(1, 8)):
             at += rng.choice([0.0, 0.0, 0.01, 0.2, 0.7])
-            events.append((round(at, 3), rank, rng.choice([OUT, ERR]), rng.choice(texts)))
+            text = rng.choice([*texts, f"rank {rank} line {i}"])  # shared, or its own
+            events.append((round(at, 3), rank, rng.choice([OUT, ERR]), text))
     events.sort(key=lambda e: e[0])  # stable: a rank's lines keep their order
     c = LineCollapser(lead=0, shown=ranks, max_pending=rng.choice([3, 4096]))
     got = feed(c, events, tick=0.05)

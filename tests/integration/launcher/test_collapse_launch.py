@@ -14,7 +14,8 @@ WARNING = "UserWarning: the same words from every rank"
 RANKS = 16
 
 # Every rank says the warning once all sixteen have started (a barrier of files), so the
-# lines come close together even on a loaded machine; then a line of its own.
+# lines come close together even on a loaded machine; then a line of its own, then one line
+# every rank says again (held after the ranks' own lines: they still fold into it).
 SCRIPT = f"""
 import os, sys, time
 here = sys.argv[1]
@@ -26,6 +27,7 @@ while sum(name.startswith("up-") for name in os.listdir(here)) < {RANKS}:
     time.sleep(0.01)
 print({WARNING!r}, file=sys.stderr, flush=True)
 print(f"rank {{rank}} done", flush=True)
+print("all done", flush=True)
 """
 
 
@@ -55,13 +57,20 @@ def test_sixteen_ranks_saying_the_same_warning_show_it_once_for_ranks_1_to_15(tm
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stdout.splitlines() if WARNING in line]
     assert said == [f"[localhost:0]! {WARNING}", f"[ranks 1-15]! {WARNING}"], done.stdout
-    # lines only one rank said print as before, with their host and rank
+    # lines only one rank said print as before, with their host and rank, before "all done"
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if "all done" in line] == [
+        "[localhost:0] all done",
+        "[ranks 1-15] all done",
+    ], done.stdout
     for rank in range(RANKS):
-        assert done.stdout.count(f"[localhost:{rank}] rank {rank} done\n") == 1, done.stdout
+        own = lines.index(f"[localhost:{rank}] rank {rank} done")
+        after = "[localhost:0] all done" if rank == 0 else "[ranks 1-15] all done"
+        assert own < lines.index(after), done.stdout
     logs = rank_logs(tmp_path)
     assert sorted(logs) == list(range(RANKS))
     for rank, text in logs.items():  # the rank logs keep every line
-        assert text.splitlines() == [WARNING, f"rank {rank} done"], (rank, text)
+        assert text.splitlines() == [WARNING, f"rank {rank} done", "all done"], (rank, text)
 
 
 def test_no_collapse_shows_every_rank_s_line(tmp_path):

@@ -32,6 +32,8 @@ The rules, which README.md ("Watching a job") states for users:
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -59,6 +61,9 @@ MAX_PENDING = 4096
 MAX_PENDING_BYTES = 16 * 1024 * 1024
 """Held text and rank lists at most, in bytes; the oldest prints beyond it."""
 _RANK_BYTES = 8  # what one rank in a held line's rank list is counted as
+SCAN = 32
+"""Held lines of one text looked at for a rank's line to join (a rank that repeats a line
+fast holds many of that text); beyond them its line is held on its own."""
 
 
 def collapse_wanted(requested: bool | None, shown_ranks: int) -> bool:
@@ -93,6 +98,7 @@ class _Held:
         "lead_said",
         "prev",
         "next",
+        "pending",
     )
 
     def __init__(self, stream: str, text: str, now: float):
@@ -107,6 +113,8 @@ class _Held:
         """The lead rank said it too: already printed, so not named again."""
         self.prev: _Held | None = None
         self.next: _Held | None = None
+        self.pending = True
+        """Still held (False once printed)."""
 
     @property
     def size(self) -> int:
@@ -142,6 +150,9 @@ class LineCollapser:
         """(stream, text) -> the held lines with that text."""
         self._chains: dict[int, deque[_Held]] = {}
         """rank -> its held lines, in its order (the lead's are never held)."""
+        self._barriers: dict[int, _Held] = {}
+        """rank -> the last of its held lines that other ranks said too: it can join only
+        lines that print after it (its held lines after it are its own alone, and movable)."""
 
     @property
     def pending(self) -> int:
@@ -153,7 +164,8 @@ class LineCollapser:
         older held lines pushed out by the bounds (before it)."""
         key = (stream, text)
         if rank == self.lead:  # printed at once, whatever is held
-            held = next((h for h in self._by_text.get(key, ()) if not h.lead_said), None)
+            same = self._by_text.get(key, ())
+            held = next((h for h in same[:SCAN] if not h.lead_said), None)
             if held is None:
                 held = self._append(key, now)
             held.lead_said = True
@@ -166,6 +178,10 @@ class LineCollapser:
         held = self._joinable(rank, chain, key)
         if held is None:
             held = self._append(key, now)
+        if held.ranks:  # said by others too: a barrier for this rank, and for a lone sayer
+            if len(held.ranks) == 1:
+                self._raise_barrier(held.ranks[0], held)
+            self._barriers[rank] = held
         held.ranks.append(rank)
         held.joined_at = now
         self._bytes += _RANK_BYTES
@@ -212,30 +228,39 @@ class LineCollapser:
         that prints before some of them when those are lines of its own alone (a rank's "rank
         3 at step 5" before the "epoch done" every rank says): they are moved just before the
         line it joins, which keeps its order, and nobody else's. A held line it already said
-        it cannot join (its second "epoch done" joins the others' second)."""
-        best: _Held | None = None
-        for held in self._by_text.get(key, ()):
-            if best is not None and held.label > best.label:
-                continue
-            movable = 0  # the rank's own held lines after ``held``: all of its own alone?
-            for mine in reversed(chain):
-                if mine.label < held.label:
-                    break
-                if mine is held or mine.ranks != [rank]:
-                    movable = -1
-                    break
-                movable += 1
-            if movable >= 0:
+        it cannot join (its second "epoch done" joins the others' second). At most SCAN lines
+        of the text are looked at: a rank repeating one line a thousand times costs no more
+        per line than one saying it once."""
+        same = self._by_text.get(key)
+        if not same:
+            return None
+        barrier = self._barriers.get(rank)
+        floor = barrier.label if barrier is not None and barrier.pending else -math.inf
+        # lines of the text that print after the barrier; the first not its own alone
+        start = bisect.bisect_right(same, floor, key=_label)
+        best = None
+        for held in same[start : start + SCAN]:
+            if not (len(held.ranks) == 1 and held.ranks[0] == rank):
                 best = held
-        if best is not None:
-            count = 0
-            for mine in reversed(chain):
-                if mine.label < best.label:
-                    break
-                count += 1
-            if count:
-                self._move_before(best, [chain[-i] for i in range(count, 0, -1)])
+                break
+        if best is None:
+            return None
+        moved: list[_Held] = []  # its own lines alone held after ``best``: they go before it
+        for mine in reversed(chain):
+            if mine.label < best.label:
+                break
+            moved.append(mine)
+        if moved:
+            moved.reverse()
+            self._move_before(best, moved)
         return best
+
+    def _raise_barrier(self, rank: int, held: _Held) -> None:
+        """Another rank joined a line ``rank`` said alone: it is that rank's barrier now, if
+        later than its own."""
+        barrier = self._barriers.get(rank)
+        if barrier is None or not barrier.pending or barrier.label < held.label:
+            self._barriers[rank] = held
 
     def _append(self, key: tuple[str, str], now: float) -> _Held:
         held = _Held(key[0], key[1], now)
@@ -276,6 +301,8 @@ class LineCollapser:
                 self._head = held
             target.prev = held
             held.first_at = min(held.first_at, target.first_at)
+        for key in {(held.stream, held.text) for held in moved}:
+            self._by_text[key].sort(key=_label)  # kept in print order, for the bisection
 
     def _unlink(self, held: _Held) -> None:
         if held.prev is not None:
@@ -307,6 +334,7 @@ class LineCollapser:
         held = self._head
         assert held is not None
         self._unlink(held)
+        held.pending = False
         self._count -= 1
         self._bytes -= held.size
         key = (held.stream, held.text)
@@ -319,5 +347,10 @@ class LineCollapser:
             chain.popleft()
             if not chain:
                 del self._chains[rank]
+                self._barriers.pop(rank, None)
         if held.ranks:  # the lead's own line printed already
             out.append(Shown(tuple(sorted(held.ranks)), held.stream, held.text))
+
+
+def _label(held: _Held) -> float:
+    return held.label

@@ -218,6 +218,49 @@ def test_random_traffic_every_line_once_each_rank_in_order_none_held_past_the_bo
             assert at <= released <= at + (0.0 if rank == 0 else 2.0 + 0.05 + 1e-9)
 
 
+def check_traffic(c: LineCollapser, events, ranks: int, bound: float) -> list[Shown]:
+    """Feed; every line exactly once, each rank's in its order, none held past ``bound``."""
+    got = feed(c, events, tick=0.05)
+    got += [(99.0, s) for s in c.flush()]
+    said = {r: [(at, s, t) for at, rank, s, t in events if rank == r] for r in range(ranks)}
+    seen: dict[int, list] = {r: [] for r in range(ranks)}
+    for released, line in got:
+        for rank in line.ranks:
+            seen[rank].append((released, line.stream, line.text))
+    assert {r: [x[1:] for x in v] for r, v in seen.items()} == {
+        r: [x[1:] for x in v] for r, v in said.items()
+    }
+    for rank in range(1, ranks):
+        for (at, _, _), (released, _, _) in zip(said[rank], seen[rank], strict=True):
+            assert at <= released <= at + bound
+    return [line for _, line in got]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_ranks_repeating_two_lines_fast_stay_correct_and_collapse(seed):
+    rng = random.Random(seed)
+    events = []
+    for rank in range(12):
+        for i in range(rng.randint(20, 120)):  # far more repeats than SCAN
+            text = rng.choice(["tick", "tock", f"own {rank}"])
+            events.append((round(0.001 * i, 3), rank, OUT, text))
+    events.sort(key=lambda e: e[0])
+    lines = check_traffic(LineCollapser(lead=0, shown=12), events, 12, 2.0 + 0.05 + 1e-9)
+    assert any(len(line.ranks) > 1 for line in lines)
+
+
+def test_many_ranks_moving_their_own_line_before_one_shared_line_renumber_the_order():
+    # each of 200 ranks: its own line, then the line every rank says; every own line moves
+    # just before the shared one, halving the gap of labels there until it is renumbered
+    events = []
+    for rank in range(1, 201):
+        events += [(0.0, rank, OUT, f"rank {rank} at step 5"), (0.0, rank, OUT, "epoch done")]
+    lines = check_traffic(LineCollapser(lead=0, shown=201), events, 201, 2.1)
+    assert [(line.ranks, line.text) for line in lines] == [
+        ((r,), f"rank {r} at step 5") for r in range(1, 201)
+    ] + [(tuple(range(1, 201)), "epoch done")]
+
+
 def test_collapse_is_on_above_eight_shown_ranks_unless_told():
     assert [collapse_wanted(None, n) for n in (1, 8, 9, 1024)] == [False, False, True, True]
     assert collapse_wanted(False, 1024) is False and collapse_wanted(True, 2) is True

@@ -246,3 +246,55 @@ def test_inductor_at_stage3_matches_eager_to_rounding():
     for rank_results in results:
         _assert_parity(rank_results, rtol=1e-5)  # fused kernels round differently
     _assert_warm_counts(results[0], {3: 1})
+
+
+def compile_call_errors() -> dict:
+    """engine.compile()'s refusals, each before anything compiles, then a call that works."""
+    import runtime
+    from runtime.errors import UserError
+
+    engine, *_ = runtime.initialize(model=EncoderLM(), config=_config(2, None))
+    messages = []
+    for kwargs in (
+        {"schedule": [(0, ["prefetch"])]},
+        {"compiled_autograd_enabled": True},
+        {"backend": "nope"},
+        {"compile_kwargs": {"backend": "eager"}},
+        {"compile_kwargs": {"fullgraf": True}},
+    ):
+        try:
+            engine.compile(**kwargs)
+        except UserError as err:
+            messages.append(f"{type(err).__name__}: {err}")
+    refused_left_it_plain = not engine.is_compiled
+    engine.compile(backend="aot_eager", compile_kwargs={"dynamic": False})
+    forward = engine.module.forward
+    engine.compile(backend="eager")  # already compiled: nothing happens, as in DeepSpeed
+    return {
+        "messages": messages,
+        "plain_after_refusals": refused_left_it_plain,
+        "compiled": engine.is_compiled,
+        "unchanged_by_second_call": engine.module.forward == forward,
+    }
+
+
+def test_engine_compile_refusals_name_the_fix():
+    (result,) = run_ranks(1, f"{HERE}:compile_call_errors")
+    assert result["messages"] == [
+        "UnsupportedError: engine.compile(schedule=...) is a DeepCompile schedule; DeepCompile "
+        "is not implemented here: call engine.compile() without it",
+        "UnsupportedError: engine.compile(compiled_autograd_enabled=True): compiled autograd "
+        "would trace the gradient hooks that reduce gradients across ranks; call "
+        "engine.compile() without it (backward still runs the compiled regions' backward "
+        "graphs)",
+        result["messages"][2],
+        "InvalidValueError: compile_kwargs.backend is not read from here; set the backend "
+        "itself (compile.backend, or engine.compile(backend=...))",
+        "InvalidValueError: compile_kwargs.fullgraf is not a torch.compile argument; did you "
+        "mean 'fullgraph'?",
+    ]
+    assert result["messages"][2].startswith(
+        "InvalidValueError: torch.compile backend 'nope' is not a registered backend (aot_eager, "
+    )
+    assert result["plain_after_refusals"] and result["compiled"]
+    assert result["unchanged_by_second_call"]

@@ -101,23 +101,43 @@ class AgentMemory:
                     continue
 
 
-def _wait4(proc: subprocess.Popen, limit: float) -> tuple[int, float, int]:
-    """Exit code, CPU seconds and peak RSS (KiB) of ``proc`` and its reaped descendants."""
+class Reaped:
+    """A child's end as wait4 gives it: exit code, CPU seconds and peak RSS (KiB) of it and
+    its reaped descendants. ``poll()`` instead of Popen's (which would reap it first)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.code: int | None = None
+        self.cpu = 0.0
+        self.rss_kib = 0
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                self.code = self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.cpu, self.rss_kib = usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+        return self.code
+
+
+def _wait4(proc: subprocess.Popen | Reaped, limit: float) -> tuple[int, float, int]:
+    """Exit code, CPU seconds and peak RSS (KiB); killed after ``limit`` seconds."""
+    reaped = proc if isinstance(proc, Reaped) else Reaped(proc)
     deadline = time.monotonic() + limit
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+    while reaped.poll() is None:
         if time.monotonic() > deadline:
-            proc.kill()
+            reaped.proc.kill()
         time.sleep(0.02)
+    return reaped.code, reaped.cpu, reaped.rss_kib
 
 
 def _timed(argv: list[str], cwd: str, limit: float = 300.0) -> tuple[float, int, int]:
     t0 = time.monotonic()
     done = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, timeout=limit)
     took = time.monotonic() - t0
+    if done.returncode != 0:
+        print(f"{' '.join(argv[2:4])} exited {done.returncode}: {done.stderr.decode()[-600:]}",
+              file=sys.stderr)  # fmt: skip
     return took, done.returncode, len(done.stdout)
 
 
@@ -200,9 +220,8 @@ def zlaunch_ok(farm, hosts: int, slots: int, work: str, lines: int, size: int) -
         "console_lines": sum(1 for _ in open(out_path, "rb")),
         **check_logs(run_dir, world, lines, size),
     }
-    if code != 0:
-        with open(out_path + ".err", errors="replace") as f:
-            result["stderr_tail"] = f.read()[-2000:]
+    with open(out_path + ".err", errors="replace") as f:
+        result["stderr_tail"] = f.read()[-3000:]
     run_id = os.path.basename(run_dir)
     result["status_s"], _, _ = _timed([sys.executable, "-m", "zlaunch", "status", run_id,
                                        "--log-dir", runs], work)  # fmt: skip
@@ -227,7 +246,7 @@ def zlaunch_failure(farm, hosts: int, slots: int, work: str, lines: int, size: i
     result: dict = {"fail_rank": fail_rank}
     with open(out_path, "wb") as out, open(out_path + ".err", "wb") as err:
         t0 = time.time()
-        proc = subprocess.Popen(argv, cwd=work, env=_env(), stdout=out, stderr=err)
+        proc = Reaped(subprocess.Popen(argv, cwd=work, env=_env(), stdout=out, stderr=err))
         deadline = time.monotonic() + RUN_LIMIT
         while _count(records, "ready-") < world:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -389,6 +408,9 @@ def main() -> int:
                 row[name] = step()
                 print(f"[{key}] {name}: {json.dumps({k: v for k, v in row[name].items() if k != 'stderr_tail'})}",
                       file=sys.stderr, flush=True)  # fmt: skip
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(results, f, indent=2)
                 time.sleep(2)  # let the machine settle between runs
     table = markdown(results)
     print(table)

@@ -13,10 +13,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from zlaunch import frames
 from zlaunch.hostfile import Host
+from zlaunch.liveness import SilenceClock
 from zlaunch.options import LaunchOptions
 from zlaunch.transport import Link, agent_argv, open_links
 
@@ -31,6 +33,12 @@ __all__ = [
 ]
 
 HEARTBEAT_INTERVAL = 1.0
+# Heartbeats go out through this many threads at once: one thread writing to 64 SSH channels in
+# turn waits for the GIL at every write while the controller takes 1,024 ranks' output (seconds
+# per round, measured); a few in parallel keep a round well under the interval.
+HEARTBEAT_SENDERS = 8
+# The controller's loop normally comes back within this (its poll, plus one item's work).
+TURN = 1.0
 
 
 # What the attempt's one queue carries: from the links' reader threads and the signal handlers.
@@ -84,8 +92,9 @@ class AgentLinks:
         self._done = done
         """Per node: whether nothing more is sent to it (it said bye, was lost or dropped);
         the caller's state machine knows, read from the heartbeat thread too."""
-        self.heard: list[float] = []
-        """Per node: when its last frame arrived (monotonic); empty until the first frame."""
+        self.heard = SilenceClock(len(self.hosts), time.monotonic(), TURN)
+        """Per node: when its last bytes arrived, noted by its reader thread as they come (a
+        backlog in the queue is not the agent's silence)."""
         self._trace = trace
         self._stop_heartbeat = threading.Event()
 
@@ -118,6 +127,7 @@ class AgentLinks:
             chunk = link.read(1 << 18)
             if not chunk:
                 break
+            self.heard.heard(index, time.monotonic())
             for frame in reader.feed(chunk):
                 self.queue.put(FrameIn(index, frame))
         for frame in reader.finish():
@@ -129,29 +139,28 @@ class AgentLinks:
 
     def _heartbeat(self) -> None:
         beat = frames.encode(frames.Heartbeat())
-        while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
-            self.send_all(beat, parallel=False)
+        with ThreadPoolExecutor(HEARTBEAT_SENDERS, thread_name_prefix="heartbeat") as senders:
+            while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
+                targets = [i for i, link in enumerate(self.links) if link and not self._done(i)]
+                list(senders.map(lambda index: self.send(index, beat), targets))
 
     # ---- talking ----------------------------------------------------------------------------
 
     def next(self, timeout: float) -> LinkItem | None:
         """The next queued item, or None after ``timeout`` seconds."""
         try:
-            item = self.queue.get(timeout=timeout)
+            return self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
-        if isinstance(item, (FrameIn, Garbled)):
-            self.heard_from(item.node)
-        return item
 
-    def heard_from(self, index: int) -> None:
-        if not self.heard:
-            self.heard = [time.monotonic()] * len(self.hosts)
-        self.heard[index] = time.monotonic()
+    def awake(self, now: float) -> None:
+        """The controller's loop runs: the time it did not (a loaded machine) is nobody's
+        silence (zlaunch/liveness.py)."""
+        self.heard.awake(now)
 
     def silent_for(self, index: int, now: float) -> float:
-        """Seconds since node ``index`` last sent anything (0 before any agent spoke)."""
-        return now - self.heard[index] if self.heard else 0.0
+        """Seconds node ``index`` has sent nothing, counted while the controller ran."""
+        return self.heard.silent_for(index, now)
 
     def send(self, index: int, data: bytes) -> bool:
         link = self.links[index]

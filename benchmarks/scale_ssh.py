@@ -28,6 +28,7 @@ Run as root from the repository root, one size at a time on a shared machine::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -48,6 +49,7 @@ from tests.cluster.scale import worker as worker_mod  # noqa: E402
 
 WORKER = os.path.abspath(worker_mod.__file__)
 RUN_LIMIT = 900.0
+KEEP = False  # --keep: leave the run directories for a look
 
 
 def _env() -> dict[str, str]:
@@ -172,7 +174,7 @@ def check_logs(run_dir: str, world: int, lines: int, size: int) -> dict:
     """Every rank log against the bytes its worker printed."""
     found = {}
     attempt = os.path.join(run_dir, "attempt-0")
-    for host in os.listdir(attempt):
+    for host in os.listdir(attempt) if os.path.isdir(attempt) else ():
         for name in os.listdir(os.path.join(attempt, host)):
             match = re.fullmatch(r"rank-(\d+)\.log", name)
             if match:
@@ -228,7 +230,8 @@ def zlaunch_ok(farm, hosts: int, slots: int, work: str, lines: int, size: int) -
     result["logs_s"], _, result["logs_bytes"] = _timed(
         [sys.executable, "-m", "zlaunch", "logs", run_id, "--log-dir", runs], work
     )
-    shutil.rmtree(runs, ignore_errors=True)
+    if not KEEP:
+        shutil.rmtree(runs, ignore_errors=True)
     return result
 
 
@@ -289,7 +292,8 @@ def zlaunch_failure(farm, hosts: int, slots: int, work: str, lines: int, size: i
             result["failure_json_rank"] = json.load(f).get("root_cause", {}).get("rank")
     result["stderr_tail"] = err_text[-1500:]
     farm.kill_sessions()
-    shutil.rmtree(runs, ignore_errors=True)
+    if not KEEP:
+        shutil.rmtree(runs, ignore_errors=True)
     return result
 
 
@@ -376,6 +380,7 @@ def main() -> int:
     parser.add_argument("--line-bytes", type=int, default=100)
     parser.add_argument("--deepspeed", action="store_true", help="also DeepSpeed's pdsh launcher")
     parser.add_argument("--skip", default="", help="comma list of floor,ok,failure to skip")
+    parser.add_argument("--keep", help="keep the consoles, records and run dirs in this folder")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
@@ -390,7 +395,16 @@ def main() -> int:
         "lines": args.lines, "line_bytes": args.line_bytes, "cpus": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M"), "sizes": {},
     }  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="zl-scale-") as work, farm_mod.LoopbackFarm.start(
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        global KEEP
+        KEEP = True
+    scratch = (
+        contextlib.nullcontext(tempfile.mkdtemp(prefix="zl-scale-", dir=args.keep))
+        if args.keep
+        else tempfile.TemporaryDirectory(prefix="zl-scale-")
+    )
+    with scratch as work, farm_mod.LoopbackFarm.start(
         max(h for h, _ in sizes)
     ) as farm:
         for hosts, slots in sizes:

@@ -37,7 +37,7 @@ AGENT_SILENCE_MARGIN = 10.0
 
 def heartbeat_timeout(ranks: int) -> float:
     """Seconds of silence from the controller after which an agent stops its workers: 5 s
-    up to 64 ranks, +1 s per 64 ranks (9 s at 256, 21 s at 1,024), at most 30 s."""
+    up to 64 ranks, +1 s per 64 ranks more (8 s at 256, 20 s at 1,024), at most 30 s."""
     extra = max(0, ranks - RANKS_PER_EXTRA_SECOND) / RANKS_PER_EXTRA_SECOND
     return min(MAX_HEARTBEAT_TIMEOUT, BASE_HEARTBEAT_TIMEOUT + extra)
 

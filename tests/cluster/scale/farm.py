@@ -119,6 +119,7 @@ class LoopbackFarm:
             f.write(self._sshd_config(host_key))
         with open(self.ssh_config, "w") as f:
             f.write(self._ssh_config())
+        open(self._path(".bashrc"), "w").close()
 
     def _sshd_config(self, host_key: str) -> str:
         return "\n".join(
@@ -144,7 +145,11 @@ class LoopbackFarm:
                 # flight; sshd's default (10:30:100) would drop most of them.
                 "MaxStartups 2000",
                 "MaxSessions 100",
-                f"SetEnv PYTHONPATH={self.pythonpath} {MARKER}={self.state}",
+                # HOME: bash, started by sshd for the remote command, reads ~/.bashrc; here
+                # every "host" shares root's, and one that runs `pyenv init` makes 64 sessions
+                # queue on pyenv's rehash lock for a minute before any agent starts. Real hosts
+                # each have their own home; the farm's sessions get an empty one of their own.
+                f"SetEnv PYTHONPATH={self.pythonpath} {MARKER}={self.state} HOME={self.state}",
                 "",
             ]
         )

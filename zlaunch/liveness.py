@@ -21,6 +21,7 @@ __all__ = [
     "BASE_HEARTBEAT_TIMEOUT",
     "MAX_HEARTBEAT_TIMEOUT",
     "RANKS_PER_EXTRA_SECOND",
+    "SMALL_JOB",
     "SilenceClock",
     "agent_silence_timeout",
     "heartbeat_timeout",
@@ -28,8 +29,10 @@ __all__ = [
 
 BASE_HEARTBEAT_TIMEOUT = 5.0
 """An agent that hears nothing from the controller this long stops its workers (small jobs)."""
-RANKS_PER_EXTRA_SECOND = 64
-"""One more second of allowance per this many ranks of the job."""
+SMALL_JOB = 64
+"""Up to this many ranks, the base allowance."""
+RANKS_PER_EXTRA_SECOND = 32
+"""Beyond it, one more second per this many ranks."""
 MAX_HEARTBEAT_TIMEOUT = 30.0
 AGENT_SILENCE_MARGIN = 10.0
 """How much longer the controller waits for a silent agent than that agent waits for it."""
@@ -37,8 +40,8 @@ AGENT_SILENCE_MARGIN = 10.0
 
 def heartbeat_timeout(ranks: int) -> float:
     """Seconds of silence from the controller after which an agent stops its workers: 5 s
-    up to 64 ranks, +1 s per 64 ranks more (8 s at 256, 20 s at 1,024), at most 30 s."""
-    extra = max(0, ranks - RANKS_PER_EXTRA_SECOND) / RANKS_PER_EXTRA_SECOND
+    up to 64 ranks, +1 s per 32 ranks more (11 s at 256, 30 s from 864 on)."""
+    extra = max(0, ranks - SMALL_JOB) / RANKS_PER_EXTRA_SECOND
     return min(MAX_HEARTBEAT_TIMEOUT, BASE_HEARTBEAT_TIMEOUT + extra)
 
 
@@ -67,8 +70,15 @@ class SilenceClock:
         """The judge runs at ``now``: the time it was away beyond its turn does not count.
         Returns that time (0 for a turn on time)."""
         late = max(0.0, now - self.last_awake - self.turn)
-        self.forgiven += late
         self.last_awake = max(self.last_awake, now)
+        if late:
+            self.forgiven += late
+            # A peer heard while the judge was away was heard "now" on the judge's clock, not
+            # in its future.
+            present = now - self.forgiven
+            for peer, heard in enumerate(self._heard):
+                if heard > present:
+                    self._heard[peer] = present
         return late
 
     def heard(self, peer: int, now: float) -> None:

@@ -13,7 +13,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from zlaunch import frames
@@ -33,10 +32,6 @@ __all__ = [
 ]
 
 HEARTBEAT_INTERVAL = 1.0
-# Heartbeats go out through this many threads at once: one thread writing to 64 SSH channels in
-# turn waits for the GIL at every write while the controller takes 1,024 ranks' output (seconds
-# per round, measured); a few in parallel keep a round well under the interval.
-HEARTBEAT_SENDERS = 8
 # The controller's loop normally comes back within this (its poll, plus one item's work).
 TURN = 1.0
 
@@ -109,6 +104,9 @@ class AgentLinks:
             threading.Thread(
                 target=self._read, args=(index, link), name=f"agent-{index}", daemon=True
             ).start()
+            threading.Thread(
+                target=self._heartbeat, args=(index,), name=f"heartbeat-{index}", daemon=True
+            ).start()
 
         open_links(
             self.hosts,
@@ -134,15 +132,14 @@ class AgentLinks:
             self.queue.put(FrameIn(index, frame))
         self.queue.put(LinkClosed(index))
 
-    def start_heartbeat(self) -> None:
-        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, index: int) -> None:
+        """Node ``index``'s heartbeat, from a thread of its own. One thread writing to every
+        link in turn made a round take as long as all the writes: on a loaded machine each
+        write waits for the GIL and for the scheduler (seconds per round at 64 hosts,
+        measured), and one stuck link held back every other node's heartbeat."""
         beat = frames.encode(frames.Heartbeat())
-        with ThreadPoolExecutor(HEARTBEAT_SENDERS, thread_name_prefix="heartbeat") as senders:
-            while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
-                targets = [i for i, link in enumerate(self.links) if link and not self._done(i)]
-                list(senders.map(lambda index: self.send(index, beat), targets))
+        while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL) and not self._done(index):
+            self.send(index, beat)
 
     # ---- talking ----------------------------------------------------------------------------
 

@@ -129,7 +129,6 @@ class Attempt:
         self._trace("start")
         previous = _route_signals(self.links.queue, self.save_signal)
         self.view = self.output.view = open_view(self.console)  # rich panel on a terminal
-        self.links.start_heartbeat()
         outcome: Outcome | None = None
         try:
             self.links.open(self.options)

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -165,8 +167,12 @@ def zlaunch_argv(farm, hostfile: str, runs: str, worker_args: list[str]) -> list
 
 
 def _run_dir(runs: str) -> str:
-    (name,) = [n for n in os.listdir(runs) if not os.path.islink(os.path.join(runs, n))
-                and os.path.exists(os.path.join(runs, n, "run.json"))]
+    (name,) = [
+        n
+        for n in os.listdir(runs)
+        if not os.path.islink(os.path.join(runs, n))
+        and os.path.exists(os.path.join(runs, n, "run.json"))
+    ]
     return os.path.join(runs, name)
 
 
@@ -188,13 +194,15 @@ def check_logs(run_dir: str, world: int, lines: int, size: int) -> dict:
             exact += 1
         else:
             wrong.append(rank)
-            lost_lines += lines - sum(1 for x in got.splitlines(True) if x in set(want.splitlines(True)))
+            lost_lines += lines - sum(
+                1 for x in got.splitlines(True) if x in set(want.splitlines(True))
+            )
     return {"logs_exact": exact, "logs_wrong": wrong[:20], "lines_lost_or_changed": lost_lines}
 
 
 def zlaunch_ok(farm, hosts: int, slots: int, work: str, lines: int, size: int) -> dict:
     world = hosts * slots
-    hostfile = farm.hostfile(slots, f"hosts-{hosts}x{slots}")
+    hostfile = farm.hostfile(slots, f"hosts-{hosts}x{slots}", hosts)
     records = tempfile.mkdtemp(dir=work, prefix="ok-")
     runs = os.path.join(work, f"runs-ok-{hosts}x{slots}")
     argv = zlaunch_argv(
@@ -202,7 +210,11 @@ def zlaunch_ok(farm, hosts: int, slots: int, work: str, lines: int, size: int) -
                                "--line-bytes", str(size), "--tag", uuid.uuid4().hex]
     )  # fmt: skip
     out_path = os.path.join(work, f"ok-{hosts}x{slots}.console")
-    with open(out_path, "wb") as out, open(out_path + ".err", "wb") as err, AgentMemory(farm) as mem:
+    with (
+        open(out_path, "wb") as out,
+        open(out_path + ".err", "wb") as err,
+        AgentMemory(farm) as mem,
+    ):
         t0 = time.time()
         proc = subprocess.Popen(argv, cwd=work, env=_env(), stdout=out, stderr=err)
         code, cpu, rss = _wait4(proc, RUN_LIMIT)
@@ -235,10 +247,19 @@ def zlaunch_ok(farm, hosts: int, slots: int, work: str, lines: int, size: int) -
     return result
 
 
+def _all_armed(run_dir: str, world: int) -> bool:
+    try:
+        with open(os.path.join(run_dir, "ranks.json")) as f:
+            rows = json.load(f)["ranks"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return sum(1 for r in rows if r.get("state") == "running" and r.get("stacks")) == world
+
+
 def zlaunch_failure(farm, hosts: int, slots: int, work: str, lines: int, size: int) -> dict:
     world = hosts * slots
     fail_rank = world - slots // 2 - 1  # mid-host on the last host: neither 0 nor slots
-    hostfile = farm.hostfile(slots, f"hosts-{hosts}x{slots}")
+    hostfile = farm.hostfile(slots, f"hosts-{hosts}x{slots}", hosts)
     records = tempfile.mkdtemp(dir=work, prefix="fail-")
     runs = os.path.join(work, f"runs-fail-{hosts}x{slots}")
     argv = zlaunch_argv(
@@ -258,7 +279,13 @@ def zlaunch_failure(farm, hosts: int, slots: int, work: str, lines: int, size: i
         result["all_ready_s"] = time.time() - t0
         result["ranks_ready"] = _count(records, "ready-")
         if proc.poll() is None:
-            run_id = os.path.basename(_run_dir(runs))
+            run_dir = _run_dir(runs)
+            run_id = os.path.basename(run_dir)
+            # The workers are ready before the controller has taken all their output: stacks
+            # are asked of a job in its steady state, once ranks.json shows every rank armed.
+            while proc.poll() is None and not _all_armed(run_dir, world):
+                time.sleep(0.2)
+            result["controller_caught_up_s"] = time.time() - t0
             result["stacks_s"], result["stacks_rc"], result["stacks_bytes"] = _timed(
                 [sys.executable, "-m", "zlaunch", "stacks", run_id, "--log-dir", runs], work
             )
@@ -299,7 +326,7 @@ def zlaunch_failure(farm, hosts: int, slots: int, work: str, lines: int, size: i
 
 def deepspeed_ok(farm, hosts: int, slots: int, work: str, lines: int, size: int) -> dict:
     world = hosts * slots
-    hostfile = farm.hostfile(slots, f"hosts-{hosts}x{slots}")
+    hostfile = farm.hostfile(slots, f"hosts-{hosts}x{slots}", hosts)
     bindir = os.path.join(work, "bin")
     os.makedirs(bindir, exist_ok=True)
     wrapper = os.path.join(bindir, "ssh")  # pdsh calls plain ssh: this one reads the farm's config
@@ -351,7 +378,12 @@ def _fmt(value, digits=2) -> str:
 def markdown(results: dict) -> str:
     rows = []
     for size, r in results["sizes"].items():
-        ok, fail, fl, ds = r.get("zlaunch_ok", {}), r.get("zlaunch_failure", {}), r.get("floor", {}), r.get("deepspeed")
+        ok, fail, fl, ds = (
+            r.get("zlaunch_ok", {}),
+            r.get("zlaunch_failure", {}),
+            r.get("floor", {}),
+            r.get("deepspeed"),
+        )
         rows.append(
             f"| {size} ({r['world']}) | {_fmt(fl.get('all_started_s'))} / {_fmt(fl.get('exit_s'))}"
             f" | {_fmt(ok.get('all_started_s'))} / {_fmt(ok.get('exit_s'))}"
@@ -387,6 +419,8 @@ def main() -> int:
     reason = farm_mod.unavailable_reason()
     if reason:
         sys.exit(reason)
+    # A SIGTERM unwinds like an exception: the farm's sshd and its sessions are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.deepspeed and not shutil.which("pdsh"):
         sys.exit("pdsh is missing: apt-get install -y pdsh (or leave out --deepspeed)")
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
@@ -404,18 +438,23 @@ def main() -> int:
         if args.keep
         else tempfile.TemporaryDirectory(prefix="zl-scale-")
     )
-    with scratch as work, farm_mod.LoopbackFarm.start(
-        max(h for h, _ in sizes)
-    ) as farm:
+    with scratch as work, farm_mod.LoopbackFarm.start(max(h for h, _ in sizes)) as farm:
         for hosts, slots in sizes:
             key, world = f"{hosts}x{slots}", hosts * slots
             row = results["sizes"][key] = {"world": world, "load_before": os.getloadavg()[0]}
-            steps = [("floor", lambda: floor(work, world, args.lines, args.line_bytes))]
-            steps.append(("zlaunch_ok", lambda: zlaunch_ok(farm, hosts, slots, work, args.lines, args.line_bytes)))
-            steps.append(("zlaunch_failure", lambda: zlaunch_failure(farm, hosts, slots, work, args.lines, args.line_bytes)))
+            size = (args.lines, args.line_bytes)
+            steps = {
+                "floor": functools.partial(floor, work, world, *size),
+                "zlaunch_ok": functools.partial(zlaunch_ok, farm, hosts, slots, work, *size),
+                "zlaunch_failure": functools.partial(
+                    zlaunch_failure, farm, hosts, slots, work, *size
+                ),
+            }
             if args.deepspeed:
-                steps.append(("deepspeed", lambda: deepspeed_ok(farm, hosts, slots, work, args.lines, args.line_bytes)))
-            for name, step in steps:
+                steps["deepspeed"] = functools.partial(
+                    deepspeed_ok, farm, hosts, slots, work, *size
+                )
+            for name, step in steps.items():
                 if name.split("_")[-1] in skip or name in skip:
                     continue
                 print(f"[{key}] {name} ...", file=sys.stderr, flush=True)

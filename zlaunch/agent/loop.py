@@ -24,12 +24,12 @@ import time
 from typing import Any
 
 from zlaunch import frames, protocol
-from zlaunch.liveness import BASE_HEARTBEAT_TIMEOUT, SilenceClock
 from zlaunch.agent.netinfo import interface_for
 from zlaunch.agent.output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
 from zlaunch.agent.upstream import Upstream
 from zlaunch.agent.workers import StartFailed, Worker, WorkerGroup, start_worker
 from zlaunch.collective_records import RecordFiles
+from zlaunch.liveness import BASE_HEARTBEAT_TIMEOUT, SilenceClock
 
 __all__ = ["Agent", "AgentPhase", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
 

@@ -174,10 +174,11 @@ class LoopbackFarm:
             ]
         )
 
-    def hostfile(self, slots: int, name: str = "hostfile") -> str:
+    def hostfile(self, slots: int, name: str = "hostfile", hosts: int | None = None) -> str:
+        """``hosts`` (default: all) loopback hosts of ``slots`` slots each."""
         path = self._path(name)
         with open(path, "w") as f:
-            f.writelines(f"{host} slots={slots}\n" for host in self.hosts)
+            f.writelines(f"{host} slots={slots}\n" for host in self.hosts[:hosts])
         return path
 
     # ---- sshd -------------------------------------------------------------------------------

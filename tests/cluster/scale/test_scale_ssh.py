@@ -61,7 +61,8 @@ def _zlaunch(farm, tmp_path: Path, *worker_args: str) -> subprocess.Popen:
 
 
 def _run_dir(tmp_path: Path) -> Path:
-    (run,) = [p for p in (tmp_path / "runs").iterdir() if (p / "run.json").exists()]
+    runs = (tmp_path / "runs").iterdir()
+    (run,) = [p for p in runs if not p.is_symlink() and (p / "run.json").exists()]
     return run
 
 

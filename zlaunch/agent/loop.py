@@ -346,7 +346,9 @@ def _free_port(addr: str | None) -> int:
 
 
 def main() -> None:
-    sys.exit(Agent().run())
+    from zlaunch.agent.connect import agent_fds  # --connect HOST:PORT: frames over TCP
+
+    sys.exit(Agent(*agent_fds(sys.argv[1:])).run())
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ class AgentLinks:
         hosts: Sequence[Host],
         done: Callable[[int], bool],
         trace: Callable[[str], None] = lambda _w: None,
+        note: Callable[[str], None] = lambda _w: None,
     ):
         self.hosts = tuple(hosts)
         self.queue: queue.Queue = queue.Queue()
@@ -87,6 +88,8 @@ class AgentLinks:
         self.heard: list[float] = []
         """Per node: when its last frame arrived (monotonic); empty until the first frame."""
         self._trace = trace
+        self._note = note
+        """Tells the user of something seen while connecting (a connection refused)."""
         self._stop_heartbeat = threading.Event()
 
     # ---- starting ---------------------------------------------------------------------------
@@ -108,6 +111,9 @@ class AgentLinks:
             on_open=on_open,
             launcher=options.launcher,
             launcher_args=options.launcher_args,
+            slurm_mode=options.slurm_mode,
+            controller_addr=options.controller_addr,
+            on_refused=self._note,
         )
 
     def _read(self, index: int, link: Link) -> None:

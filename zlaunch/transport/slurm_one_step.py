@@ -102,7 +102,8 @@ def controller_address(hosts: Sequence[Host], given: str | None) -> str:
     tried = []
     for host in hosts[:4]:
         try:
-            info = socket.getaddrinfo(host.name, 9, type=socket.SOCK_DGRAM)[0]
+            target = _node_address(host.name)
+            info = socket.getaddrinfo(target, 9, type=socket.SOCK_DGRAM)[0]
             with socket.socket(info[0], socket.SOCK_DGRAM) as probe:
                 probe.connect(info[4])  # UDP: no packet is sent, only the route is chosen
                 addr = probe.getsockname()[0]
@@ -116,6 +117,27 @@ def controller_address(hosts: Sequence[Host], given: str | None) -> str:
         "cannot tell at which address the nodes reach this machine (" + "; ".join(tried) + ")",
         hint="--controller-addr ADDR: an address of this machine the nodes can connect to",
     )
+
+
+def _node_address(name: str) -> str:
+    """How this machine reaches node ``name``: its name where the resolver knows it, else the
+    address Slurm reaches it at (NodeAddr: a cluster whose node names only Slurm knows)."""
+    try:
+        socket.getaddrinfo(name, 9, type=socket.SOCK_DGRAM)
+        return name
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", name],
+            capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as err:
+        raise OSError(f"not resolvable, and scontrol failed: {err}") from None
+    for field in out.stdout.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1]
+    raise OSError("not resolvable, and Slurm gives no NodeAddr")
 
 
 class SlurmStep:

@@ -86,6 +86,7 @@ AGENT_SIDE = [
             "frames.py",
             "protocol.py",
             "collective_records.py",
+            "connect_handshake.py",
         )
     ),
 ]

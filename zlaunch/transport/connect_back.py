@@ -95,6 +95,8 @@ class ConnectBackLink(Link):
         return self.starter.end_reason(wait)
 
     def terminate(self, wait: float = 5.0) -> None:
+        if self._released:  # ended already (a failed start ends what did connect)
+            return
         # EOF first: the agent then stops its workers itself and closes its end when done.
         self.close_stdin()
         self.closed = True
@@ -107,9 +109,8 @@ class ConnectBackLink(Link):
             pass
         self.cut()
         self.sock.close()
-        if not self._released:
-            self._released = True
-            self.starter.release(self)
+        self._released = True
+        self.starter.release(self)
 
 
 class Listener:

@@ -346,10 +346,19 @@ def open_one_step(
                 if link is not None:
                     link.terminate(0.5)
         names = [hosts[i].name for i in missing]
-        why = (
-            f"srun exited with status {status}"
-            if status is not None
-            else f"not within {timeout:.0f} s"
+        exited = status is not None or set(names) <= step.exited_nodes
+        if status is not None:
+            why = f"srun exited with status {status}"
+        elif exited:
+            why = "their tasks exited before connecting" if len(names) > 1 else "its task exited"
+        else:
+            why = f"not within {timeout:.0f} s"
+        hint = (
+            f"check that {argv[0]} exists on those nodes and can import zlaunch (--python sets "
+            "the interpreter on the nodes)"
+            if exited
+            else "the nodes must reach this machine over TCP: --controller-addr sets the "
+            "address they connect to; --slurm-mode step-per-node needs no connection back"
         )
         tail = "\n".join(f"    {line}" for line in step.unclaimed_tail())
         err = HostUnreachable(
@@ -357,8 +366,7 @@ def open_one_step(
             + (f" and {len(names) - 10} more" if len(names) > 10 else "")
             + f" did not connect back to {listener.address} ({why})"
             + (f":\n{tail}" if tail else ""),
-            hint="the nodes must reach this machine over TCP: --controller-addr sets the "
-            "address they connect to, --slurm-mode step-per-node needs no connection back",
+            hint=hint,
         )
         err.hosts = names
         raise err

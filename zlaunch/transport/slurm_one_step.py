@@ -248,13 +248,14 @@ class SlurmStep:
         if last:
             self.end()
 
-    def end(self, wait: float = 5.0) -> None:
+    def end(self, wait: float = 2.0) -> None:
         """srun exits once every agent has; if it does not, cancel the step (Slurm then ends
-        its tasks on every node), then kill srun."""
+        its tasks on every node), then kill srun. Short waits: the controller closes its links
+        within 5 s (launcher/agent_links.py) and may exit right after."""
         if self.wait(wait) is not None:
             return
         self.cancel()
-        if self.wait(5.0) is None:
+        if self.wait(2.0) is None:
             self.proc.kill()
             self.proc.wait()
 

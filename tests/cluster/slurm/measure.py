@@ -7,7 +7,8 @@ its peak (the zlaunch process and its children, the srun processes: resident mem
     python -m tests.cluster.slurm.measure --nodes 16 --slots 1 --only slurm
 
 Each rank runs a probe that prints ``time.time()`` as its first line and then waits ``--hold``
-seconds (so the controller's processes are sampled with every rank up); the time reported is
+seconds (so the controller's processes are sampled with every rank up); the cases take turns
+(round-robin), so the machine's load falls on all alike; the time reported is
 the latest stamp minus the moment just before the launcher was started. Launchers inside an
 allocation run in one held by a batch job (``sleep``), so allocation time is not counted;
 ``salloc + zlaunch`` shows it included.
@@ -19,6 +20,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,13 +81,18 @@ def _run(argv, env, ranks, timeout=180) -> tuple[float | None, tuple[int, int, i
     start = time.time()
     proc = subprocess.Popen(
         argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     peak = (0, 0, 0)
     out: list[str] = []
-    reader = threading.Thread(target=lambda: out.extend(proc.communicate(timeout=timeout)))
+    reader = threading.Thread(target=lambda: out.extend(proc.communicate()), daemon=True)
     reader.start()
+    deadline = time.monotonic() + timeout
     while reader.is_alive():
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and all it started here
+            reader.join(30)
+            return None, peak, f"timed out after {timeout} s"
         now = _footprint(proc.pid) if proc.poll() is None else (0, 0, 0)
         peak = tuple(max(a, b) for a, b in zip(peak, now, strict=True))
         time.sleep(0.02)
@@ -182,15 +189,21 @@ def main() -> int:
             cases = slurm_cases
         print(f"{n} nodes x {slots} slots, median of {args.repeat}; controller's host at peak: "
               "the launcher's process tree", flush=True)  # fmt: skip
-        for name, case_env, argv in cases:
-            times, peaks, error = [], [], ""
-            for _ in range(args.repeat):
+        # Round-robin, so a change in the machine's load hits every case alike.
+        results = {name: ([], [], "") for name, _, _ in cases}
+        for _ in range(args.repeat):
+            for name, case_env, argv in cases:
+                times, peaks, error = results[name]
+                if error or len(times) >= args.repeat:
+                    continue  # a case that failed once is reported as such
                 took, peak, error = _run(argv, case_env, ranks)
                 if took is None:
-                    break
+                    results[name] = (times, peaks, error or "failed")
+                    continue
                 times.append(took)
                 peaks.append(peak)
-            if len(times) < args.repeat:
+        for name, (times, peaks, error) in results.items():
+            if error:
                 print(f"{name:42s} did not run here: {error.strip()[-600:]}")
                 continue
             rss = statistics.median(p[0] for p in peaks) / 1024

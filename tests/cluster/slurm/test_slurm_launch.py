@@ -67,6 +67,20 @@ def _workers(slurm, marker: str) -> dict[str, list[int]]:
     return found
 
 
+def _task_pids(slurm) -> set[int]:
+    return {pid for procs in slurm.tasks().values() for pid, _ in procs}
+
+
+def _new_tasks(slurm, before: set[int]) -> dict[str, list[tuple[int, str]]]:
+    """Processes on the nodes (other than sshd and slurmd) that were not there ``before``."""
+    found = {}
+    for host, procs in slurm.tasks().items():
+        new = [(pid, line) for pid, line in procs if pid not in before]
+        if new:
+            found[host] = new
+    return found
+
+
 def _wait(predicate, timeout: float) -> float | None:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -167,6 +181,7 @@ def _start(slurm, tmp_path, worker_args, *options, alloc=("salloc", *ALLOC), env
 
 @by_mode
 def test_a_rank_failure_stops_every_node(idle_slurm, tmp_path, mode):
+    before = _task_pids(idle_slurm)
     proc, records = _start(
         idle_slurm,
         tmp_path,
@@ -181,7 +196,9 @@ def test_a_rank_failure_stops_every_node(idle_slurm, tmp_path, mode):
         idle_slurm, str(records)
     )
     # nothing of the job on any node: no agent, no srun step's task, no worker
-    assert _wait(lambda: not idle_slurm.tasks(), 15) is not None, idle_slurm.tasks()
+    assert _wait(lambda: not _new_tasks(idle_slurm, before), 15) is not None, _new_tasks(
+        idle_slurm, before
+    )
 
 
 @by_mode
@@ -296,6 +313,7 @@ def test_one_step_names_the_node_whose_agent_could_not_start(idle_slurm, tmp_pat
         f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)
+    before = _task_pids(idle_slurm)
     started = time.monotonic()
     out = idle_slurm.run(
         ["salloc", *ALLOC, "--chdir", REPO, *ZLAUNCH, "--slurm-mode", "one-step",
@@ -306,4 +324,6 @@ def test_one_step_names_the_node_whose_agent_could_not_start(idle_slurm, tmp_pat
     assert "the agent on node2 did not connect back to" in out.stderr, out.stderr[-3000:]
     assert "no python on node2" in out.stderr
     assert time.monotonic() - started < 45  # not the 60 s connect timeout
-    assert _wait(lambda: not idle_slurm.tasks(), 15) is not None, idle_slurm.tasks()
+    assert _wait(lambda: not _new_tasks(idle_slurm, before), 15) is not None, _new_tasks(
+        idle_slurm, before
+    )

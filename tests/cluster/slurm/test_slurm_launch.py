@@ -327,3 +327,35 @@ def test_one_step_names_the_node_whose_agent_could_not_start(idle_slurm, tmp_pat
     assert _wait(lambda: not _new_tasks(idle_slurm, before), 15) is not None, _new_tasks(
         idle_slurm, before
     )
+
+
+def test_one_step_srun_killed_loses_every_agent_and_leaves_nothing(idle_slurm, tmp_path):
+    # the one srun is every node's link: when it dies, every agent is lost at once (not after
+    # a TCP timeout), the job fails saying so, and the agents stop their workers on every node
+    before = _task_pids(idle_slurm)
+    proc, records = _start(idle_slurm, tmp_path, ["--hang"], "--slurm-mode", "one-step")
+    sruns = [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and "--job-name=zlaunch-agents-" in _cmdline(int(pid))
+    ]
+    assert len(sruns) >= 1, "the one-step srun was not found"
+    for pid in sruns:  # srun and the helper it forks
+        os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err[-3000:]
+    assert "connection to the agent lost" in err, err[-3000:]
+    assert _wait(lambda: not _workers(idle_slurm, str(records)), 15) is not None, _workers(
+        idle_slurm, str(records)
+    )
+    assert _wait(lambda: not _new_tasks(idle_slurm, before), 20) is not None, _new_tasks(
+        idle_slurm, before
+    )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

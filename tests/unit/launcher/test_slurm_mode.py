@@ -84,3 +84,13 @@ def test_one_srun_for_every_node_with_one_task_each():
         "python3", "-u", "-m", "zlaunch.agent", "--connect", "10.0.0.1:4000",
     ]  # fmt: skip
     assert not any("TOKEN" in a.upper() for a in argv)  # the token travels in the environment
+
+
+def test_an_agent_is_matched_by_its_node_name_or_an_unambiguous_short_name():
+    from zlaunch.hostfile import Host
+    from zlaunch.transport.connect_back import _index_by_name
+
+    hosts = [Host("gpu1.a.example", (0,)), Host("gpu2.a.example", (0,)), Host("gpu2.b", (0,))]
+    index = _index_by_name(hosts)
+    assert index["gpu1.a.example"] == 0 and index["gpu1"] == 0
+    assert index["gpu2.b"] == 2 and "gpu2" not in index  # two hosts share it: no guess

@@ -21,6 +21,7 @@ import collections
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import threading
@@ -119,6 +120,13 @@ def controller_address(hosts: Sequence[Host], given: str | None) -> str:
     )
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _node_address(name: str) -> str:
     """How this machine reaches node ``name``: its name where the resolver knows it, else the
     address Slurm reaches it at (NodeAddr: a cluster whose node names only Slurm knows)."""
@@ -177,7 +185,10 @@ class SlurmStep:
                 self._note(line.decode("utf-8", "replace"))
         if partial:
             self._note(partial.decode("utf-8", "replace"))
-        self.proc.wait()
+        code = self.proc.wait()
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
+        with self._lock:  # every node's tail says it: each one's agent went with it
+            self._lines.append((None, f"srun (the one step of every node's agent) ended: {how}"))
         self.ended.set()
         # srun is gone: so is every agent's step. Readers see EOF now, not when TCP notices.
         with self._lock:

@@ -345,6 +345,7 @@ def test_one_step_srun_killed_loses_every_agent_and_leaves_nothing(idle_slurm, t
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0, err[-3000:]
     assert "connection to the agent lost" in err, err[-3000:]
+    assert "srun (the one step of every node's agent) ended: killed by SIGKILL" in err
     assert _wait(lambda: not _workers(idle_slurm, str(records)), 15) is not None, _workers(
         idle_slurm, str(records)
     )

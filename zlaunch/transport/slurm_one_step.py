@@ -151,11 +151,10 @@ def _node_address(name: str) -> str:
 class SlurmStep:
     """The one srun process: its labelled output, its exit, the links of its agents."""
 
-    def __init__(self, proc: subprocess.Popen, job: str, name: str, srun: str):
+    def __init__(self, proc: subprocess.Popen, job: str, name: str):
         self.proc = proc
         self.job = job
         self.name = name
-        self.srun = srun
         self.links: list[ConnectBackLink] = []
         self.exited_nodes: set[str] = set()
         self._lines: collections.deque[tuple[int | None, str]] = collections.deque(
@@ -165,11 +164,13 @@ class SlurmStep:
         self._released = 0
         self._end_reason: tuple[str | None] | None = None
         self.ended = threading.Event()
-        threading.Thread(target=self._watch, name="srun-step", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="srun-output", daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._watch, name="srun-exit", daemon=True).start()
 
     # ---- srun's output and exit -------------------------------------------------------------
 
-    def _watch(self) -> None:
+    def _read(self) -> None:
         partial = b""
         fd = self.proc.stdout.fileno()
         while True:
@@ -185,7 +186,11 @@ class SlurmStep:
                 self._note(line.decode("utf-8", "replace"))
         if partial:
             self._note(partial.decode("utf-8", "replace"))
+
+    def _watch(self) -> None:
+        # srun's exit, not the end of its output: a helper srun forked may hold the pipe open
         code = self.proc.wait()
+        self._reader.join(1.0)  # its last lines first
         how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
         with self._lock:  # every node's tail says it: each one's agent went with it
             self._lines.append((None, f"srun (the one step of every node's agent) ended: {how}"))
@@ -324,7 +329,7 @@ def open_one_step(
     except OSError as err:
         listener.close()
         raise LaunchError(f"cannot start {srun}: {err}") from err
-    step = SlurmStep(proc, job, name, srun)
+    step = SlurmStep(proc, job, name)
     links: list[ConnectBackLink | None] = [None] * len(hosts)
 
     def on_agent(index: int, sock: socket.socket, answer: Answer) -> None:

@@ -339,9 +339,10 @@ def test_one_step_srun_killed_loses_every_agent_and_leaves_nothing(idle_slurm, t
         for pid in os.listdir("/proc")
         if pid.isdigit() and "--job-name=zlaunch-agents-" in _cmdline(int(pid))
     ]
-    assert len(sruns) >= 1, "the one-step srun was not found"
-    for pid in sruns:  # srun and the helper it forks
-        os.kill(pid, signal.SIGKILL)
+    # srun itself, not the helper it forks (the helper's parent is srun)
+    main = [pid for pid in sruns if _parent(pid) not in sruns]
+    assert len(main) == 1, sruns
+    os.kill(main[0], signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0, err[-3000:]
     assert "connection to the agent lost" in err, err[-3000:]
@@ -360,3 +361,11 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0

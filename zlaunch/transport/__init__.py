@@ -67,13 +67,15 @@ def open_links(
     slurm_mode: str = "step-per-node",
     controller_addr: str | None = None,
     on_refused: Callable[[str], None] = lambda _why: None,
+    interrupted: Callable[[], int | None] = lambda: None,
 ) -> list[Link]:
     """Start on every host in parallel (bounded). If any host fails, the ones that did start
     are terminated and the first failure (in host order) is raised, naming its host.
 
     ``--launcher slurm`` with ``slurm_mode="one-step"``: one srun starts every host's agent,
     each connecting back to ``controller_addr`` (None: chosen from the route to the nodes);
-    ``on_refused`` hears of each connection that failed the handshake (transport/slurm_one_step.py).
+    ``on_refused`` hears of each connection that failed the handshake, and ``interrupted()``
+    (a signal number, or None) ends the wait for them (transport/slurm_one_step.py).
     """
     if launcher == "slurm" and slurm_mode == "one-step":
         from zlaunch.transport.slurm_one_step import open_one_step
@@ -88,6 +90,7 @@ def open_links(
             extra=launcher_args,
             controller_addr=controller_addr,
             on_refused=on_refused,
+            interrupted=interrupted,
         )
     links: list[Link | None] = [None] * len(hosts)
     errors: list[tuple[int, Exception]] = []

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from zlaunch import protocol
 from zlaunch.connect_handshake import Answer
-from zlaunch.errors import HostUnreachable, LaunchError, UsageError
+from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, UsageError
 from zlaunch.hostfile import Host
 from zlaunch.transport.connect_back import ConnectBackLink, Listener
 from zlaunch.transport.local import require_program
@@ -118,6 +118,19 @@ def controller_address(hosts: Sequence[Host], given: str | None) -> str:
         "cannot tell at which address the nodes reach this machine (" + "; ".join(tried) + ")",
         hint="--controller-addr ADDR: an address of this machine the nodes can connect to",
     )
+
+
+def _end_all(step: SlurmStep, links: Sequence[ConnectBackLink | None]) -> None:
+    """A start that failed: every agent that connected is told to stop, then the step ends."""
+    for link in links:
+        if link is not None:
+            link.cut()
+    if not any(links):
+        step.end(wait=0.0)
+        return
+    for link in links:
+        if link is not None:
+            link.terminate(0.5)
 
 
 def _signal_name(number: int) -> str:
@@ -299,12 +312,14 @@ def open_one_step(
     extra: Sequence[str] = (),
     controller_addr: str | None = None,
     on_refused: Callable[[str], None] = lambda _w: None,
+    interrupted: Callable[[], int | None] = lambda: None,
     environ: Mapping[str, str] | None = None,
     timeout: float = CONNECT_TIMEOUT,
 ) -> list[ConnectBackLink]:
     """Start every host's agent with one srun and wait until each has connected back; links in
     host order. If some never connect, everything started is ended and HostUnreachable names
-    them (``.hosts``), with srun's last words."""
+    them (``.hosts``), with srun's last words; if ``interrupted()`` names a signal (Ctrl-C)
+    before they all have, everything started is ended and Interrupted raised."""
     environ = os.environ if environ is None else environ
     srun = require_program(
         "srun", environ, "slurm", "load Slurm's client tools (module load slurm), or use --hostfile"
@@ -340,7 +355,7 @@ def open_one_step(
             on_open(index, link)
 
     def no_more_coming() -> bool:
-        if step.ended.is_set():
+        if step.ended.is_set() or interrupted() is not None:
             return True
         waiting = {h.name for h, link in zip(hosts, links, strict=True) if link is None}
         return bool(waiting) and waiting <= step.exited_nodes
@@ -353,15 +368,14 @@ def open_one_step(
         listener.close()
     if missing:
         status = step.wait(0.5)
-        for link in links:
-            if link is not None:
-                link.cut()
-        if not any(links):
-            step.end(wait=0.0)
-        else:
-            for link in links:
-                if link is not None:
-                    link.terminate(0.5)
+        _end_all(step, links)
+        signum = interrupted()
+        if signum is not None:
+            raise Interrupted(
+                f"stopped by {_signal_name(signum)} while the agents were connecting back "
+                f"({len(missing)} of {len(hosts)} not yet)",
+                exit_code=128 + signum,
+            )
         names = [hosts[i].name for i in missing]
         exited = status is not None or set(names) <= step.exited_nodes
         if status is not None:

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.launcher import fake_worker
+from tests.integration.launcher.helpers import alive, seconds_until
 from zlaunch import frames, protocol
 from zlaunch.agent.connect import ConnectFailed, connect_back
-from zlaunch.errors import HostUnreachable
+from zlaunch.errors import HostUnreachable, Interrupted
 from zlaunch.hostfile import Host
 from zlaunch.transport.connect_back import Listener
 from zlaunch.transport.slurm_one_step import open_one_step
@@ -131,15 +132,29 @@ def test_an_agent_with_the_token_connects_and_the_socket_carries_bytes_both_ways
 
 def test_garbage_a_wrong_token_and_a_stranger_are_refused_and_the_real_agent_still_joins():
     listener = Listener("127.0.0.1", TOKEN, 4)
+    accepted: dict = {}
+    refused: list[str] = []
+    missing: list[int] = []
+    waiting = threading.Thread(
+        target=lambda: missing.extend(
+            listener.accept_agents(
+                HOSTS[:1], time.monotonic() + 30, lambda i, s, a: accepted.__setitem__(i, (s, a)),
+                refused.append, lambda: False,
+            )
+        )
+    )  # fmt: skip
+    waiting.start()
     garbage = socket.create_connection(("127.0.0.1", int(listener.address.rsplit(":", 1)[1])))
     garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")
     wrong = {protocol.CONNECT_TOKEN_ENV: "6" * 64, "SLURMD_NODENAME": "nodeA"}
     stranger = {protocol.CONNECT_TOKEN_ENV: TOKEN, "SLURMD_NODENAME": "nodeZ"}
     threads = [_agent_in_thread(listener.address, env) for env in (wrong, stranger)]
-    time.sleep(0.5)  # the bad ones first
+    # the bad ones are refused while the controller still waits for its agent
+    assert seconds_until(lambda: len(refused) == 3, 20) is not None, refused
+    assert waiting.is_alive() and not accepted
     right = {protocol.CONNECT_TOKEN_ENV: TOKEN, "SLURMD_NODENAME": "nodeA"}
     threads.append(_agent_in_thread(listener.address, right))
-    accepted, refused, missing = _accept(listener, HOSTS[:1])
+    waiting.join(30)
     listener.close()
     for thread, _ in threads:
         thread.join(10)
@@ -233,3 +248,22 @@ def test_a_job_through_one_srun_step_runs_every_rank_with_its_exact_environment(
         assert protocol.CONNECT_TOKEN_ENV not in e
     logs = {p.parent.name for p in (tmp_path / "runs").rglob("rank-*.log")}
     assert logs == {"nodeA", "nodeB"}
+
+
+def test_ctrl_c_while_the_agents_connect_ends_the_wait_and_what_started(fake_srun):
+    env = {**fake_srun, "FAKE_SRUN_SILENT": "nodeB"}
+    argv = [sys.executable, "-u", "-m", "zlaunch.agent"]
+    start = time.monotonic()
+    signalled = lambda: signal.SIGINT if time.monotonic() - start > 1.0 else None  # noqa: E731
+    with pytest.raises(Interrupted) as err:
+        open_one_step(
+            HOSTS, argv, controller_addr="127.0.0.1", environ=env, timeout=60,
+            interrupted=signalled,
+        )  # fmt: skip
+    assert err.value.exit_code == 130
+    assert "stopped by SIGINT while the agents were connecting back (1 of 2 not yet)" in str(
+        err.value
+    )
+    assert time.monotonic() - start < 30  # not the 60 s connect timeout
+    srun = int((Path(env["FAKE_SRUN_PIDFILE"])).read_text())
+    assert seconds_until(lambda: not alive(srun), 10) is not None  # the step was ended

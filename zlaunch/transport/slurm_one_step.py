@@ -100,7 +100,8 @@ def controller_address(hosts: Sequence[Host], given: str | None) -> str:
     interface the nodes share with us, not the first one up)."""
     if given:
         return given
-    tried = []
+    tried: list[str] = []
+    loopback: list[str] = []
     for host in hosts[:4]:
         try:
             target = _node_address(host.name)
@@ -114,6 +115,9 @@ def controller_address(hosts: Sequence[Host], given: str | None) -> str:
         if not (addr.startswith("127.") or addr == "::1"):
             return addr
         tried.append(f"{host.name}: reached over loopback ({addr})")
+        loopback.append(addr)
+    if len(loopback) == len(hosts):
+        return loopback[0]  # every node is this machine (a one-node allocation run on it)
     raise UsageError(
         "cannot tell at which address the nodes reach this machine (" + "; ".join(tried) + ")",
         hint="--controller-addr ADDR: an address of this machine the nodes can connect to",

@@ -94,3 +94,19 @@ def test_an_agent_is_matched_by_its_node_name_or_an_unambiguous_short_name():
     index = _index_by_name(hosts)
     assert index["gpu1.a.example"] == 0 and index["gpu1"] == 0
     assert index["gpu2.b"] == 2 and "gpu2" not in index  # two hosts share it: no guess
+
+
+def test_the_controller_address_is_the_given_one_or_the_route_to_the_nodes():
+    from zlaunch.hostfile import Host
+    from zlaunch.transport.slurm_one_step import controller_address
+
+    assert controller_address([Host("gpu001", (0,))], "10.9.8.7") == "10.9.8.7"
+    # a node that is this machine, by loopback: only right when every node is this machine
+    assert controller_address([Host("127.0.0.1", (0,)), Host("127.0.0.2", (0,))], None) in (
+        "127.0.0.1",
+        "127.0.0.2",
+    )
+    # more nodes than were looked at all reached over loopback: a resolver that is wrong
+    many = [Host(f"127.0.0.{i}", (0,)) for i in range(1, 7)]
+    with pytest.raises(UsageError, match="cannot tell at which address the nodes reach"):
+        controller_address(many, None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,15 +59,19 @@ class ConnectBackLink(Link):
         self.task = task
         self.starter = starter
         self._released = False
+        self._eof = threading.Event()  # the reader saw the agent's end of the connection
 
     def _write(self, data: bytes) -> None:
         self.sock.sendall(data)
 
     def read(self, size: int = 65536) -> bytes:
         try:
-            return self.sock.recv(size)
+            data = self.sock.recv(size)
         except OSError:
-            return b""
+            data = b""
+        if not data:
+            self._eof.set()
+        return data
 
     def close_stdin(self) -> None:
         with self._send_lock:
@@ -100,13 +105,9 @@ class ConnectBackLink(Link):
         # EOF first: the agent then stops its workers itself and closes its end when done.
         self.close_stdin()
         self.closed = True
-        self.sock.settimeout(max(0.0, wait))
-        deadline = time.monotonic() + wait
-        try:
-            while time.monotonic() < deadline and self.sock.recv(65536):
-                pass  # the reader thread may be the one that sees EOF; either way it ends
-        except OSError:
-            pass
+        # The agent closes its end once its workers are gone; its last frames are the reader
+        # thread's to take (reading here would take them from it).
+        self._eof.wait(max(0.0, wait))
         self.cut()
         self.sock.close()
         self._released = True

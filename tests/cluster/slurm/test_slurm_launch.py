@@ -72,10 +72,15 @@ def _task_pids(slurm) -> set[int]:
 
 
 def _new_tasks(slurm, before: set[int]) -> dict[str, list[tuple[int, str]]]:
-    """Processes on the nodes (other than sshd and slurmd) that were not there ``before``."""
+    """Slurm steps and zlaunch processes on the nodes that were not there ``before`` (an
+    earlier test's leftovers, and what they keep starting, are not this job's)."""
     found = {}
     for host, procs in slurm.tasks().items():
-        new = [(pid, line) for pid, line in procs if pid not in before]
+        new = [
+            (pid, line)
+            for pid, line in procs
+            if pid not in before and ("zlaunch" in line or "slurmstepd" in line)
+        ]
         if new:
             found[host] = new
     return found

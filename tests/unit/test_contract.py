@@ -93,6 +93,7 @@ AGENT_SIDE = [
             "protocol.py",
             "collective_records.py",
             "liveness.py",
+            "connect_handshake.py",
         )
     ),
 ]

@@ -248,6 +248,10 @@ class Communicator:
         `input` is split into N equal chunks (its numel must divide by N); `output` may be a
         view of this rank's chunk of `input`. On gloo, `scratch` (at least input's numel, same
         dtype) receives the other ranks' chunks; without it one is allocated.
+
+        `output` may have another dtype than `input` (16-bit on the wire, fp32 gradients):
+        on gloo the received chunks are summed in the wider of the two dtypes; elsewhere the
+        backend sums in `input`'s dtype and the result is cast into `output`.
         """
         n = self.world_size
         if input.numel() != output.numel() * n:
@@ -267,15 +271,26 @@ class Communicator:
             work = dist.all_to_all_single(recv, input, group=self.group, async_op=async_op)
             chunks = recv.view(n, -1)
             flat_out = output.view(-1)
+            # fp32 on the wire into 16-bit gradients: sum the chunks in fp32, round once.
+            sum_first = input.element_size() > output.element_size()
 
             def then() -> None:
-                if accumulate:
+                if accumulate and sum_first:
+                    flat_out.add_(torch.sum(chunks, dim=0))
+                elif accumulate:
                     for c in chunks:
                         flat_out.add_(c)
                 else:
-                    torch.sum(chunks, dim=0, out=flat_out)
+                    torch.sum(chunks, dim=0, dtype=flat_out.dtype, out=flat_out)
 
             return self._finish(work, then, async_op, timing)
+        if output.dtype != input.dtype:
+            tmp = torch.empty(output.shape, dtype=input.dtype, device=output.device)
+            work = _reduce_scatter(
+                tmp, input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op
+            )
+            into = output.add_ if accumulate else output.copy_
+            return self._finish(work, lambda: into(tmp), async_op, timing)
         if accumulate:
             tmp = torch.empty_like(output)
             work = _reduce_scatter(

@@ -188,15 +188,12 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
         "pipeline parallelism is not implemented; remove the block",
     ),
     "tensor_parallel": _tensor_parallel,
-    "prescale_gradients": unless(False),
-    "gradient_predivide_factor": unless(1, 1.0),
     "gradient_allreduce_op": unless("mean", instead="gradients are averaged; remove it"),
     "managed_gradient_accumulation": unless(
         True,
         instead="call engine.step() after every backward, or use "
         "engine.set_gradient_accumulation_boundary()",
     ),
-    "communication_data_type": unless(None, instead="collectives run in the training dtype"),
     "seq_parallel_size": unless(1),
     "sequence_parallel_size": unless(1),
     "sparse_gradients": unless(False),

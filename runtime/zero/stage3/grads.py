@@ -11,6 +11,10 @@ Leaf units (`leaf_modules`: mixture-of-experts layers) are never reduced on arri
 parameters may get no gradient on some ranks, so they are reduced at the end of backward, in
 unit order on every rank, zeros standing in for what did not arrive. Partial units (parameters
 without a gradient in this pass) are reduced there too.
+
+With ``communication_data_type`` other than the gradients' dtype (runtime.zero.reduction) the
+staging and receive buffers are in the wire dtype (the copy into staging casts); the shard
+stays in the gradients' dtype.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ class Stage3GradReducer:
         grad_dtype: torch.dtype,
         device: torch.device,
         overlap_comm: bool,
+        wire_dtype: torch.dtype | None = None,
     ):
         self.comm = comm
+        self.wire_dtype = wire_dtype if wire_dtype is not None else grad_dtype
         self.sequence = sequence
         self.max_inflight = 2 if overlap_comm else 0
         self.grad_shard = torch.zeros(layout.shard_numel, dtype=grad_dtype, device=device)
@@ -89,7 +95,7 @@ class Stage3GradReducer:
         free = self._pool.get(numel)
         if free:
             return free.pop()
-        return torch.empty(numel, dtype=self.grad_shard.dtype, device=self.grad_shard.device)
+        return torch.empty(numel, dtype=self.wire_dtype, device=self.grad_shard.device)
 
     def _wait_oldest(self) -> None:
         handle, buffers = self._inflight.pop(0)

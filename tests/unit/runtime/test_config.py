@@ -437,9 +437,6 @@ def test_common_harmless_keys_are_silent():
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ({"prescale_gradients": True}, "prescale_gradients = true is not supported"),
-        ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor = 2.0 is not supported"),
-        ({"communication_data_type": "fp16"}, "communication_data_type = 'fp16' is not supp"),
         ({"seq_parallel_size": 2}, "seq_parallel_size = 2 is not supported"),
         ({"amp": {"enabled": True}}, "amp is enabled but not supported"),
         ({"fp16": {"auto_cast": True}}, "fp16.auto_cast = true is not supported"),

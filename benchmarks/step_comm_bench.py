@@ -1,0 +1,159 @@
+"""Step time before and after a change to the step path, and with 16-bit gradient communication.
+
+Runs ``train_bench.py --frameworks zlaunch`` (the benchmark GPT, 2 gloo ranks) in interleaved
+rounds for each stage: a baseline checkout's runtime (``--baseline DIR``: another checkout of
+this repository, e.g. a git worktree at the commit before the change), this tree's runtime,
+and this tree's with ``--communication-data-type`` (default bf16). The order of the variants
+rotates every round so that drift in the host's load falls on all of them alike; each
+variant's step time is the median over rounds of the run's median step time, and the ratios
+are taken against the baseline. Also reported: the runtime's own byte counter per step and
+the largest relative loss difference from this tree's plain run::
+
+    python benchmarks/step_comm_bench.py --baseline ../main --stages 1,2 --rounds 3 \\
+        --markdown benchmarks/results/step_comm.md --json benchmarks/results/step_comm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def _variants(baseline: Path, wire: str) -> dict[str, tuple[Path, list[str]]]:
+    return {
+        "baseline": (baseline / "benchmarks" / "train_bench.py", []),
+        "this": (HERE / "train_bench.py", []),
+        f"this + {wire} wire": (HERE / "train_bench.py", ["--communication-data-type", wire]),
+    }
+
+
+def _run(script: Path, extra: list[str], stage: int, args, out: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        str(script),
+        "--frameworks",
+        "zlaunch",
+        "--stage",
+        str(stage),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--precision",
+        args.precision,
+        "--json",
+        str(out),
+        *extra,
+    ]
+    if args.tiny:
+        cmd.append("--tiny")
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # each train_bench puts its own checkout first
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["rows"][0]
+
+
+def run(args) -> dict[str, Any]:
+    variants = _variants(Path(args.baseline).resolve(), args.wire)
+    names = list(variants)
+    result: dict[str, Any] = {"stages": {}, "command": " ".join(sys.argv), "rounds": args.rounds}
+    with tempfile.TemporaryDirectory(prefix="step_comm_bench-") as tmp:
+        for stage in args.stages:
+            runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+            for r in range(args.rounds):
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for name in order:
+                    script, extra = variants[name]
+                    out = Path(tmp) / f"s{stage}-r{r}-{names.index(name)}.json"
+                    started = time.monotonic()
+                    row = _run(script, extra, stage, args, out)
+                    runs[name].append(row)
+                    print(
+                        f"[step_comm_bench] stage {stage} round {r + 1} {name}: "
+                        f"{row['step_time_s'] * 1e3:.1f} ms/step ({time.monotonic() - started:.0f} s)",
+                        flush=True,
+                    )
+            result["stages"][stage] = _summarize(runs, names)
+    return result
+
+
+def _summarize(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> dict[str, Any]:
+    plain = runs["this"][0]["losses"]
+    base = statistics.median(r["step_time_s"] for r in runs["baseline"])
+    out = {}
+    for name in names:
+        rows = runs[name]
+        step = statistics.median(r["step_time_s"] for r in rows)
+        out[name] = {
+            "step_ms": step * 1e3,
+            "ratio_to_baseline": step / base,
+            "per_round_ms": [r["step_time_s"] * 1e3 for r in rows],
+            "step_phase_ms": {k: v * 1e3 for k, v in rows[0]["phase_s"].items()},
+            "runtime_bytes_per_step": rows[0]["runtime_counter_bytes_per_step"],
+            "loss_max_rel_diff_vs_this": max(
+                abs(a - b) / abs(b) for a, b in zip(rows[0]["losses"], plain, strict=True)
+            ),
+            "losses": rows[0]["losses"],
+        }
+    return out
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"Command: `{result['command']}`",
+        "",
+        "| stage | variant | step ms (median of rounds) | x baseline | per round ms | "
+        "step phase ms | runtime bytes/step | max rel loss diff vs this |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for stage, variants in result["stages"].items():
+        for name, v in variants.items():
+            rounds = " ".join(f"{ms:.0f}" for ms in v["per_round_ms"])
+            sent = v["runtime_bytes_per_step"]
+            lines.append(
+                f"| {stage} | {name} | {v['step_ms']:.1f} | {v['ratio_to_baseline']:.3f} | "
+                f"{rounds} | {v['step_phase_ms']['step']:.1f} | "
+                f"{sent / 2**20:.2f} MiB | {v['loss_max_rel_diff_vs_this']:.1e} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", required=True, help="another checkout of this repository")
+    parser.add_argument("--stages", default="1,2")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--wire", default="bf16", choices=("fp16", "bf16", "fp32"))
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    args = parser.parse_args(argv)
+    args.stages = [int(s) for s in args.stages.split(",")]
+    if not (Path(args.baseline) / "benchmarks" / "train_bench.py").is_file():
+        print(f"step_comm_bench: {args.baseline} has no benchmarks/train_bench.py", file=sys.stderr)
+        return 2
+    result = run(args)
+    text = format_markdown(result)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -66,7 +66,12 @@ def _run(script: Path, extra: list[str], stage: int, args, out: Path) -> dict[st
 def run(args) -> dict[str, Any]:
     variants = _variants(Path(args.baseline).resolve(), args.wire)
     names = list(variants)
-    result: dict[str, Any] = {"stages": {}, "command": " ".join(sys.argv), "rounds": args.rounds}
+    result: dict[str, Any] = {
+        "stages": {},
+        "command": "python " + " ".join(sys.argv),
+        "rounds": args.rounds,
+        "load_avg_1min_before": os.getloadavg()[0],
+    }
     with tempfile.TemporaryDirectory(prefix="step_comm_bench-") as tmp:
         for stage in args.stages:
             runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -84,19 +89,26 @@ def run(args) -> dict[str, Any]:
                         flush=True,
                     )
             result["stages"][stage] = _summarize(runs, names)
+    result["load_avg_1min_after"] = os.getloadavg()[0]
     return result
 
 
 def _summarize(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> dict[str, Any]:
     plain = runs["this"][0]["losses"]
     base = statistics.median(r["step_time_s"] for r in runs["baseline"])
+    base_cpu = statistics.median(r["cpu_time_s"] for r in runs["baseline"])
     out = {}
     for name in names:
         rows = runs[name]
         step = statistics.median(r["step_time_s"] for r in rows)
+        cpu = statistics.median(r["cpu_time_s"] for r in rows)
         out[name] = {
             "step_ms": step * 1e3,
             "ratio_to_baseline": step / base,
+            # CPU time of the slowest rank's process per step: less sensitive than wall time
+            # to other work on an oversubscribed host
+            "cpu_ms": cpu * 1e3,
+            "cpu_ratio_to_baseline": cpu / base_cpu,
             "per_round_ms": [r["step_time_s"] * 1e3 for r in rows],
             "step_phase_ms": {k: v * 1e3 for k, v in rows[0]["phase_s"].items()},
             "runtime_bytes_per_step": rows[0]["runtime_counter_bytes_per_step"],
@@ -112,9 +124,13 @@ def format_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Command: `{result['command']}`",
         "",
+        f"1-minute load average before {result['load_avg_1min_before']:.1f}, after "
+        f"{result['load_avg_1min_after']:.1f} (host cores: {os.cpu_count()}).",
+        "",
         "| stage | variant | step ms (median of rounds) | x baseline | per round ms | "
-        "step phase ms | runtime bytes/step | max rel loss diff vs this |",
-        "|---|---|---|---|---|---|---|---|",
+        "CPU ms/step | x baseline | optimizer-step phase ms | runtime bytes/step | "
+        "max rel loss diff vs this |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for stage, variants in result["stages"].items():
         for name, v in variants.items():
@@ -122,7 +138,8 @@ def format_markdown(result: dict[str, Any]) -> str:
             sent = v["runtime_bytes_per_step"]
             lines.append(
                 f"| {stage} | {name} | {v['step_ms']:.1f} | {v['ratio_to_baseline']:.3f} | "
-                f"{rounds} | {v['step_phase_ms']['step']:.1f} | "
+                f"{rounds} | {v['cpu_ms']:.1f} | {v['cpu_ratio_to_baseline']:.3f} | "
+                f"{v['step_phase_ms']['step']:.1f} | "
                 f"{sent / 2**20:.2f} MiB | {v['loss_max_rel_diff_vs_this']:.1e} |"
             )
     return "\n".join(lines) + "\n"

@@ -166,6 +166,8 @@ def build_stage3(inputs: StrategyInputs) -> Stage3Strategy:
     _partition_frozen(module, {id(p) for p in params}, units, leaves, inputs)
     _unpartition_leftovers(module)
     wire = GradReduction.from_config(inputs.config, dtype, comm.world_size).wire_dtype
-    coordinator = Stage3Coordinator(module, units, layout, comm, zero, dtype, device, wire)
+    coordinator = Stage3Coordinator(
+        module, units, layout, comm, zero, dtype, device, wire_dtype=wire
+    )
     optimizer = _build_optimizer(inputs, layout, store, coordinator)
     return Stage3Strategy(store, coordinator, optimizer)

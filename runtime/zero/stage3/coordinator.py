@@ -73,6 +73,7 @@ class Stage3Coordinator:
         zero,
         grad_dtype: torch.dtype,
         device: torch.device,
+        *,
         wire_dtype: torch.dtype | None = None,
     ):
         self.module = module
@@ -86,7 +87,13 @@ class Stage3Coordinator:
         self.live = LiveUnits(units, comm, self.planner, int(zero.stage3_max_live_parameters))
         self.sequence = self.live.sequence
         self.grads = Stage3GradReducer(
-            layout, comm, self.sequence, grad_dtype, device, bool(zero.overlap_comm), wire_dtype
+            layout,
+            comm,
+            self.sequence,
+            grad_dtype,
+            device,
+            bool(zero.overlap_comm),
+            wire_dtype=wire_dtype,
         )
         self.phase = Phase.IDLE
         self.shard_written: list[Callable[[Unit], None]] = []

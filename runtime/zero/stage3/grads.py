@@ -39,6 +39,7 @@ class Stage3GradReducer:
         grad_dtype: torch.dtype,
         device: torch.device,
         overlap_comm: bool,
+        *,
         wire_dtype: torch.dtype | None = None,
     ):
         self.comm = comm

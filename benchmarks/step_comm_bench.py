@@ -59,8 +59,15 @@ def _run(script: Path, extra: list[str], stage: int, args, out: Path) -> dict[st
         cmd.append("--tiny")
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # each train_bench puts its own checkout first
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["rows"][0]
+    for attempt in (1, 2):
+        done = subprocess.run(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        if done.returncode == 0:
+            return json.loads(out.read_text())["rows"][0]
+        # A rank killed by the host (out of memory on a shared machine) is retried once.
+        print(f"[step_comm_bench] run failed (attempt {attempt}): {done.stderr[-400:]}")
+    raise SystemExit(f"step_comm_bench: {' '.join(cmd)} failed twice")
 
 
 def run(args) -> dict[str, Any]:

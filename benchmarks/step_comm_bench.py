@@ -79,7 +79,8 @@ def run(args) -> dict[str, Any]:
         "rounds": args.rounds,
         "load_avg_1min_before": os.getloadavg()[0],
     }
-    with tempfile.TemporaryDirectory(prefix="step_comm_bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="step_comm_bench-") as scratch:
+        tmp = args.workdir or scratch
         for stage in args.stages:
             runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
             for r in range(args.rounds):
@@ -127,6 +128,29 @@ def _summarize(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> dict[
     return out
 
 
+def render(directory: Path, baseline: Path, wire: str) -> dict[str, Any]:
+    """The summary of the runs kept in `directory` (``--workdir`` of a run, finished or
+    not): every stage with at least one run of each variant."""
+    names = list(_variants(baseline, wire))
+    result: dict[str, Any] = {
+        "stages": {},
+        "command": f"python benchmarks/step_comm_bench.py --render {directory}",
+        "load_avg_1min_before": float("nan"),
+        "load_avg_1min_after": os.getloadavg()[0],
+    }
+    for stage in sorted(
+        {int(p.name[1 : p.name.index("-")]) for p in directory.glob("s*-r*-*.json")}
+    ):
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for path in sorted(directory.glob(f"s{stage}-r*-*.json")):
+            index = int(path.stem.rsplit("-", 1)[1])
+            runs[names[index]].append(json.loads(path.read_text())["rows"][0])
+        if all(runs.values()):
+            result["stages"][stage] = _summarize(runs, names)
+            result["rounds"] = min(len(v) for v in runs.values())
+    return result
+
+
 def format_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Command: `{result['command']}`",
@@ -162,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--wire", default="bf16", choices=("fp16", "bf16", "fp32"))
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--workdir", help="keep every run's train_bench JSON here")
+    parser.add_argument(
+        "--render", action="store_true", help="summarize the runs kept in --workdir, run nothing"
+    )
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
@@ -169,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(args.baseline) / "benchmarks" / "train_bench.py").is_file():
         print(f"step_comm_bench: {args.baseline} has no benchmarks/train_bench.py", file=sys.stderr)
         return 2
-    result = run(args)
+    if args.render:
+        result = render(Path(args.workdir), Path(args.baseline).resolve(), args.wire)
+    else:
+        if args.workdir:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        result = run(args)
     text = format_markdown(result)
     print(text)
     if args.json:

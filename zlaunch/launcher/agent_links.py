@@ -10,6 +10,7 @@ payload)``: ``("frame", node, frame)``, ``("garbled", node, why)``, ``("eof", no
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -77,6 +78,7 @@ class AgentLinks:
         hosts: Sequence[Host],
         done: Callable[[int], bool],
         trace: Callable[[str], None] = lambda _w: None,
+        note: Callable[[str], None] = lambda _w: None,
     ):
         self.hosts = tuple(hosts)
         self.queue: queue.Queue = queue.Queue()
@@ -87,6 +89,8 @@ class AgentLinks:
         self.heard: list[float] = []
         """Per node: when its last frame arrived (monotonic); empty until the first frame."""
         self._trace = trace
+        self._note = note
+        """Tells the user of something seen while connecting (a connection refused)."""
         self._stop_heartbeat = threading.Event()
 
     # ---- starting ---------------------------------------------------------------------------
@@ -108,7 +112,20 @@ class AgentLinks:
             on_open=on_open,
             launcher=options.launcher,
             launcher_args=options.launcher_args,
+            slurm_mode=options.slurm_mode,
+            controller_addr=options.controller_addr,
+            on_refused=self._note,
+            interrupted=self._stop_signal_waiting,
         )
+
+    def _stop_signal_waiting(self) -> int | None:
+        """SIGINT or SIGTERM queued for the caller while the agents are still starting (a
+        start that waits for agents to connect back stops waiting for it)."""
+        with self.queue.mutex:
+            for item in self.queue.queue:
+                if isinstance(item, SignalIn) and item.signum in (signal.SIGINT, signal.SIGTERM):
+                    return item.signum
+        return None
 
     def _read(self, index: int, link: Link) -> None:
         # A frame that cannot be read is reported and skipped: the agent and its ranks are

@@ -19,6 +19,7 @@ from ..param_offload import ShardStore
 from ..partition import FlatLayout
 from ..strategy import StrategyBase, StrategyInputs, single_dtype
 from .coordinator import Stage3Coordinator
+from .fetch import build_fetch
 from .optimizer import Stage3Optimizer
 from .units import Unit, param_shape, plan_frozen_units, plan_units
 
@@ -164,6 +165,7 @@ def build_stage3(inputs: StrategyInputs) -> Stage3Strategy:
         units.append(u)
     _partition_frozen(module, {id(p) for p in params}, units, leaves, inputs)
     _unpartition_leftovers(module)
-    coordinator = Stage3Coordinator(module, units, layout, comm, zero, dtype, device)
+    fetch = build_fetch(zero, comm)
+    coordinator = Stage3Coordinator(module, units, layout, comm, zero, dtype, device, fetch)
     optimizer = _build_optimizer(inputs, layout, store, coordinator)
     return Stage3Strategy(store, coordinator, optimizer)

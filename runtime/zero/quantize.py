@@ -52,6 +52,17 @@ class BlockQuantizer:
         n = 4 * self.blocks(numel) + self._value_bytes(numel)
         return -(-n // 4) * 4
 
+    def _blocks_fp32(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` as fp32 ``[R, blocks, block]``, zero-padded; no copy when it already is."""
+        r, numel = rows.shape
+        nb = self.blocks(numel)
+        if numel == nb * self.block and rows.dtype == torch.float32 and rows.is_contiguous():
+            return rows.view(r, nb, self.block)
+        x = torch.empty(r, nb * self.block, dtype=torch.float32, device=rows.device)
+        x[:, :numel].copy_(rows)
+        x[:, numel:].zero_()
+        return x.view(r, nb, self.block)
+
     def quantize(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Pack ``rows`` (``[R, numel]`` or 1-D, any float dtype) into uint8 ``[R, packed]``."""
         rows = rows.reshape(1, -1) if rows.dim() == 1 else rows
@@ -61,22 +72,22 @@ class BlockQuantizer:
         if out is None:
             out = torch.empty(r, packed, dtype=torch.uint8, device=rows.device)
         out = out.view(r, packed)
-        x = torch.zeros(r, nb * self.block, dtype=torch.float32, device=rows.device)
-        x[:, :numel].copy_(rows)
-        x = x.view(r, nb, self.block)
-        scale = x.abs().amax(dim=2, keepdim=True) / self.qmax
-        # An all-zero block keeps scale 0 (it dequantizes to zeros); divide by 1 there.
-        safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-        q = torch.round(x / safe).clamp_(-self.qmax, self.qmax).to(torch.int8)
-        out[:, : 4 * nb].copy_(scale.view(r, nb).contiguous().view(torch.uint8))
-        values = out[:, 4 * nb : 4 * nb + self._value_bytes(numel)]
-        q = q.view(r, -1)
+        x = self._blocks_fp32(rows)
+        scale = x.abs().amax(dim=2, keepdim=True).div_(self.qmax)
+        # Multiplying by the reciprocal is much cheaper than dividing. An all-zero block has
+        # scale 0 and reciprocal 0 (it stays zeros); a block with inf or nan gets a
+        # non-finite scale, which makes it non-finite again when dequantized.
+        inverse = torch.where(scale > 0, scale.reciprocal(), torch.zeros_like(scale))
+        q = (x * inverse).round_().clamp_(-self.qmax, self.qmax).view(r, -1)
+        out[:, : 4 * nb].copy_(scale.view(r, nb).view(torch.uint8))
+        nvalues = self._value_bytes(numel)
+        values = out[:, 4 * nb : 4 * nb + nvalues]
         if self.bits == 8:
-            values.copy_(q[:, :numel].view(torch.uint8))
+            values.view(torch.int8).copy_(q[:, :numel])
         else:
-            nibbles = (q[:, : 2 * values.shape[1]] + 8).to(torch.uint8).view(r, -1, 2)  # 1..15
+            nibbles = (q[:, : 2 * nvalues] + 8).to(torch.uint8).view(r, -1, 2)  # 1..15
             values.copy_(nibbles[:, :, 0] | (nibbles[:, :, 1] << 4))
-        out[:, 4 * nb + self._value_bytes(numel) :].zero_()
+        out[:, 4 * nb + nvalues :].zero_()
         return out
 
     def dequantize(self, packed: torch.Tensor, numel: int) -> torch.Tensor:
@@ -86,15 +97,18 @@ class BlockQuantizer:
         r = packed.shape[0]
         nb = self.blocks(numel)
         scale = packed[:, : 4 * nb].contiguous().view(torch.float32).view(r, nb, 1)
-        values = packed[:, 4 * nb : 4 * nb + self._value_bytes(numel)]
-        q = torch.zeros(r, nb * self.block, dtype=torch.float32, device=packed.device)
+        nvalues = self._value_bytes(numel)
+        values = packed[:, 4 * nb : 4 * nb + nvalues]
+        x = torch.empty(r, nb * self.block, dtype=torch.float32, device=packed.device)
         if self.bits == 8:
-            q[:, :numel].copy_(values.view(torch.int8))
+            x[:, :numel].copy_(values.view(torch.int8))
+            x[:, numel:].zero_()
         else:
-            lo = (values & 0xF).to(torch.int8) - 8
-            hi = (values >> 4).to(torch.int8) - 8
-            q[:, : 2 * values.shape[1]].copy_(torch.stack((lo, hi), dim=2).view(r, -1))
-        x = q.view(r, nb, self.block) * scale
+            x[:, : 2 * nvalues : 2].copy_(values & 0xF)
+            x[:, 1 : 2 * nvalues : 2].copy_(values >> 4)
+            x[:, : 2 * nvalues].sub_(8)
+            x[:, 2 * nvalues :].zero_()
+        x = x.view(r, nb, self.block).mul_(scale)
         return x.view(r, -1)[:, :numel]
 
     def max_error(self, rows: torch.Tensor) -> torch.Tensor:

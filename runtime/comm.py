@@ -249,7 +249,7 @@ class Communicator:
         process)."""
         if self.world_size % size:
             raise ValueError(f"split: {size} does not divide the group's {self.world_size} ranks")
-        if self.world_size != dist.get_world_size():
+        if not self.is_world:
             raise ValueError("split: only the world group can be split")
         mine = None
         for start in range(0, self.world_size, size):
@@ -263,6 +263,11 @@ class Communicator:
             use_all_gather=self.use_all_gather,
             scope=scope,
         )
+
+    @property
+    def is_world(self) -> bool:
+        """This group holds every process of the job (no model parallelism beside it)."""
+        return self.world_size == dist.get_world_size()
 
     @property
     def is_gloo(self) -> bool:

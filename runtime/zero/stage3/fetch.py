@@ -68,7 +68,7 @@ def hpz_size(zero, comm: Communicator, local_world_size: str | None) -> int:
             "would span nodes, and hpZ keeps backward's gathers inside a node; use a divisor "
             f"of {local_world_size}, or 1 to turn hpZ off"
         )
-    if comm.world_size != torch.distributed.get_world_size():
+    if not comm.is_world:
         raise InvalidValueError(
             f"{key} = {k} is not supported with model parallelism (an mpu): the hpZ groups "
             "are made from the whole world; set it to 1"

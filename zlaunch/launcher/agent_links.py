@@ -10,6 +10,7 @@ payload)``: ``("frame", node, frame)``, ``("garbled", node, why)``, ``("eof", no
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from zlaunch import frames
 from zlaunch.hostfile import Host
+from zlaunch.liveness import SilenceClock
 from zlaunch.options import LaunchOptions
 from zlaunch.transport import Link, agent_argv, open_links
 
@@ -31,6 +33,8 @@ __all__ = [
 ]
 
 HEARTBEAT_INTERVAL = 1.0
+# The controller's loop normally comes back within this (its poll, plus one item's work).
+TURN = 1.0
 
 
 # What the attempt's one queue carries: from the links' reader threads and the signal handlers.
@@ -77,6 +81,7 @@ class AgentLinks:
         hosts: Sequence[Host],
         done: Callable[[int], bool],
         trace: Callable[[str], None] = lambda _w: None,
+        note: Callable[[str], None] = lambda _w: None,
     ):
         self.hosts = tuple(hosts)
         self.queue: queue.Queue = queue.Queue()
@@ -84,9 +89,12 @@ class AgentLinks:
         self._done = done
         """Per node: whether nothing more is sent to it (it said bye, was lost or dropped);
         the caller's state machine knows, read from the heartbeat thread too."""
-        self.heard: list[float] = []
-        """Per node: when its last frame arrived (monotonic); empty until the first frame."""
+        self.heard = SilenceClock(len(self.hosts), time.monotonic(), TURN)
+        """Per node: when its last bytes arrived, noted by its reader thread as they come (a
+        backlog in the queue is not the agent's silence)."""
         self._trace = trace
+        self._note = note
+        """Tells the user of something seen while connecting (a connection refused)."""
         self._stop_heartbeat = threading.Event()
 
     # ---- starting ---------------------------------------------------------------------------
@@ -100,6 +108,9 @@ class AgentLinks:
             threading.Thread(
                 target=self._read, args=(index, link), name=f"agent-{index}", daemon=True
             ).start()
+            threading.Thread(
+                target=self._heartbeat, args=(index,), name=f"heartbeat-{index}", daemon=True
+            ).start()
 
         open_links(
             self.hosts,
@@ -108,7 +119,20 @@ class AgentLinks:
             on_open=on_open,
             launcher=options.launcher,
             launcher_args=options.launcher_args,
+            slurm_mode=options.slurm_mode,
+            controller_addr=options.controller_addr,
+            on_refused=self._note,
+            interrupted=self._stop_signal_waiting,
         )
+
+    def _stop_signal_waiting(self) -> int | None:
+        """SIGINT or SIGTERM queued for the caller while the agents are still starting (a
+        start that waits for agents to connect back stops waiting for it)."""
+        with self.queue.mutex:
+            for item in self.queue.queue:
+                if isinstance(item, SignalIn) and item.signum in (signal.SIGINT, signal.SIGTERM):
+                    return item.signum
+        return None
 
     def _read(self, index: int, link: Link) -> None:
         # A frame that cannot be read is reported and skipped: the agent and its ranks are
@@ -118,40 +142,39 @@ class AgentLinks:
             chunk = link.read(1 << 18)
             if not chunk:
                 break
+            self.heard.heard(index, time.monotonic())
             for frame in reader.feed(chunk):
                 self.queue.put(FrameIn(index, frame))
         for frame in reader.finish():
             self.queue.put(FrameIn(index, frame))
         self.queue.put(LinkClosed(index))
 
-    def start_heartbeat(self) -> None:
-        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, index: int) -> None:
+        """Node ``index``'s heartbeat, from a thread of its own. One thread writing to every
+        link in turn made a round take as long as all the writes: on a loaded machine each
+        write waits for the GIL and for the scheduler (seconds per round at 64 hosts,
+        measured), and one stuck link held back every other node's heartbeat."""
         beat = frames.encode(frames.Heartbeat())
-        while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
-            self.send_all(beat, parallel=False)
+        while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL) and not self._done(index):
+            self.send(index, beat)
 
     # ---- talking ----------------------------------------------------------------------------
 
     def next(self, timeout: float) -> LinkItem | None:
         """The next queued item, or None after ``timeout`` seconds."""
         try:
-            item = self.queue.get(timeout=timeout)
+            return self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
-        if isinstance(item, (FrameIn, Garbled)):
-            self.heard_from(item.node)
-        return item
 
-    def heard_from(self, index: int) -> None:
-        if not self.heard:
-            self.heard = [time.monotonic()] * len(self.hosts)
-        self.heard[index] = time.monotonic()
+    def awake(self, now: float) -> None:
+        """The controller's loop runs: the time it did not (a loaded machine) is nobody's
+        silence (zlaunch/liveness.py)."""
+        self.heard.awake(now)
 
     def silent_for(self, index: int, now: float) -> float:
-        """Seconds since node ``index`` last sent anything (0 before any agent spoke)."""
-        return now - self.heard[index] if self.heard else 0.0
+        """Seconds node ``index`` has sent nothing, counted while the controller ran."""
+        return self.heard.silent_for(index, now)
 
     def send(self, index: int, data: bytes) -> bool:
         link = self.links[index]

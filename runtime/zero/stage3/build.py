@@ -20,6 +20,7 @@ from ..partition import FlatLayout
 from ..reduction import GradReduction
 from ..strategy import StrategyBase, StrategyInputs, single_dtype
 from .coordinator import Stage3Coordinator
+from .fetch import build_fetch
 from .optimizer import Stage3Optimizer
 from .units import Unit, param_shape, plan_frozen_units, plan_units
 
@@ -166,8 +167,9 @@ def build_stage3(inputs: StrategyInputs) -> Stage3Strategy:
     _partition_frozen(module, {id(p) for p in params}, units, leaves, inputs)
     _unpartition_leftovers(module)
     wire = GradReduction.from_config(inputs.config, dtype, comm.world_size).wire_dtype
+    fetch = build_fetch(zero, comm)
     coordinator = Stage3Coordinator(
-        module, units, layout, comm, zero, dtype, device, wire_dtype=wire
+        module, units, layout, comm, zero, dtype, device, fetch, wire_dtype=wire
     )
     optimizer = _build_optimizer(inputs, layout, store, coordinator)
     return Stage3Strategy(store, coordinator, optimizer)

@@ -96,6 +96,8 @@ class BenchSpec:
     timeout_s: float = 900.0
     compile_backend: str = "inductor"
     """torch.compile backend of ``zlaunch_compile`` (this runtime with ``compile.enabled``)."""
+    communication_data_type: str | None = None
+    """DeepSpeed's ``communication_data_type`` for DeepSpeed and this runtime (None: unset)."""
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
@@ -178,7 +180,7 @@ def _engine_config(spec: BenchSpec, extra_optimizer_params: dict | None = None) 
         zero["allgather_bucket_size"] = spec.bucket_size
         if spec.stage == 3:
             zero["stage3_prefetch_bucket_size"] = spec.bucket_size
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": spec.shape.micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": spec.gradient_clipping,
@@ -190,6 +192,9 @@ def _engine_config(spec: BenchSpec, extra_optimizer_params: dict | None = None) 
         "bf16": {"enabled": spec.precision == "bf16"},
         "zero_optimization": zero,
     }
+    if spec.communication_data_type is not None:
+        config["communication_data_type"] = spec.communication_data_type
+    return config
 
 
 class Adapter:
@@ -784,6 +789,8 @@ def command_line(spec: BenchSpec) -> str:
         parts.append(f"--torch-adamw {spec.torch_adamw}")
     if "zlaunch_compile" in spec.frameworks and spec.compile_backend != "inductor":
         parts.append(f"--compile-backend {spec.compile_backend}")
+    if spec.communication_data_type is not None:
+        parts.append(f"--communication-data-type {spec.communication_data_type}")
     return " ".join(parts)
 
 
@@ -926,6 +933,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="AdamW implementation of the DDP and FSDP2 baselines (default: torch's own choice, "
         "a per-parameter loop on CPU)",
     )
+    parser.add_argument(
+        "--communication-data-type",
+        choices=("fp32", "fp16", "bf16"),
+        help="the config's communication_data_type (DeepSpeed and this runtime)",
+    )
     parser.add_argument("--json", help="write the full result (per-step data) here")
     parser.add_argument("--markdown", help="write a results page (markdown) here")
     parser.add_argument(
@@ -973,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_dir=str(Path(args.profile).resolve()) if args.profile else None,
             timeout_s=args.timeout,
             compile_backend=args.compile_backend,
+            communication_data_type=args.communication_data_type,
         )
     except ValueError as error:
         print(f"train_bench: {error}", file=sys.stderr)

@@ -88,6 +88,9 @@ AGENT_SILENCE_TIMEOUT = 15.0
 takes its node as lost: a link down, a partition, a host that stopped. Longer than the agent's
 own HEARTBEAT_TIMEOUT, so by then that agent has already stopped its workers if it still runs."""
 POLL = 0.25
+WATCH_INTERVAL = 0.05
+"""Seconds between two looks at the timers (silent agents, a hang, a stop's grace) while
+frames keep coming; an idle loop looks after every POLL."""
 
 
 class Attempt:
@@ -113,6 +116,9 @@ class Attempt:
         self.bad_metrics = 0
         """Metrics events with a field of a wrong type or range (named once, then counted)."""
         self.mismatches: set[tuple] = set()  # (group, seq) already said
+        self.ranks_pending = False
+        """A rank started or exited since ranks.json was last written (the loop writes it
+        when the recorder says it is due, and the attempt's end at the latest)."""
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
 
     def _trace(self, what: str) -> None:
@@ -141,6 +147,8 @@ class Attempt:
         finally:
             self.links.close()
             self._trace("connections closed")
+            if self.ranks_pending:
+                self._write_ranks()
             self.output.close()
             if self.bad_metrics > 1:
                 self.console.note(f"{self.bad_metrics} malformed metrics events in all", error=True)
@@ -216,6 +224,7 @@ class Attempt:
                 self._lose_agent(index, "connection closed before the spec was sent")
 
     def _stream(self) -> None:
+        watched = 0.0
         while not self.machine.done:
             item = self.links.next(POLL)
             self.view.tick()  # live view: due line batches and panel refresh
@@ -233,7 +242,12 @@ class Attempt:
                     pass
                 case unexpected:
                     assert_never(unexpected)
-            self._watch(time.monotonic())
+            # The timers look at every agent: a few times a second, not once per frame (at
+            # 1,024 agents and thousands of frames a second, that was most of the loop's time).
+            now = time.monotonic()
+            if item is None or now - watched >= WATCH_INTERVAL:
+                watched = now
+                self._watch(now)
 
     # ---- frames and timers become events ---------------------------------------------------
 
@@ -241,7 +255,7 @@ class Attempt:
         match frame:
             case frames.Out():
                 self.output.lines(frame.rank, frame.stream, frame.lines, frame.partial)
-                self._record_ranks(output_only=True)
+                self._record_ranks(changed=False)
             case frames.Event():
                 self._on_events(frame.rank, frame.events)
             case frames.Started():
@@ -376,6 +390,8 @@ class Attempt:
         elif self.machine.hang is HangPhase.WATCHING and self.hang.due(now):
             self._handle(HangDue(now - self.hang.last, self.options.hang_timeout))
         self._handle(Tick())
+        if self.ranks_pending:
+            self._record_ranks()
 
     def _report_hang(self) -> None:
         capture, self.output.capture = self.output.capture, None
@@ -424,9 +440,16 @@ class Attempt:
             case unexpected:
                 assert_never(unexpected)
 
-    def _record_ranks(self, output_only: bool = False) -> None:
-        if output_only and not self.recorder.ranks_due():
-            return  # every output frame comes here: build the rows only when they are written
+    def _record_ranks(self, changed: bool = True) -> None:
+        """ranks.json, when the recorder says it is due; a change not written yet is kept
+        for the loop. Every output frame comes here: the rows are built only when written."""
+        if not self.recorder.ranks_due(changed=changed):
+            self.ranks_pending = self.ranks_pending or changed
+            return
+        self._write_ranks()
+
+    def _write_ranks(self) -> None:
+        self.ranks_pending = False
         rows = self.machine.ranks.rows(self.output.bars, self.output.output_at)
         self.recorder.ranks(self.number, rows)
 

@@ -28,7 +28,12 @@ __all__ = ["Recorder"]
 T = TypeVar("T")
 
 RANKS_MIN_INTERVAL = 1.0
-"""Seconds between ranks.json rewrites caused only by output (starts and exits always write)."""
+"""Seconds between ranks.json rewrites caused only by output."""
+RANKS_COST_SHARE = 20
+"""A start or an exit rewrites ranks.json at once unless the last rewrite was less than this
+many times its own duration ago (then the loop writes it a moment later): the file, one row
+per rank, takes the controller at most about 1/20 of its time, however many ranks start and
+end together. A few ranks: at once, as before; 16,384: a few times a second."""
 
 
 class Recorder:
@@ -38,7 +43,9 @@ class Recorder:
         self.index_error = index_error
         """'' or why the run is not in the per-user index (said with the run's id)."""
         self._metrics: IO[str] | None = None
-        self._ranks_written = 0.0
+        self._ranks_written = -float("inf")  # monotonic
+        self._ranks_cost = 0.0
+        """Seconds the last ranks.json rewrite took."""
         self._collectives: dict[int, dict[str, Any]] = {}
         self.failed_writes: dict[str, str] = {}
         """What could not be written (file -> the first error), each said once."""
@@ -168,16 +175,22 @@ class Recorder:
 
             self._guarded("metrics.jsonl", write)
 
-    def ranks_due(self) -> bool:
-        """Whether ranks.json may be rewritten for new output only (at most once a second)."""
-        return time.time() - self._ranks_written >= RANKS_MIN_INTERVAL
+    def ranks_due(self, *, changed: bool = False) -> bool:
+        """Whether ranks.json may be rewritten now: for new output only, at most once a
+        second; for a rank that ``changed`` (started, exited), see RANKS_COST_SHARE."""
+        since = time.monotonic() - self._ranks_written
+        if changed:
+            return since >= min(RANKS_MIN_INTERVAL, RANKS_COST_SHARE * self._ranks_cost)
+        return since >= RANKS_MIN_INTERVAL
 
     def ranks(self, attempt: int, rows: Sequence[RankRow]) -> None:
+        started = time.monotonic()
         now = time.time()
-        self._ranks_written = now
         self._guarded(
             "ranks.json", lambda: self.run_dir.write_ranks(RanksFile(attempt, now, tuple(rows)))
         )
+        self._ranks_written = time.monotonic()
+        self._ranks_cost = self._ranks_written - started
 
     def collectives(self, rank: int, event: dict[str, Any]) -> None:
         """A rank's collective records, as its agent sent them with a stacks request."""

@@ -10,6 +10,7 @@ write gets its default, an unknown status reads as ``None``. Standard library on
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -113,7 +114,23 @@ class RankRow:
     """Wall time of its last output line or progress state."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Field by field, not dataclasses.asdict (a deep copy): the controller writes one row
+        # per rank, 16,384 of them at scale.
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "host": self.host,
+            "node_rank": self.node_rank,
+            "pid": self.pid,
+            "state": self.state.value if self.state is not None else None,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "signal_name": self.signal_name,
+            "stacks": self.stacks,
+            "last_step": self.last_step,
+            "progress": self.progress,
+            "last_output": self.last_output,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankRow:
@@ -134,6 +151,14 @@ class RanksFile:
             "time": self.time,
             "ranks": [r.to_json() for r in self.ranks],
         }
+
+    def to_text(self) -> str:
+        """The file's JSON text, one rank a line: readable, and written by json's C encoder
+        (an indented dump goes through its pure-Python one, 10x slower at 16,384 rows)."""
+        rows = ",\n    ".join(json.dumps(r.to_json()) for r in self.ranks)
+        ranks = f"[\n    {rows}\n  ]" if rows else "[]"
+        attempt, when = json.dumps(self.attempt), json.dumps(self.time)
+        return f'{{\n  "attempt": {attempt},\n  "time": {when},\n  "ranks": {ranks}\n}}\n'
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RanksFile:

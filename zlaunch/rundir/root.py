@@ -28,6 +28,7 @@ __all__ = [
     "make_private_dir",
     "open_private_file",
     "write_json_atomic",
+    "write_text_atomic",
     "read_json_at",
     "PRIVATE_DIR",
     "PRIVATE_FILE",
@@ -101,6 +102,11 @@ def open_private_file(dir_fd: int, name: str, flags: int) -> int:
 def write_json_atomic(dir_fd: int, name: str, data: Any) -> None:
     """``name`` under ``dir_fd`` replaced by ``data`` as JSON at once: a reader never sees
     half a file, and the temporary file is always a new one of ours (O_EXCL)."""
+    write_text_atomic(dir_fd, name, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def write_text_atomic(dir_fd: int, name: str, text: str) -> None:
+    """``name`` under ``dir_fd`` replaced by ``text`` at once (see `write_json_atomic`)."""
     tmp = f"{name}.tmp.{os.getpid()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -110,8 +116,7 @@ def write_json_atomic(dir_fd: int, name: str, data: Any) -> None:
         fd = os.open(tmp, flags, PRIVATE_FILE, dir_fd=dir_fd)
     try:
         with open(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False)
-            handle.write("\n")
+            handle.write(text)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:

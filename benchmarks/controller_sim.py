@@ -124,7 +124,7 @@ def _out_frame(rank: int, stream: str, lines: list[bytes], partial: bool) -> byt
     every node: it must be cheaper per line than the controller it measures)."""
     text = json.dumps([raw.decode("utf-8", "surrogateescape") for raw in lines])
     tail = ',"p":true}\n' if partial else "}\n"
-    return ('{"t":"out","r":%d,"s":"%s","l":%s%s' % (rank, stream, text, tail)).encode()
+    return f'{{"t":"out","r":{rank},"s":"{stream}","l":{text}{tail}'.encode()
 
 
 def farm_main(config_path: str) -> int:
@@ -323,7 +323,9 @@ def _sim_transport(load: Load, farm_result: str):
         for pair in theirs:
             for fd in pair:
                 os.close(fd)
-        links = [SimLink(host, up, down, farm) for host, (up, down) in zip(hosts, pairs)]
+        links = [
+            SimLink(host, up, down, farm) for host, (up, down) in zip(hosts, pairs, strict=True)
+        ]
         for index, link in enumerate(links):
             if on_open is not None:
                 on_open(index, link)
@@ -341,9 +343,7 @@ def controller_main(config_path: str) -> int:
     from zlaunch.options import LaunchOptions
 
     agent_links.open_links = _sim_transport(load, config["farm_result"])
-    hosts = tuple(
-        Host(f"sim{n:04d}", tuple(range(load.ranks_per_node))) for n in range(load.nodes)
-    )
+    hosts = tuple(Host(f"sim{n:04d}", tuple(range(load.ranks_per_node))) for n in range(load.nodes))
     options = LaunchOptions(
         hosts=hosts,
         program=("sim.py",),
@@ -447,7 +447,9 @@ def check_logs(run_dir: str, load: Load) -> tuple[bool, list[str]]:
                 continue
             want = expected_log(rank, load)
             if got != want:
-                at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None
+                )
                 at = min(len(got), len(want)) if at is None else at
                 problems.append(
                     f"rank {rank}: {len(got)} bytes, {len(want)} expected, first difference at {at}"

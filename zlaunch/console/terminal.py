@@ -116,10 +116,12 @@ class Console:
 
     def lines(self, host: str, rank: int, stream: str, lines: Sequence[str]) -> None:
         """Show a batch of complete lines of one rank (unless filtered out by ``--ranks``)."""
-        if self.ranks is not None and rank not in self.ranks:
+        if not lines or (self.ranks is not None and rank not in self.ranks):
             return
         prefix = self._prefix(host, rank, stream)
-        data = b"".join(prefix + frames.line_bytes(line) + b"\n" for line in lines)
+        # One encode and one replace for the batch; a line holds no newline (the agent cut
+        # the stream at them), so each one gets its prefix.
+        data = prefix + frames.line_bytes("\n".join(lines)).replace(b"\n", b"\n" + prefix) + b"\n"
         try:
             self.out.write(data)
             self.out.flush()

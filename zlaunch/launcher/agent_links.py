@@ -210,6 +210,10 @@ class AgentLinks:
             self.heard_from(item.node)
         return item
 
+    def waiting(self) -> bool:
+        """Something is queued for the loop already."""
+        return bool(self._ready) or not self.queue.empty()
+
     def heard_from(self, index: int) -> None:
         if not self.heard:
             self.heard = [time.monotonic()] * len(self.hosts)

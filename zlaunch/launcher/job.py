@@ -206,7 +206,7 @@ class Attempt:
                 host = node.host.display
                 slots.append(RankSlot(worker.rank, worker.local_rank, host, node.node_rank))
                 log = self.recorder.open_rank_log(self.number, host, worker.rank)
-                self.output.add_rank(worker.rank, host, log)
+                self.output.add_rank(worker.rank, host, log, plan.world_size)
         self.recorder.planned(plan)
         self.view.start(run_id, dict(collections.Counter(slot.host for slot in slots)))
         self._handle(AttemptPlanned(tuple(slots)))
@@ -244,8 +244,12 @@ class Attempt:
                     assert_never(unexpected)
             # The timers look at every agent: a few times a second, not once per frame (at
             # 1,024 agents and thousands of frames a second, that was most of the loop's time).
+            # The rank logs are written when nothing waits, or with the timers while busy.
             now = time.monotonic()
-            if item is None or now - watched >= WATCH_INTERVAL:
+            due = item is None or now - watched >= WATCH_INTERVAL
+            if due or not self.links.waiting():
+                self.recorder.write_logs()
+            if due:
                 watched = now
                 self._watch(now)
 

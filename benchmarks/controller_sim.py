@@ -144,7 +144,7 @@ def farm_main(config_path: str) -> int:
         nodes.append(node)
         sel.register(down, selectors.EVENT_READ, node)
     hb = frames.encode(frames.Heartbeat())
-    stats = {"out_frames": 0, "first_out": None, "last_out": None, "last_spec": None}
+    stats = {"out_frames": 0, "pieces": 0, "first_out": None, "last_out": None, "last_spec": None}
     streaming: set[int] = set()
     writable: dict[int, _Node] = {}
     open_nodes = len(nodes)
@@ -174,6 +174,7 @@ def farm_main(config_path: str) -> int:
                 node.pending += _out_frame(rank, stream, lines, partial)
                 node.frames += 1
                 stats["out_frames"] += 1
+                stats["pieces"] += partial  # the console shows a piece as a line of its own
             node.sent += count
             if partial:
                 node.sent -= 1  # the next frame starts with the rest of line `last`
@@ -343,6 +344,10 @@ def controller_main(config_path: str) -> int:
     from zlaunch.options import LaunchOptions
 
     agent_links.open_links = _sim_transport(load, config["farm_result"])
+    if config.get("console_limit"):  # a console that holds this much before it drops lines
+        from zlaunch.console import writer
+
+        writer.DEFAULT_LIMIT = config["console_limit"]
     hosts = tuple(Host(f"sim{n:04d}", tuple(range(load.ranks_per_node))) for n in range(load.nodes))
     options = LaunchOptions(
         hosts=hosts,
@@ -432,6 +437,14 @@ def _console_reader(stream, bytes_per_s: float, counts: dict) -> None:
             time.sleep(len(chunk) / bytes_per_s)
 
 
+def _said_dropped(notes: str) -> int | None:
+    """The count the controller's last words (stderr) give of lines the console dropped."""
+    import re
+
+    match = re.search(r"(\d+) line\(s\) of rank output were not shown", notes)
+    return int(match.group(1)) if match else None
+
+
 def check_logs(run_dir: str, load: Load) -> tuple[bool, list[str]]:
     """Every rank log byte for byte; the first few differences in words."""
     problems = []
@@ -460,7 +473,7 @@ def check_logs(run_dir: str, load: Load) -> tuple[bool, list[str]]:
 
 
 def run(load: Load, console: str = "null", profile: str | None = None,
-        keep: str | None = None) -> dict:  # fmt: skip
+        keep: str | None = None, console_limit: int | None = None) -> dict:  # fmt: skip
     """One simulated job; the measurements as a dict (see the module's docstring)."""
     work = keep or tempfile.mkdtemp(prefix="zlaunch-sim-")
     os.makedirs(work, exist_ok=True)
@@ -470,6 +483,7 @@ def run(load: Load, console: str = "null", profile: str | None = None,
         "result": os.path.join(work, "controller.json"),
         "farm_result": os.path.join(work, "farm.json"),
         "profile": profile,
+        "console_limit": console_limit,
     }
     config_path = os.path.join(work, "controller.config")
     with open(config_path, "w") as f:
@@ -531,6 +545,8 @@ def run(load: Load, console: str = "null", profile: str | None = None,
         "log_problems": problems,
         "console_lines": counts["lines"] if stdout is subprocess.PIPE else None,
         "console_dropped": counts["dropped"] if stdout is subprocess.PIPE else None,
+        "console_expected": lines + farm["pieces"],
+        "console_dropped_said": _said_dropped(notes),
         "controller_errors": [line for line in notes.splitlines() if "cannot" in line][:5],
         "run_dir": run_dir,
     }
@@ -556,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--console", default="null", help="null | pipe | slow:BYTES_PER_S (stdout read that fast)"
     )
+    parser.add_argument(
+        "--console-limit", type=int, help="bytes the console holds before it drops lines"
+    )
     parser.add_argument("--profile", help="write the controller's cProfile top 40 here")
     parser.add_argument("--keep", help="keep the run's files in this directory")
     parser.add_argument("--json", help="append the result (one JSON line) to this file")
@@ -563,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load = Load(args.nodes, args.ranks_per_node, args.lines, args.line_bytes,
                 args.lines_per_frame, args.rate)  # fmt: skip
-    result = run(load, args.console, args.profile, args.keep)
+    result = run(load, args.console, args.profile, args.keep, args.console_limit)
     result["label"] = args.label
     result["when"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result, indent=1))

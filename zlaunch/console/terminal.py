@@ -95,9 +95,25 @@ class Console:
         return TextWriter(writer, getattr(stream, "encoding", None) or "utf-8")
 
     def close(self, timeout: float | None = None) -> None:
-        """Write out what is queued (at the end of the job: the report must be complete)."""
+        """Write out what is queued (at the end of the job: the report must be complete), and
+        say how many rank lines the console could not show."""
+        for writer in self._writers:
+            writer.drain(timeout)
+        dropped = self.dropped_lines
+        if dropped:
+            self.note(
+                f"{dropped} line(s) of rank output were not shown on this console, which fell "
+                "behind; every line is in the rank logs (zlaunch logs)",
+                error=True,
+            )
         for writer in self._writers:
             writer.close(timeout)
+
+    @property
+    def dropped_lines(self) -> int:
+        """Rank lines this console dropped because its reader fell behind."""
+        writers = [*self._writers, self.out]  # the out stream a test may have given
+        return sum({id(w): w.dropped for w in writers if isinstance(w, BackgroundWriter)}.values())
 
     def _prefix(self, host: str, rank: int, stream: str) -> bytes:
         key = (host, rank, stream)

@@ -41,7 +41,6 @@ from zlaunch.rundir.root import (
     open_private_file,
     read_json_at,
     write_json_atomic,
-    write_text_atomic,
 )
 from zlaunch.rundir.run_record import RunRecordError, checked_run_record
 
@@ -230,7 +229,7 @@ class RunDir:
 
     def write_ranks(self, ranks: RanksFile) -> None:
         """Every rank's current state (read by `zlaunch status`); rewritten atomically."""
-        write_text_atomic(self._fd(), RANKS_FILE, ranks.to_text())
+        write_json_atomic(self._fd(), RANKS_FILE, ranks.to_json(), levels=2)  # a rank a line
 
     def write_collectives(self, by_rank: dict[int, Any]) -> None:
         data = {str(rank): value for rank, value in sorted(by_rank.items())}

@@ -10,7 +10,6 @@ write gets its default, an unknown status reads as ``None``. Standard library on
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -151,14 +150,6 @@ class RanksFile:
             "time": self.time,
             "ranks": [r.to_json() for r in self.ranks],
         }
-
-    def to_text(self) -> str:
-        """The file's JSON text, one rank a line: readable, and written by json's C encoder
-        (an indented dump goes through its pure-Python one, 10x slower at 16,384 rows)."""
-        rows = ",\n    ".join(json.dumps(r.to_json()) for r in self.ranks)
-        ranks = f"[\n    {rows}\n  ]" if rows else "[]"
-        attempt, when = json.dumps(self.attempt), json.dumps(self.time)
-        return f'{{\n  "attempt": {attempt},\n  "time": {when},\n  "ranks": {ranks}\n}}\n'
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RanksFile:

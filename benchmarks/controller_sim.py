@@ -380,6 +380,8 @@ def controller_main(config_path: str) -> int:
         marks.setdefault("start_cpu", time.process_time())
 
     job.Attempt._send_specs = send_specs
+    if config.get("agent_silence"):  # see --agent-silence
+        job.AGENT_SILENCE_TIMEOUT = config["agent_silence"]
 
     def sample() -> None:
         while not stop.wait(0.05):
@@ -488,8 +490,10 @@ def check_logs(run_dir: str, load: Load) -> tuple[bool, list[str]]:
 
 
 def run(load: Load, console: str = "null", profile: str | None = None,
-        keep: str | None = None, console_limit: int | None = None) -> dict:  # fmt: skip
-    """One simulated job; the measurements as a dict (see the module's docstring)."""
+        keep: str | None = None, console_limit: int | None = None,
+        tree: str = ROOT, agent_silence: float | None = None) -> dict:  # fmt: skip
+    """One simulated job; the measurements as a dict (see the module's docstring). ``tree``:
+    the source tree whose zlaunch the controller runs (another checkout, for before/after)."""
     work = keep or tempfile.mkdtemp(prefix="zlaunch-sim-")
     os.makedirs(work, exist_ok=True)
     config = {
@@ -499,11 +503,12 @@ def run(load: Load, console: str = "null", profile: str | None = None,
         "farm_result": os.path.join(work, "farm.json"),
         "profile": profile,
         "console_limit": console_limit,
+        "agent_silence": agent_silence,
     }
     config_path = os.path.join(work, "controller.config")
     with open(config_path, "w") as f:
         json.dump(config, f)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     env["XDG_STATE_HOME"] = os.path.join(work, "state")  # the run index stays in here
     env.pop("ZLAUNCH_LIVE", None)
     counts = {"lines": 0, "dropped": 0}
@@ -540,6 +545,7 @@ def run(load: Load, console: str = "null", profile: str | None = None,
     result = {
         **asdict(load),
         "ranks": load.ranks,
+        "tree": os.path.abspath(tree),
         "console": console,
         "code": ctl["code"],
         "total_lines": lines,
@@ -592,13 +598,23 @@ def main(argv: list[str] | None = None) -> int:
         "--console-limit", type=int, help="bytes the console holds before it drops lines"
     )
     parser.add_argument("--profile", help="write the controller's cProfile top 40 here")
+    parser.add_argument(
+        "--tree", default=ROOT, help="the source tree whose controller runs (default: this one)"
+    )
+    parser.add_argument(
+        "--agent-silence",
+        type=float,
+        help="seconds without a frame before the controller takes an agent as lost (default: "
+        "zlaunch's): on a machine others load, a slow start reads as silent agents",
+    )
     parser.add_argument("--keep", help="keep the run's files in this directory")
     parser.add_argument("--json", help="append the result (one JSON line) to this file")
     parser.add_argument("--label", default="", help="a word stored with the result")
     args = parser.parse_args(argv)
     load = Load(args.nodes, args.ranks_per_node, args.lines, args.line_bytes,
                 args.lines_per_frame, args.rate)  # fmt: skip
-    result = run(load, args.console, args.profile, args.keep, args.console_limit)
+    result = run(load, args.console, args.profile, args.keep, args.console_limit, args.tree,
+                 args.agent_silence)  # fmt: skip
     result["label"] = args.label
     result["when"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result, indent=1))

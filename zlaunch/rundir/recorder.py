@@ -28,12 +28,13 @@ __all__ = ["Recorder"]
 T = TypeVar("T")
 
 RANKS_MIN_INTERVAL = 1.0
-"""Seconds between ranks.json rewrites caused only by output."""
+"""Seconds between ranks.json rewrites caused only by output (at least)."""
 RANKS_COST_SHARE = 20
-"""A start or an exit rewrites ranks.json at once unless the last rewrite was less than this
-many times its own duration ago (then the loop writes it a moment later): the file, one row
-per rank, takes the controller at most about 1/20 of its time, however many ranks start and
-end together. A few ranks: at once, as before; 16,384: a few times a second."""
+"""ranks.json is rewritten only once this many times the last rewrite's duration has passed
+(then the loop writes it a moment later): the file, one row per rank, takes the controller at
+most about 1/20 of its time, however many ranks there are and however often they start, end
+or print. A few ranks: a start or exit is written at once, as before; 16,384 ranks (0.2 s a
+rewrite): every few seconds."""
 LOG_BUFFER_BYTES = 4 * 1024 * 1024
 """Rank-log bytes held, all ranks together, before they are written whatever the time: the
 loop writes them whenever it has nothing waiting (so a quiet job's lines reach the file at
@@ -197,12 +198,11 @@ class Recorder:
             self._guarded("metrics.jsonl", write)
 
     def ranks_due(self, *, changed: bool = False) -> bool:
-        """Whether ranks.json may be rewritten now: for new output only, at most once a
-        second; for a rank that ``changed`` (started, exited), see RANKS_COST_SHARE."""
+        """Whether ranks.json may be rewritten now (RANKS_COST_SHARE): for a rank that
+        ``changed`` (started, exited), or for new output only (at most once a second)."""
         since = time.monotonic() - self._ranks_written
-        if changed:
-            return since >= min(RANKS_MIN_INTERVAL, RANKS_COST_SHARE * self._ranks_cost)
-        return since >= RANKS_MIN_INTERVAL
+        share = RANKS_COST_SHARE * self._ranks_cost
+        return since >= (share if changed else max(RANKS_MIN_INTERVAL, share))
 
     def ranks(self, attempt: int, rows: Sequence[RankRow]) -> None:
         started = time.monotonic()

@@ -403,6 +403,7 @@ def controller_main(config_path: str) -> int:
         code = launch(options)
     except Exception as err:  # noqa: BLE001 - the outcome is the measurement
         code = getattr(err, "exit_code", 1)
+        print(f"controller_sim: {type(err).__name__}: {err}", file=sys.stderr)
     end = time.time()
     if profile is not None:
         profile.disable()
@@ -531,11 +532,18 @@ def run(load: Load, console: str = "null", profile: str | None = None,
             reader.join()
     with open(config["result"]) as f:
         ctl = json.load(f)
-    with open(config["farm_result"]) as f:
-        farm = json.load(f)
+    try:
+        with open(config["farm_result"]) as f:
+            farm = json.load(f)
+    except FileNotFoundError:  # the controller stopped before it started its agents
+        farm = {"out_frames": 0, "pieces": 0, "cpu_s": 0.0}
+        farm.update(first_out=None, last_out=None, last_spec=None)
     runs = os.path.join(work, "runs")
-    run_dir = os.path.join(runs, os.readlink(os.path.join(runs, "latest")))
-    exact, problems = check_logs(run_dir, load)
+    try:
+        run_dir = os.path.join(runs, os.readlink(os.path.join(runs, "latest")))
+        exact, problems = check_logs(run_dir, load)
+    except FileNotFoundError:
+        run_dir, exact, problems = None, False, ["no run directory"]
     lines = load.ranks * load.lines
     volume = lines * (load.line_bytes + 1)
     first_out = farm["first_out"] or ctl["end"]

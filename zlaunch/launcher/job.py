@@ -40,6 +40,7 @@ from zlaunch.exhaustive import assert_never
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
+from zlaunch.launcher.open_files import ensure_open_files
 from zlaunch.launcher.rank_output import RankOutput
 from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
 from zlaunch.launcher.state import (
@@ -687,6 +688,8 @@ def launch(options: LaunchOptions) -> int:
     Raises WorkerFailed (the failing rank's code), Interrupted (130/143), HostUnreachable or
     LaunchError (1) otherwise, after everything it started is stopped.
     """
+    hosts = len(options.hosts) + len(options.spare_hosts)
+    ensure_open_files(options.world_size, hosts)  # a log per rank: raised, or refused here
     console = Console(color=options.color, ranks=options.ranks_filter)
     try:
         return Job(options, console).run()

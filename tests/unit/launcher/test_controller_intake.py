@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import resource
 import threading
 
 import pytest
@@ -16,8 +17,9 @@ from zlaunch import frames
 from zlaunch.console import writer as writer_module
 from zlaunch.console.terminal import Console
 from zlaunch.console.writer import BackgroundWriter
+from zlaunch.errors import LaunchError
 from zlaunch.hostfile import Host
-from zlaunch.launcher import agent_links
+from zlaunch.launcher import agent_links, open_files
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, LinkClosed
 from zlaunch.launcher.rank_tail import (
     LINE_CHARS,
@@ -336,3 +338,53 @@ def test_the_frame_queue_holds_a_bounded_amount_and_loses_nothing(monkeypatch):
             closed.add(item.node)
     assert got == {0: list(range(500)), 1: list(range(500))}
     links.close()
+
+
+# ---- the open-file limit: a log per rank ----------------------------------------------------
+
+
+class Limits:
+    def __init__(self, soft, hard):
+        self.soft, self.hard = soft, hard
+        self.set_to = None
+
+    def getrlimit(self, _which):
+        return self.soft, self.hard
+
+    def setrlimit(self, _which, limits):
+        self.set_to = limits
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "set_to"),
+    [
+        (1024, 524288, (1024 + 8 * 64 + 256, 524288)),  # 1,024 ranks on 64 hosts: raised
+        (1024, 1700, (1700, 1700)),  # as far as the hard limit goes
+        (4096, 524288, None),  # enough already: left as it is
+        (1024, resource.RLIM_INFINITY, (1792, resource.RLIM_INFINITY)),
+    ],
+)
+def test_the_open_file_limit_is_raised_to_what_the_rank_logs_need(monkeypatch, soft, hard, set_to):
+    limits = Limits(soft, hard)
+    monkeypatch.setattr(open_files, "resource", _FakeResource(limits))
+    open_files.ensure_open_files(1024, 64)
+    assert limits.set_to == set_to
+
+
+def test_a_hard_limit_below_the_rank_logs_is_refused_before_the_start(monkeypatch):
+    limits = Limits(1024, 1024)
+    monkeypatch.setattr(open_files, "resource", _FakeResource(limits))
+    with pytest.raises(LaunchError) as err:
+        open_files.ensure_open_files(1024, 64)
+    assert "1792 open files" in err.value.message and "(1024)" in err.value.message
+    assert "ulimit -n 1792" in err.value.hint
+    assert limits.set_to is None
+
+
+class _FakeResource:
+    RLIMIT_NOFILE = resource.RLIMIT_NOFILE
+    RLIM_INFINITY = resource.RLIM_INFINITY
+
+    def __init__(self, limits):
+        self.getrlimit = limits.getrlimit
+        self.setrlimit = limits.setrlimit

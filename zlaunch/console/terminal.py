@@ -76,6 +76,8 @@ class Console:
         self.err_color = color_enabled(self.err, color)
         self.ranks = ranks
         self._prefixes: dict[tuple[str, int, str], bytes] = {}
+        self.dropped_elsewhere = 0
+        """Rank lines a view that took over the output dropped (the live panel's)."""
 
     # A pipe or file is written from a thread of its own (zlaunch.console.writer), so that a
     # reader that stops reading never blocks the controller; a terminal is written directly.
@@ -113,7 +115,8 @@ class Console:
     def dropped_lines(self) -> int:
         """Rank lines this console dropped because its reader fell behind."""
         writers = [*self._writers, self.out]  # the out stream a test may have given
-        return sum({id(w): w.dropped for w in writers if isinstance(w, BackgroundWriter)}.values())
+        mine = {id(w): w.dropped for w in writers if isinstance(w, BackgroundWriter)}
+        return sum(mine.values()) + self.dropped_elsewhere
 
     def _prefix(self, host: str, rank: int, stream: str) -> bytes:
         key = (host, rank, stream)

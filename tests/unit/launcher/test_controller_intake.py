@@ -388,3 +388,27 @@ class _FakeResource:
     def __init__(self, limits):
         self.getrlimit = limits.getrlimit
         self.setrlimit = limits.setrlimit
+
+
+def test_a_terminal_that_cannot_keep_up_drops_rank_lines_never_notes(monkeypatch):
+    from zlaunch.console import live_view
+    from zlaunch.console.live_view import LiveView
+
+    monkeypatch.setattr(live_view, "LINES_PER_PRINT", 10)
+    screen = io.StringIO()
+    err = io.StringIO()
+    console = Console(color=False, out=io.BytesIO(), err=err)
+    view = LiveView(console, screen)
+    for rank in range(30):  # 30 lines in a moment: the first print, then 10 a print
+        console.lines("node1", rank, "o", [f"line of rank {rank}"])
+    view.queue("zlaunch: a note\n")  # a note always prints
+    view.flush_lines(force=True)
+    view.close()
+    console.close()
+    text = screen.getvalue()
+    shown = [f"line of rank {r}\n" in text for r in range(30)]
+    printed = shown.count(True)
+    assert 10 <= printed < 30 and shown == [True] * printed + [False] * (30 - printed)
+    assert "zlaunch: a note" in text
+    assert f"the console fell behind: {30 - printed} line(s) not shown here" in text
+    assert f"zlaunch: {30 - printed} line(s) of rank output were not shown" in err.getvalue()

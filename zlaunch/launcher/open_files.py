@@ -15,9 +15,9 @@ from zlaunch.errors import LaunchError
 
 __all__ = ["open_files_needed", "ensure_open_files"]
 
-PER_HOST = 8
-"""Descriptors a host's connection may take (an ssh socket, or a local or srun process's
-pipes), with room to spare."""
+PER_HOST = 3
+"""Descriptors a host's connection takes: an ssh socket, or a local, srun or mpirun process's
+three pipes."""
 SPARE = 256
 """The run directory, the console, the controller lock, Python's own: asked for."""
 MIN_SPARE = 64

@@ -358,10 +358,10 @@ class Limits:
 @pytest.mark.parametrize(
     ("soft", "hard", "set_to"),
     [
-        (1024, 524288, (1024 + 8 * 64 + 256, 524288)),  # 1,024 ranks on 64 hosts: raised
-        (1024, 1700, (1700, 1700)),  # as far as the hard limit goes
+        (1024, 524288, (1024 + 3 * 64 + 256, 524288)),  # 1,024 ranks on 64 hosts: raised
+        (1024, 1400, (1400, 1400)),  # as far as the hard limit goes
         (4096, 524288, None),  # enough already: left as it is
-        (1024, resource.RLIM_INFINITY, (1792, resource.RLIM_INFINITY)),
+        (1024, resource.RLIM_INFINITY, (1472, resource.RLIM_INFINITY)),
     ],
 )
 def test_the_open_file_limit_is_raised_to_what_the_rank_logs_need(monkeypatch, soft, hard, set_to):
@@ -376,8 +376,8 @@ def test_a_hard_limit_below_the_rank_logs_is_refused_before_the_start(monkeypatc
     monkeypatch.setattr(open_files, "resource", _FakeResource(limits))
     with pytest.raises(LaunchError) as err:
         open_files.ensure_open_files(1024, 64)
-    assert "1792 open files" in err.value.message and "(1024)" in err.value.message
-    assert "ulimit -n 1792" in err.value.hint
+    assert "1472 open files" in err.value.message and "(1024)" in err.value.message
+    assert "ulimit -n 1472" in err.value.hint
     assert limits.set_to is None
 
 

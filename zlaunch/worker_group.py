@@ -30,18 +30,15 @@ import json
 import os
 import sys
 import threading
-import time
 from typing import Any
 
+from zlaunch.gloo_idle import wait_for_idle_gloo_threads
 from zlaunch.protocol import EVENTS_FD_ENV, PROCESS_GROUP_EVENT
 
 __all__ = ["GroupWatch", "accelerate_processes", "leave_group", "report_group"]
 
 POLL_S = 0.02
 DESTROY_LIMIT_S = 10.0
-IDLE_LIMIT_S = 0.5
-_IDLE_POLLS = 5  # this many looks in a row with every gloo thread asleep: idle
-_GLOO_THREADS = ("pt_gloo_runloop",)
 
 
 def _dist() -> Any | None:
@@ -146,7 +143,7 @@ def leave_group(destroy_limit_s: float = DESTROY_LIMIT_S) -> None:
                 file=sys.stderr,
             )
             return
-    _wait_for_idle_gloo_threads()
+    wait_for_idle_gloo_threads()
 
 
 def _threads_still_working() -> bool:
@@ -161,35 +158,3 @@ def _destroy(dist: Any) -> None:
         dist.destroy_process_group()
     except Exception as err:  # noqa: BLE001 - the script is done; say what was left
         print(f"zlaunch: could not close the script's process group: {err}", file=sys.stderr)
-
-
-def _wait_for_idle_gloo_threads(limit_s: float = IDLE_LIMIT_S) -> None:
-    """Sleep (releasing the GIL) until every gloo thread has slept for a few looks in a row."""
-    deadline = time.monotonic() + limit_s
-    idle = 0
-    while idle < _IDLE_POLLS and time.monotonic() < deadline:
-        states = _gloo_thread_states()
-        if not states:
-            return
-        idle = idle + 1 if all(state == "S" for state in states) else 0
-        time.sleep(0.002)
-
-
-def _gloo_thread_states() -> list[str]:
-    """The scheduler state (R, S, D, ...) of each gloo worker thread of this process."""
-    states = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return states  # no procfs: nothing to watch
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() not in _GLOO_THREADS:
-                    continue
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                # the state follows the parenthesised name, which may itself hold spaces
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except (OSError, IndexError):
-            continue  # the thread ended while we looked
-    return states

@@ -3,8 +3,10 @@
 * ``zlaunch/protocol.py`` (the shared names) and ``zlaunch/frames.py`` (the frames between
   controller and agents) import only the standard library and each other, so workers and agents
   can import them anywhere;
-* the runtime imports nothing of zlaunch but that module (the Slurm hostlist grammar lives in
-  the runtime, torch-free, and the controller imports it from there);
+* the runtime imports nothing of zlaunch but that module and ``zlaunch/gloo_idle.py`` (the
+  wait for gloo's threads at exit, which plain scripts' workers need too; stdlib only). The
+  Slurm hostlist grammar lives in the runtime, torch-free, and the controller imports it from
+  there;
 * every ``ZLAUNCH_*`` variable that crosses a process boundary is named in protocol.py only:
   a literal elsewhere is a second spelling waiting to drift. The controller-local knobs below
   never reach a worker.
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ALLOWED_IN_RUNTIME = {"zlaunch.protocol"}
+ALLOWED_IN_RUNTIME = {"zlaunch.protocol", "zlaunch.gloo_idle"}
 CONTROLLER_LOCAL = {"ZLAUNCH_TRACE", "ZLAUNCH_LIVE", "ZLAUNCH_LOG_DIR", "ZLAUNCH_TEST_SLOW_SAVE"}
 
 
@@ -37,7 +39,10 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module,allowed", [("protocol", set()), ("frames", {"zlaunch.protocol"})])
+@pytest.mark.parametrize(
+    "module,allowed",
+    [("protocol", set()), ("frames", {"zlaunch.protocol"}), ("gloo_idle", set())],
+)
 def test_the_contract_imports_only_the_standard_library(module, allowed):
     third_party = {
         name
@@ -82,6 +87,7 @@ AGENT_SIDE = [
         for name in (
             "worker_boot.py",
             "worker_group.py",
+            "gloo_idle.py",
             "save_request.py",
             "frames.py",
             "protocol.py",

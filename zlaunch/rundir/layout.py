@@ -42,7 +42,7 @@ from zlaunch.rundir.root import (
     read_json_at,
     write_json_atomic,
 )
-from zlaunch.rundir.run_record import RunRecordError, checked_run_record
+from zlaunch.rundir.run_record import RunRecordError, checked_run_record, writable_run_record
 
 __all__ = [
     "RunDir",
@@ -211,7 +211,8 @@ class RunDir:
         return self._dir_fd
 
     def write_record(self, record: dict[str, Any]) -> None:
-        write_json_atomic(self._fd(), RUN_FILE, record)
+        """run.json, rewritten atomically; only fields its readers know (run_record.py)."""
+        write_json_atomic(self._fd(), RUN_FILE, writable_run_record(record))
 
     def update(self, **fields: Any) -> dict[str, Any]:
         record = self.record()

@@ -1,12 +1,17 @@
 """run.json as the readers see it: checked field by field (pure, stdlib).
 
+One table of fields (``_FIELDS``) serves both sides: the controller's writer passes every
+record through :func:`writable_run_record` (``RunDir.write_record``), which refuses a field
+the table does not know or a value its readers would drop, so nothing is written that a
+reader cannot read back; the readers pass what they read through :func:`checked_run_record`.
+
 run.json is valid JSON written by the controller, but a reader (``zlaunch ls``, ``logs``,
 ``status``, ``stop``, ``stacks``) may meet a file an older version, a crashed disk or a person
 changed: ``{}``, ``[]``, ``"hosts": [1]``, a NaN or 1e20 ``start_time``. A file that is not an
 object is a bad run: RunRecordError, which the listing skips and reports. Any other field of a
 wrong type or range is left out (the readers then show ``-`` for it) and named in
-``problems``. The fields are the ones the controller writes (zlaunch/recorder.py,
-zlaunch/rundir.py ``plan_record``).
+``problems``. The fields are the ones the controller writes (zlaunch/rundir/recorder.py,
+zlaunch/rundir/layout.py ``plan_record``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RunRecordError", "checked_run_record", "MAX_TIME"]
+__all__ = ["RunRecordError", "checked_run_record", "writable_run_record", "MAX_TIME"]
 
 # A wall-clock time beyond year 5000 is not a time a run started: datetime cannot show it.
 MAX_TIME = 95_617_584_000.0
@@ -91,6 +96,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "save_on": ("a signal name", _is_str),
     "plan": ("a plan (nodes of workers)", _is_plan),
     "attempts": ("a list of attempts", _list_of(_is_attempt)),
+    "warnings": ("a list of strings", _list_of(_is_str)),
 }
 
 
@@ -109,3 +115,21 @@ def checked_run_record(data: Any, run_id: str) -> tuple[dict[str, Any], list[str
             problems.append(f"{key} is not {rule[0]}")
     record["run_id"] = run_id
     return record, problems
+
+
+def writable_run_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The record, if every field is one the readers know and holds what they accept.
+
+    A ValueError otherwise: the controller is about to write a field its own readers would
+    drop or never look for, which is a bug in the controller, not a user's mistake.
+    """
+    wrong = []
+    for key, value in record.items():
+        rule = _FIELDS.get(key)
+        if rule is None:
+            wrong.append(f"{key} is not a field of run.json (zlaunch/rundir/run_record.py)")
+        elif value is not None and not rule[1](value):
+            wrong.append(f"{key} is not {rule[0]}: {value!r:.80}")
+    if wrong:
+        raise ValueError("the controller would write run.json with " + "; ".join(wrong))
+    return record

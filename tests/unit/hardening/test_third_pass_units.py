@@ -340,3 +340,21 @@ def test_allocation_hosts_says_a_bad_hostlist_as_a_usage_error():
     env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[" + "9" * 4400 + "]"}
     with pytest.raises(UsageError, match="SLURM_JOB_NODELIST"):
         allocation_hosts(env)
+
+
+@pytest.mark.parametrize(
+    "fields,named",
+    [({"statsu": "running"}, "statsu is not a field of run.json"),
+     ({"exit_code": "1"}, "exit_code is not an exit code"),
+     ({"hosts": ["a", 1]}, "hosts is not a list of host names")],
+)  # fmt: skip
+def test_the_writer_refuses_a_run_json_field_its_readers_would_drop(tmp_path, fields, named):
+    from zlaunch.rundir.layout import RunDir
+
+    run = RunDir.create(str(tmp_path / "runs"), "20260101-000000-aaaaaa", {"cwd": "/w"})
+    before = (tmp_path / "runs" / "20260101-000000-aaaaaa" / "run.json").read_bytes()
+    with pytest.raises(ValueError, match=named):
+        run.update(**fields)
+    # nothing was written: the file is the one before the refused update
+    assert (tmp_path / "runs" / "20260101-000000-aaaaaa" / "run.json").read_bytes() == before
+    assert run.update(exit_code=1, warnings=["w"])["exit_code"] == 1

@@ -169,7 +169,7 @@ class Recorder:
         log = self._guarded(what, lambda: self.run_dir.open_rank_log(attempt, host, rank))
         return _RankLog(log, lambda write: self._guarded(what, write), self)
 
-    def _held(self, log: _RankLog, size: int) -> None:
+    def _hold(self, log: _RankLog, size: int) -> None:
         """``log`` holds ``size`` more bytes; all are written once LOG_BUFFER_BYTES wait."""
         self._unwritten[log] = None
         self._unwritten_bytes += size
@@ -254,7 +254,7 @@ class _RankLog:
         if self._recorder is None:
             self.write_held()
         else:
-            self._recorder._held(self, len(data))
+            self._recorder._hold(self, len(data))
 
     def write_held(self) -> None:
         if self._file is None or not self._held:

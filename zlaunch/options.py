@@ -90,6 +90,9 @@ class LaunchOptions:
     """Ranks whose output the console shows; None = all. Log files always hold every rank."""
     color: bool | None = None
     """Console color: None = auto (a TTY and no NO_COLOR), False = never, True = always."""
+    collapse: bool | None = None
+    """Identical lines of many ranks shown once on the console (zlaunch/console/collapse.py):
+    None = when more than 8 ranks are shown, False = never (--no-collapse), True = always."""
     grace_period: float = DEFAULT_GRACE_PERIOD
     """Seconds between SIGTERM and SIGKILL when stopping workers."""
     dry_run: bool = False

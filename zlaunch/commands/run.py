@@ -177,6 +177,13 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 )
 @click.option("--ranks", help="Show only these ranks on the console, e.g. 0,3-5.")
 @click.option("--no-color", is_flag=True, help="Plain console output.")
+@click.option(
+    "--collapse/--no-collapse",
+    default=None,
+    help="Show a line that many ranks print alike once: rank 0's at once, the others' as one "
+    "[ranks 1-15] TEXT line (the rank logs keep every line). Default: on when the console "
+    "shows more than 8 ranks.",
+)
 @click.option("--grace-period", type=float, default=5.0, show_default=True, help="SIGTERM->KILL.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
 @click.option("--config", help="Training config (JSON/YAML), validated before launch.")

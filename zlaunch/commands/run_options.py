@@ -70,6 +70,7 @@ class RunArguments:
     log_dir: str | None = None
     ranks: str | None = None
     no_color: bool = False
+    collapse: bool | None = None
     grace_period: float = 5.0
     dry_run: bool = False
     config: str | None = None
@@ -257,6 +258,7 @@ def _launch_options(
         log_dir=_absolute(args.log_dir) or default_log_dir(args.environ),
         ranks_filter=parse_ranks(args.ranks, world_size) if args.ranks else None,
         color=False if args.no_color else None,
+        collapse=args.collapse,
         grace_period=args.grace_period,
         dry_run=args.dry_run,
         pass_local_rank=args.pass_local_rank,

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from runtime.metrics_format import human_bytes, number, rate
+from zlaunch.host_ranges import host_ranges
 from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import RunStatus
 
@@ -22,6 +23,8 @@ __all__ = ["render_panel", "progress_lines", "duration"]
 
 MAX_BARS_SHOWN = 8
 MAX_HOSTS_SHOWN = 8
+LIST_CHARS = 60
+"""A rank or host list in the panel longer than this is cut, with its count."""
 BAR_WIDTH = 30  # leaves room for "step N/M  P%  ETA  elapsed" on an 80-column terminal
 SLOW_STEP_NOTE = 10.0
 """Seconds without a step after which the panel says when the last one was."""
@@ -85,20 +88,35 @@ def _progress(view: JobView, event: dict[str, Any]) -> Any:
 
 
 def _ranks_line(view: JobView) -> Any:
-    """Ranks alive/expected per host (a count when there are many hosts), then the failed,
-    stopped and lost ranks."""
+    """Ranks alive/expected per host (at scale: the count, then the hosts short of ranks,
+    grouped), then the failed, stopped and lost ranks as ranges."""
     from rich.text import Text
 
     hosts = Text("ranks alive: ")
     health = view.health()
     if len(health) > MAX_HOSTS_SHOWN:
-        # Many hosts: a count, then only the hosts that are not complete.
+        # Many hosts: a count, then only the hosts that are not complete, grouped by their
+        # count ("node[003-004] 0/8"), the emptiest first.
         full = sum(1 for _, alive, expected in health if alive == expected)
         total = sum(alive for _, alive, _ in health)
         hosts.append(f"{total}/{sum(e for _, _, e in health)} on {len(health)} hosts, ")
         hosts.append(f"{full} complete  ")
-        health = [h for h in health if h[1] != h[2]][:MAX_HOSTS_SHOWN]
+        short: dict[tuple[int, int], list[str]] = {}
+        for host, alive, expected in health:
+            if alive != expected:
+                short.setdefault((alive, expected), []).append(host)
+        groups = sorted(short.items(), key=lambda item: (item[0][0] / item[0][1], item[0]))
+        health = [
+            (host_ranges(names, limit=LIST_CHARS), alive, expected)
+            for (alive, expected), names in groups[:MAX_HOSTS_SHOWN]
+        ]
+        rest = sum(len(names) for _, names in groups[MAX_HOSTS_SHOWN:])
+        if rest:
+            health.append((f"and {rest} more hosts short of ranks", -1, 0))
     for host, alive, expected in health:
+        if alive < 0:
+            hosts.append(host + "  ", style="yellow")
+            continue
         style = "green" if alive == expected else ("red" if alive == 0 else "yellow")
         if view.status not in (RunStatus.RUNNING, RunStatus.STARTING) and alive == 0:
             style = "dim"
@@ -106,11 +124,11 @@ def _ranks_line(view: JobView) -> Any:
         hosts.append("  ")
     failed = sorted(r for r, c in view.exits.items() if c != 0 and r not in view.stopped)
     if failed:
-        hosts.append(f"failed ranks: {rank_ranges(failed)}  ", style="bold red")
+        hosts.append(f"failed ranks: {rank_ranges(failed, limit=LIST_CHARS)}  ", style="bold red")
     if view.stopped:
-        hosts.append(f"stopped ranks: {rank_ranges(sorted(view.stopped))}  ", style="dim")
+        hosts.append(f"stopped ranks: {rank_ranges(view.stopped, limit=LIST_CHARS)}  ", style="dim")
     if view.lost:
-        hosts.append(f"lost ranks: {rank_ranges(view.lost)}", style="bold red")
+        hosts.append(f"lost ranks: {rank_ranges(view.lost, limit=LIST_CHARS)}", style="bold red")
     return hosts
 
 
@@ -128,7 +146,7 @@ def _silence_notes(view: JobView) -> list[Any]:
         longest = max(silence for _, silence in quiet)
         notes.append(
             Text(
-                f"no output from ranks {rank_ranges(r for r, _ in quiet)} for "
+                f"no output from ranks {rank_ranges((r for r, _ in quiet), limit=LIST_CHARS)} for "
                 f"{duration(min(s for _, s in quiet))}+ (longest {duration(longest)}): "
                 "`zlaunch stacks` shows where they are",
                 style="yellow",
@@ -149,7 +167,8 @@ def progress_lines(bars: dict[int, tuple[str, str]]) -> list[Any]:
         row.no_wrap, row.overflow = True, "ellipsis"
         rows.append(row)
     if len(bars) > MAX_BARS_SHOWN:
-        rows.append(Text(f"... and {len(bars) - MAX_BARS_SHOWN} more ranks", style="dim"))
+        rest = rank_ranges(sorted(bars)[MAX_BARS_SHOWN:], limit=LIST_CHARS)
+        rows.append(Text(f"... and {len(bars) - MAX_BARS_SHOWN} more ranks ({rest})", style="dim"))
     return rows
 
 

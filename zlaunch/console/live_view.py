@@ -29,8 +29,9 @@ from typing import IO, Any
 
 from runtime.metrics_format import format_line
 from zlaunch.console.job_view import JobView
-from zlaunch.console.live_panel import progress_lines, render_panel
+from zlaunch.console.live_panel import MAX_BARS_SHOWN, progress_lines, render_panel
 from zlaunch.console.terminal import Console, is_terminal
+from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import RunStatus
 
 __all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
@@ -58,6 +59,8 @@ class PlainView(JobView):
     def __init__(self, console: Console):
         super().__init__(console)
         self.bar_printed: dict[int, float] = {}
+        """rank -> when its bar was last printed; at most MAX_BARS_SHOWN ranks ever print."""
+        self.bars_capped = False
 
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         super().metrics(rank, host, event)
@@ -70,8 +73,21 @@ class PlainView(JobView):
         super().progress(rank, host, stream, text)
         # A readable record: a rank's bar at most every PLAIN_PROGRESS_INTERVAL seconds (its
         # final state prints as a line when it ends); the rank log keeps every byte.
+        # Like the panel, the bars of the first MAX_BARS_SHOWN ranks only: a thousand ranks
+        # each drawing one would be a thousand lines every few seconds.
+        if text is None or not self.console.shows(rank):
+            return
+        if rank not in self.bar_printed and len(self.bar_printed) >= MAX_BARS_SHOWN:
+            if not self.bars_capped:
+                self.bars_capped = True
+                self.console.note(
+                    f"more than {MAX_BARS_SHOWN} ranks draw a progress bar: the console shows "
+                    f"those of ranks {rank_ranges(self.bar_printed)} (each rank's log has its "
+                    "own; `zlaunch status` shows every rank's latest)"
+                )
+            return
         now = time.monotonic()
-        if text is not None and now - self.bar_printed.get(rank, 0.0) >= PLAIN_PROGRESS_INTERVAL:
+        if now - self.bar_printed.get(rank, -PLAIN_PROGRESS_INTERVAL) >= PLAIN_PROGRESS_INTERVAL:
             self.bar_printed[rank] = now
             self.console.lines(host, rank, stream, [text])
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from zlaunch import frames, protocol
+from zlaunch.console.collapse import Shown
 from zlaunch.console.writer import BackgroundWriter, TextWriter
+from zlaunch.host_ranges import host_ranges
+from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import Failure, FailureReport
 
 __all__ = [
@@ -37,6 +40,9 @@ _RESET = "\x1b[0m"
 _RED = "\x1b[31m"
 _BOLD_RED = "\x1b[1;31m"
 _DIM = "\x1b[2m"
+_BOLD = "\x1b[1m"
+SHARED_RANKS_CHARS = 60
+"""A collapsed line's rank list longer than this is cut (``0,2,4,...,1022 (512 ranks)``)."""
 # Six well-separated foreground colors, then their bright variants: 12 ranks before a repeat.
 _PALETTE = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
 
@@ -133,14 +139,46 @@ class Console:
             self._prefixes[key] = prefix
         return prefix
 
+    def shows(self, rank: int) -> bool:
+        """The rank's lines are shown (``--ranks``; none once the reader has gone)."""
+        return self.ranks is None or rank in self.ranks
+
     def lines(self, host: str, rank: int, stream: str, lines: Sequence[str]) -> None:
         """Show a batch of complete lines of one rank (unless filtered out by ``--ranks``)."""
-        if not lines or (self.ranks is not None and rank not in self.ranks):
+        if not lines or not self.shows(rank):
             return
         prefix = self._prefix(host, rank, stream)
         # One encode and one replace for the batch; a line holds no newline (the agent cut
         # the stream at them), so each one gets its prefix.
-        data = prefix + frames.line_bytes("\n".join(lines)).replace(b"\n", b"\n" + prefix) + b"\n"
+        text = frames.line_bytes("\n".join(lines))
+        self._write_out(prefix + text.replace(b"\n", b"\n" + prefix) + b"\n")
+
+    def collapsed(self, shown: Sequence[Shown], hosts: Mapping[int, str]) -> None:
+        """Lines from the collapser (zlaunch.console.collapse): a line of one rank with its
+        ``[host:rank]`` tag, a line several ranks said once as ``[ranks 0-3,5]``."""
+        data = []
+        for line in shown:
+            ranks = [r for r in line.ranks if self.shows(r)]
+            if len(ranks) == 1:
+                prefix = self._prefix(hosts[ranks[0]], ranks[0], line.stream)
+            elif ranks:
+                prefix = self._shared_prefix(ranks, line.stream)
+            else:
+                continue
+            data.append(prefix + frames.line_bytes(line.text) + b"\n")
+        if data:
+            self._write_out(b"".join(data))
+
+    def _shared_prefix(self, ranks: Sequence[int], stream: str) -> bytes:
+        tag = f"[ranks {rank_ranges(ranks, limit=SHARED_RANKS_CHARS)}]"
+        mark = "!" if stream == protocol.STDERR else ""
+        if self.color:
+            tag = f"{_BOLD}{tag}{_RESET}"
+            if mark:
+                mark = f"{_RED}{mark}{_RESET}"
+        return f"{tag}{mark} ".encode()
+
+    def _write_out(self, data: bytes) -> None:
         try:
             self.out.write(data)
             self.out.flush()
@@ -177,6 +215,13 @@ def _exit_text(failure: Failure) -> str:
     return f"exit code {failure.exit_code}"
 
 
+REPORT_LIST_CHARS = 60
+"""A rank, pid or host list in the failure report longer than this is cut, with its count
+(failure.json keeps every one)."""
+REPORT_STACK_GROUPS = 8
+"""Stack groups the failure report shows, largest first (`zlaunch stacks` shows them all)."""
+
+
 def format_failure(report: FailureReport, *, color: bool = False) -> str:
     red, bold, reset = (_BOLD_RED, "\x1b[1m", _RESET) if color else ("", "", "")
     rule = "=" * 72
@@ -190,21 +235,22 @@ def format_failure(report: FailureReport, *, color: bool = False) -> str:
         if index == 1:
             out.append("Other failures:")
         rank = _ranks_text(failure.rank)
-        out.append(f"  [{index}] {bold}host {failure.host}  rank {rank}{reset}")
+        host = _hosts_text(failure.host)
+        out.append(f"  [{index}] {bold}host {host}  rank {rank}{reset}")
         out.append(f"      local_rank: {failure.local_rank}")
-        out.append(f"      pid       : {_ranks_text(failure.pid)}")
+        out.append(f"      pid       : {_pids_text(failure.pid)}")
         out.append(f"      exit      : {_exit_text(failure)}")
         if failure.time:
             out.append(f"      time      : {failure.time}")
         if failure.message:
             out.append(f"      message   : {failure.message}")
         if failure.hang:  # a hang: where every rank stands (zlaunch/launcher/hang.py)
-            out.extend(format_hang(failure))
+            out.extend(format_hang(failure, max_groups=REPORT_STACK_GROUPS))
         if failure.last_lines:
             out.append(f"      last {len(failure.last_lines)} lines of rank {rank} output:")
             out.extend(f"        | {line}" for line in failure.last_lines)
     if report.stopped_ranks:
-        out.append(f"Stopped by zlaunch: ranks {_compact(report.stopped_ranks)}")
+        out.append(f"Stopped by zlaunch: ranks {rank_ranges(report.stopped_ranks, limit=200)}")
     if report.log_dir:
         out.append(f"Logs: {report.log_dir}")
     out.append(rule)
@@ -212,25 +258,30 @@ def format_failure(report: FailureReport, *, color: bool = False) -> str:
 
 
 def _ranks_text(value: object) -> str:
-    """A failure's rank or pid: one, several (a hang's suspects) or "all"."""
-    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    """A failure's rank: one, several (a hang's suspects, as ranges) or "all"."""
+    if isinstance(value, list):
+        return rank_ranges(value, limit=REPORT_LIST_CHARS)
+    return str(value)
 
 
-def _compact(ranks: Iterable[int]) -> str:
-    ranks = sorted(ranks)
-    parts: list[str] = []
-    start = prev = None
-    for r in ranks:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            parts.append(f"{start}-{prev}" if prev != start else str(start))
-            start = prev = r
-    if start is not None:
-        parts.append(f"{start}-{prev}" if prev != start else str(start))
-    return ",".join(parts)
+def _pids_text(value: object) -> str:
+    """A failure's pid, or its suspects' pids: the first few and how many."""
+    if not isinstance(value, list):
+        return str(value)
+    shown = ", ".join(map(str, value[:8]))
+    return shown if len(value) <= 8 else f"{shown}, ... ({len(value)} pids)"
+
+
+def _hosts_text(hosts: str) -> str:
+    """A failure's host: one, or a hang's ("n1, n2, ...")."""
+    return _hosts_words(hosts.split(", "))
+
+
+def _hosts_words(hosts: Sequence[str]) -> str:
+    """A few hosts by name, more as a hostlist ("node[000-127]"), cut with its count."""
+    if len(hosts) <= 4:
+        return ", ".join(hosts)
+    return host_ranges(hosts, limit=REPORT_LIST_CHARS)
 
 
 def print_table(
@@ -255,19 +306,28 @@ def print_table(
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
-def format_hang(failure: Failure) -> list[str]:
-    """Lines for the console's failure report: the stack groups, the collective groups, the
-    silent ranks."""
+def format_hang(failure: Failure, max_groups: int | None = None) -> list[str]:
+    """Lines for the console's failure report: the stack groups (the ``max_groups`` largest;
+    all when None), the collective groups, the silent ranks. Rank and host lists are ranges
+    ("ranks 0-1019 (node[000-127])"), cut with their count when long."""
     hang = failure.hang or {}
     out = []
-    for group in hang.get("stack_groups", []):
-        ranks = ", ".join(map(str, group["ranks"]))
-        out.append(f"      ranks {ranks} ({', '.join(group['hosts'])}):")
+    groups = hang.get("stack_groups", [])
+    shown = groups if max_groups is None else groups[:max_groups]
+    for group in shown:
+        ranks = rank_ranges(group["ranks"], limit=REPORT_LIST_CHARS)
+        out.append(f"      ranks {ranks} ({_hosts_words(group['hosts'])}):")
         main = next((t for t in group["threads"] if t["thread"] == "main"), None)
         for frame in (main or {"frames": []})["frames"][:6]:
             out.append(f"        {frame}")
+    if len(groups) > len(shown):
+        rest = [r for group in groups[len(shown) :] for r in group["ranks"]]
+        out.append(
+            f"      ... {len(groups) - len(shown)} more stack groups, ranks "
+            f"{rank_ranges(rest, limit=REPORT_LIST_CHARS)} (`zlaunch stacks` shows them all)"
+        )
     for group in hang.get("collective_groups", []):  # each rank's last collectives
-        ranks = ", ".join(map(str, group["ranks"]))
+        ranks = rank_ranges(group["ranks"], limit=REPORT_LIST_CHARS)
         out.append(f"      collectives of ranks {ranks} (last first):")
         for rec in reversed(group["records"][-4:]):
             state = "waiting" if rec["state"] == "issued" else "completed"
@@ -276,7 +336,7 @@ def format_hang(failure: Failure) -> list[str]:
             )
     if hang.get("no_dump"):
         out.append(
-            f"      no stacks from rank(s) {', '.join(map(str, hang['no_dump']))} "
-            "(stopped, or stuck outside Python)"
+            f"      no stacks from rank(s) {rank_ranges(hang['no_dump'], limit=REPORT_LIST_CHARS)}"
+            " (stopped, or stuck outside Python)"
         )
     return out

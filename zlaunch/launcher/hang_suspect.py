@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zlaunch.collective_records import collective_key
+from zlaunch.host_ranges import host_ranges
+from zlaunch.rank_ranges import rank_ranges
 
 __all__ = ["Suspect", "find_suspect", "group_records", "position_words"]
 
@@ -54,10 +56,37 @@ def _and(items: Sequence[Any]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+SHORT_LIST = 4
+"""Up to this many ranks or hosts are named one by one ("ranks 1, 2 and 3 on n1 and n2"); more
+are written as ranges ("ranks 0-1019 on node[000-127]"), cut with their count when long: a
+hang of a thousand ranks must stay one readable sentence."""
+LIST_CHARS = 60
+
+
 def _who(ranks: Sequence[int], hosts: Mapping[int, str]) -> str:
     where = sorted({hosts.get(r, "?") for r in ranks})
     label = "rank" if len(ranks) == 1 else "ranks"
-    return f"{label} {_and(sorted(ranks))} on {_and(where)}"
+    if len(ranks) > SHORT_LIST:
+        who = rank_ranges(ranks, limit=LIST_CHARS)
+    else:
+        who = _and(sorted(ranks))
+    on = host_ranges(where, limit=LIST_CHARS) if len(where) > SHORT_LIST else _and(where)
+    return f"{label} {who} on {on}"
+
+
+def _positions(ranks: Sequence[int], positions: Mapping[int, str]) -> str:
+    """Each rank's position; ranks at the same one together when there are many."""
+    if len(ranks) <= SHORT_LIST:
+        return "; ".join(f"rank {r}: {positions[r]}" for r in ranks)
+    at: dict[str, list[int]] = {}
+    for r in ranks:
+        at.setdefault(positions[r], []).append(r)
+    return "; ".join(
+        f"ranks {rank_ranges(rs, limit=LIST_CHARS)}: {where}"
+        if len(rs) > 1
+        else f"rank {rs[0]}: {where}"
+        for where, rs in sorted(at.items(), key=lambda item: item[1][0])
+    )
 
 
 def _latest(records: Sequence[Mapping[str, Any]], group: str) -> Mapping[str, Any] | None:
@@ -132,7 +161,7 @@ def find_suspect(
                 f"{_who(stopped, hosts)} did not answer (stopped, or stuck outside Python)"
             )
         if idle:
-            lasts = "; ".join(f"rank {r}: {positions[r]}" for r in idle)
+            lasts = _positions(idle, positions)
             parts.append(f"{_who(idle, hosts)} not in a collective (last: {lasts})")
         whom = "it" if len(others) == 1 else "them"
         verb = "waits" if len(waiting) == 1 else "wait"

@@ -111,7 +111,7 @@ class Attempt:
         self.links = AgentLinks(self.hosts, lambda node: self.machine.agent_done[node], self._trace)
         self.hellos: list[frames.Hello | None] = [None] * len(self.hosts)
         self.view: JobView = PlainView(console)
-        self.output = RankOutput(console, self.view)
+        self.output = RankOutput(console, self.view, options.collapse)
         self.plan: Plan | None = None
         self.hang = HangWatch(options.hang_timeout)
         self.bad_metrics = 0
@@ -228,6 +228,7 @@ class Attempt:
         watched = 0.0
         while not self.machine.done:
             item = self.links.next(POLL)
+            self.output.tick(time.monotonic())  # collapsed lines whose time has come
             self.view.tick()  # live view: due line batches and panel refresh
             match item:
                 case FrameIn(node, frame):
@@ -291,6 +292,8 @@ class Attempt:
         if frame.rank not in self.machine.ranks:
             return
         self._trace(f"rank {frame.rank} exited with {frame.exit_code}")
+        if frame.exit_code != 0:
+            self.output.rank_failed(frame.rank)  # its held lines before the note about it
         self.view.rank_exited(frame.rank, self.output.hosts[frame.rank], frame.exit_code)
         tail = self.output.tail(frame.rank)
         self._handle(RankExited(frame.rank, frame.pid, frame.code, frame.signal, tail))

@@ -1,6 +1,7 @@
 """Where a rank's output goes: its log (every byte), its tail (for the failure report), the
 console (rank-tagged, without known noise and `zlaunch stacks` dumps, progress bars at their
-latest state) and the live view. One per attempt; the controller's thread only.
+latest state, identical lines of many ranks collapsed) and the live view. One per attempt; the
+controller's thread only.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from zlaunch import frames, protocol
+from zlaunch.console.collapse import LineCollapser, Shown, collapse_wanted
 from zlaunch.console.job_view import JobView
 from zlaunch.console.noise import NoiseFilter
 from zlaunch.console.progress import ProgressTracker
@@ -30,11 +32,20 @@ class LogSink(Protocol):
 
 
 TAIL_LINES = 20
+DUE_EVERY = 0.02
+"""Seconds between two looks at the collapser's held lines (a look costs little, but the loop
+turns once per frame)."""
 
 
 class RankOutput:
-    def __init__(self, console: Console, view: JobView):
+    def __init__(self, console: Console, view: JobView, collapse: bool | None = None):
         self.console = console
+        self.collapse = collapse
+        """--collapse / --no-collapse; None: by the number of ranks shown (console/collapse)."""
+        self.collapser: LineCollapser | None = None
+        self._collapse_decided = False
+        self._due_at = 0.0
+        self._failure_seen = False
         self.view = view
         self.noise = NoiseFilter()  # known-harmless lines: off the console, in the rank logs
         self.stack_dumps = StackDumpFilter()  # `zlaunch stacks` dumps: off the console too
@@ -75,9 +86,58 @@ class RankOutput:
         if stream == protocol.STDERR:
             shown = self.stack_dumps.keep(rank, shown, time.monotonic())
         if shown:
-            self.console.lines(self.hosts[rank], rank, stream, shown)
+            self._show(rank, stream, shown)
         if self.capture is not None:
             self.capture.lines(rank, list(lines), time.monotonic())
+
+    # ---- the console: one line per rank line, or identical lines of many ranks once ----------
+
+    def _show(self, rank: int, stream: str, shown: Sequence[str]) -> None:
+        collapser = self._collapser()
+        if collapser is None or not self.console.shows(rank):
+            self.console.lines(self.hosts[rank], rank, stream, shown)
+            return
+        now = time.monotonic()
+        out: list[Shown] = []
+        for text in shown:
+            out += collapser.add(now, rank, stream, text)
+        self._print(out)  # the lead's lines; held ones come with tick()
+
+    def _collapser(self) -> LineCollapser | None:
+        """Decided at the first line shown, when every rank of the attempt is known."""
+        if not self._collapse_decided:
+            self._collapse_decided = True
+            shown = sorted(r for r in self.logs if self.console.shows(r))
+            if shown and collapse_wanted(self.collapse, len(shown)):
+                self.collapser = LineCollapser(lead=shown[0], shown=len(shown))
+        return self.collapser
+
+    def tick(self, now: float) -> None:
+        """Held lines whose time has come (the controller's loop: after every frame, and at
+        least every POLL seconds); looked at every DUE_EVERY seconds at most."""
+        if self.collapser is None or now < self._due_at:
+            return
+        self._due_at = now + DUE_EVERY
+        if self.collapser.pending:
+            self._print(self.collapser.due(now))
+
+    def rank_failed(self, rank: int) -> None:
+        """Before zlaunch's note about the first failed rank: its held lines (and the older
+        ones). Only the first: later exits are the stop's doing (no note follows them), and
+        flushing at each would split a traceback every rank prints into pieces."""
+        if self.collapser is None or self._failure_seen:
+            return
+        self._failure_seen = True
+        self._print(self.collapser.flush_rank(rank))
+
+    def flush(self) -> None:
+        """Every held line (the attempt ends; the failure report follows)."""
+        if self.collapser is not None:
+            self._print(self.collapser.flush())
+
+    def _print(self, out: list[Shown]) -> None:
+        if out:
+            self.console.collapsed(out, self.hosts)
 
     def _seen(self, rank: int, stream: str, bar: str | None, ended: bool) -> None:
         self.output_at[rank] = time.time()
@@ -89,5 +149,6 @@ class RankOutput:
             self.view.progress(rank, self.hosts[rank], stream, None)
 
     def close(self) -> None:
+        self.flush()
         for log in self.logs.values():
             log.close()

@@ -457,3 +457,13 @@ def test_hostile_env_file_values_reach_every_worker_byte_for_byte(job):
     for worker in plan.workers:
         assert {k: worker.env[k] for k in values} == values
         assert worker.argv == (sys.executable, "-u", "train.py", "$(id)", "a b")
+
+
+@pytest.mark.parametrize(
+    "flags, collapse", [((), None), (("--no-collapse",), False), (("--collapse",), True)]
+)
+def test_collapse_flags_reach_the_launch_options(job, capsys, launcher, flags, collapse):
+    code, _, err = zlaunch(capsys, *flags, "--num-gpus", "2", "train.py")
+    assert code == 0, err
+    (options,) = launcher.calls
+    assert options.collapse is collapse

@@ -449,10 +449,24 @@ def _console_reader(stream, bytes_per_s: float, counts: dict) -> None:
             match = dropped.search(line) if line.startswith(b"zlaunch:") else None
             if match:
                 counts["dropped"] += int(match.group(1))
+            elif line.startswith(b"[ranks "):  # one line several ranks said (collapsed)
+                counts["lines"] += _ranks_named(line[len(b"[ranks ") : line.index(b"]")])
             elif line.startswith(b"["):
                 counts["lines"] += 1
         if bytes_per_s > 0:
             time.sleep(len(chunk) / bytes_per_s)
+
+
+def _ranks_named(tag: bytes) -> int:
+    """How many ranks "0-3,5" or "0,2,...,1022 (512 ranks)" names."""
+    text = tag.decode()
+    if text.endswith(" ranks)"):
+        return int(text.rsplit("(", 1)[1].split()[0])
+    count = 0
+    for span in text.split(","):
+        first, _, last = span.partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
 
 
 def _said_dropped(notes: str) -> int | None:

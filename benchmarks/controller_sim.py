@@ -359,6 +359,7 @@ def controller_main(config_path: str) -> int:
         log_dir=os.path.join(config["dir"], "runs"),
         color=False,
         hang_timeout=0.0,
+        **({"collapse": False} if config.get("no_collapse") else {}),
     )
     peak = {"queue": 0}
     stop = threading.Event()
@@ -506,7 +507,8 @@ def check_logs(run_dir: str, load: Load) -> tuple[bool, list[str]]:
 
 def run(load: Load, console: str = "null", profile: str | None = None,
         keep: str | None = None, console_limit: int | None = None,
-        tree: str = ROOT, agent_silence: float | None = None) -> dict:  # fmt: skip
+        tree: str = ROOT, agent_silence: float | None = None,
+        no_collapse: bool = False) -> dict:  # fmt: skip
     """One simulated job; the measurements as a dict (see the module's docstring). ``tree``:
     the source tree whose zlaunch the controller runs (another checkout, for before/after)."""
     work = keep or tempfile.mkdtemp(prefix="zlaunch-sim-")
@@ -519,6 +521,7 @@ def run(load: Load, console: str = "null", profile: str | None = None,
         "profile": profile,
         "console_limit": console_limit,
         "agent_silence": agent_silence,
+        "no_collapse": no_collapse,
     }
     config_path = os.path.join(work, "controller.config")
     with open(config_path, "w") as f:
@@ -619,6 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--console-limit", type=int, help="bytes the console holds before it drops lines"
     )
+    parser.add_argument(
+        "--no-collapse",
+        action="store_true",
+        help="every rank's every line on the console (a dropped line is then one rank line)",
+    )
     parser.add_argument("--profile", help="write the controller's cProfile top 40 here")
     parser.add_argument(
         "--tree", default=ROOT, help="the source tree whose controller runs (default: this one)"
@@ -636,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     load = Load(args.nodes, args.ranks_per_node, args.lines, args.line_bytes,
                 args.lines_per_frame, args.rate)  # fmt: skip
     result = run(load, args.console, args.profile, args.keep, args.console_limit, args.tree,
-                 args.agent_silence)  # fmt: skip
+                 args.agent_silence, args.no_collapse)  # fmt: skip
     result["label"] = args.label
     result["when"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result, indent=1))

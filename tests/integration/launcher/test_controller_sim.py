@@ -78,8 +78,10 @@ def test_1024_ranks_every_rank_log_is_byte_exact_and_ranks_json_has_every_end(tm
 def test_a_slow_console_drops_and_counts_lines_and_every_rank_log_keeps_them(tmp_path):
     load = sim.Load(nodes=16, ranks_per_node=16, lines=100, line_bytes=100, lines_per_frame=8)
     # stdout read at 200 kB/s, the console holding 100 kB before it drops: 2.6 MB of lines.
+    # --no-collapse: each console line is one rank line, so the count adds up exactly (a
+    # collapsed line that is dropped counts once, for all the ranks it names).
     result, run_dir = run_sim(
-        tmp_path, load, "--console", "slow:200000", "--console-limit", "100000"
+        tmp_path, load, "--console", "slow:200000", "--console-limit", "100000", "--no-collapse"
     )
     assert result["code"] == 0, result
     assert_logs_exact(run_dir, load)

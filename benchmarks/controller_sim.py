@@ -102,7 +102,7 @@ def expected_log(rank: int, load: Load) -> bytes:
 
 class _Node:
     __slots__ = ("down", "up", "reader", "pending", "ranks", "sent", "carry", "frames",
-                 "phase", "t0", "eof")  # fmt: skip
+                 "phase", "t0", "stopped")  # fmt: skip
 
     def __init__(self, down: int, up: int, reader):
         self.down = down
@@ -115,7 +115,7 @@ class _Node:
         self.frames = 0
         self.phase = "hello"  # hello -> stream -> done (BYE queued) -> closed
         self.t0 = 0.0
-        self.eof = False
+        self.stopped = False
 
 
 HIGH_WATER = 256 * 1024  # bytes waiting per node before the farm stops generating for it
@@ -184,7 +184,8 @@ def farm_main(config_path: str) -> int:
                 stats["first_out"] = time.time()
         if node.sent >= load.lines and node.phase == "stream":
             for rank in node.ranks:
-                node.pending += frames.encode(frames.Exited(rank, 1000 + rank, 0, None))
+                code, sig = (None, 15) if node.stopped else (0, None)
+                node.pending += frames.encode(frames.Exited(rank, 1000 + rank, code, sig))
             node.pending += frames.encode(frames.Bye())
             node.phase = "done"
             streaming.discard(id(node))
@@ -223,8 +224,8 @@ def farm_main(config_path: str) -> int:
         elif isinstance(frame, frames.Heartbeat) and node.phase not in ("done", "closed"):
             node.pending += hb
         elif isinstance(frame, frames.Stop) and node.phase == "stream":
-            node.sent = load.lines  # the ranks are stopped: no more lines
-            node.phase = "stream"
+            node.sent = load.lines  # the ranks are stopped: no more lines, ended by TERM
+            node.stopped = True
 
     for node in nodes:
         flush(node)
@@ -244,9 +245,8 @@ def farm_main(config_path: str) -> int:
                 if not chunk:
                     sel.unregister(node.down)
                     os.close(node.down)
-                    node.eof = True
                     open_nodes -= 1
-                    if node.phase not in ("closed",):
+                    if node.phase != "closed":  # the controller let go first
                         node.pending.clear()
                         node.phase = "done"
                         flush(node)
@@ -257,7 +257,7 @@ def farm_main(config_path: str) -> int:
         for node in nodes:
             if node.phase == "stream":
                 generate(node, now)
-            if node.phase in ("hello", "stream", "done") and node.pending or node.phase == "done":
+            if node.pending or node.phase == "done":
                 flush(node)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     stats["cpu_s"] = usage.ru_utime + usage.ru_stime

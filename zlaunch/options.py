@@ -17,13 +17,23 @@ from zlaunch.hostfile import Host
 if TYPE_CHECKING:
     from zlaunch.deepspeed_api import DeepSpeedApi
 
-__all__ = ["SshOptions", "LaunchOptions", "DEFAULT_LOG_DIR", "DEFAULT_GRACE_PERIOD", "LAUNCHERS"]
+__all__ = [
+    "SshOptions",
+    "LaunchOptions",
+    "DEFAULT_LOG_DIR",
+    "DEFAULT_GRACE_PERIOD",
+    "LAUNCHERS",
+    "SLURM_MODES",
+]
 
 DEFAULT_LOG_DIR = "zlaunch_runs"
 DEFAULT_GRACE_PERIOD = 5.0
 #: How agents are started: over SSH (a local subprocess for local hosts), by Slurm's srun, or
 #: by Open MPI's mpirun (zlaunch/transport/).
 LAUNCHERS = ("ssh", "slurm", "mpi")
+#: How --launcher slurm starts the agents: one srun step per node, or one srun for all nodes
+#: whose agents connect back over TCP (zlaunch/transport/slurm_one_step.py).
+SLURM_MODES = ("step-per-node", "one-step")
 DEFAULT_HANG_TIMEOUT = 900.0
 """15 minutes: half of torch's default collective timeout, so a hang is reported with every
 rank's stacks before torch's own timeout ends ranks one by one without them; long enough for
@@ -84,6 +94,12 @@ class LaunchOptions:
     """How agents start: "ssh", "slurm" (one srun step per node) or "mpi" (mpirun per node)."""
     launcher_args: tuple[str, ...] = ()
     """Extra arguments for srun (--slurm-args) or mpirun (--mpirun-args)."""
+    slurm_mode: str = "step-per-node"
+    """With --launcher slurm: "step-per-node" (one srun per node) or "one-step" (one srun for
+    all nodes, the agents connecting back over TCP); --slurm-mode auto is resolved before."""
+    controller_addr: str | None = None
+    """one-step: the address of this machine the agents connect to; None = the one that routes
+    to the nodes."""
     log_dir: str = DEFAULT_LOG_DIR
     """Root of the run directories (absolute once built by the CLI)."""
     ranks_filter: frozenset[int] | None = None
@@ -140,6 +156,10 @@ class LaunchOptions:
         if self.launcher not in LAUNCHERS:
             raise UsageError(
                 f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}"
+            )
+        if self.slurm_mode not in SLURM_MODES:
+            raise UsageError(
+                f"--slurm-mode must be one of {', '.join(SLURM_MODES)}, got {self.slurm_mode!r}"
             )
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")

@@ -107,6 +107,11 @@ RESUME_ENV = "ZLAUNCH_RESUME"  # "1": load the latest checkpoint at initialize
 SAVE_ON_ENV = "ZLAUNCH_SAVE_ON"  # signal name: save at the next step and exit 0
 TOTAL_STEPS_ENV = "ZLAUNCH_TOTAL_STEPS"  # the script's planned steps, for the live view's ETA
 
+# `--slurm-mode one-step`: the per-job secret each agent proves it knows when it connects back
+# to the controller (zlaunch/connect_handshake.py). Passed through srun's environment, never on
+# a command line (argv is visible to every user); the agent removes it before any worker starts.
+CONNECT_TOKEN_ENV = "ZLAUNCH_CONNECT_TOKEN"
+
 # `zlaunch --nodes N` on a login node re-runs itself under salloc with this set to "1": inside
 # that allocation --nodes/--partition/--time/--account were already used (commands/run.py).
 SALLOC_ENV = "ZLAUNCH_SALLOC"

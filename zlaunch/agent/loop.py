@@ -1,6 +1,7 @@
 """The per-node agent: ``python -m zlaunch.agent`` (stdlib only: it runs on every node).
 
-It talks to the controller over its own stdin/stdout (frames from :mod:`zlaunch.protocol`):
+It talks to the controller over its own stdin/stdout, or over the socket of ``--connect``
+(frames from :mod:`zlaunch.protocol`):
 it says hello, waits for the spec, starts one worker per entry, forwards every output line,
 event and exit upstream, and kills its workers when told to stop, when the controller goes
 away (EOF on stdin) or when the heartbeat stops. It exits once its workers are gone.
@@ -346,7 +347,9 @@ def _free_port(addr: str | None) -> int:
 
 
 def main() -> None:
-    sys.exit(Agent().run())
+    from zlaunch.agent.connect import agent_fds  # --connect HOST:PORT: frames over TCP
+
+    sys.exit(Agent(*agent_fds(sys.argv[1:])).run())
 
 
 if __name__ == "__main__":

@@ -22,6 +22,15 @@ __all__ = ["Upstream", "MAX_PENDING_OUTPUT"]
 # Stop reading worker pipes while this much output waits for a slow link (backpressure).
 MAX_PENDING_OUTPUT = 32 * 1024 * 1024
 WRITE_SIZE = 1024 * 1024
+# A pipe's end gone (EPIPE), or a TCP connection to the controller (--connect) reset or timed out.
+_LINK_GONE = (
+    errno.EPIPE,
+    errno.EBADF,
+    errno.ECONNRESET,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+)
 
 
 class Upstream:
@@ -61,7 +70,7 @@ class Upstream:
             except BlockingIOError:
                 break
             except OSError as err:  # EPIPE: the controller is gone
-                if err.errno in (errno.EPIPE, errno.EBADF, errno.ECONNRESET):
+                if err.errno in _LINK_GONE:
                     self.lost("controller connection closed")
                     return
                 raise

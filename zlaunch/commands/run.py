@@ -106,6 +106,20 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     if options.launcher == "ssh":
         return ""
     argv = agent_argv(options.python)
+    if options.launcher == "slurm" and options.slurm_mode == "one-step":
+        from zlaunch.transport.slurm import job_id
+        from zlaunch.transport.slurm_one_step import one_step_argv
+
+        address = f"{options.controller_addr or 'ADDR'}:PORT"
+        command = one_step_argv(
+            [h.name for h in options.hosts], job_id(os.environ), argv, address,
+            "zlaunch-agents-XXXXXXXX", options.launcher_args,
+        )  # fmt: skip
+        return (
+            f"agents start with (slurm, one step for all {len(options.hosts)} nodes, each agent "
+            f"connecting back to this machine with the job's token from its environment):\n  "
+            f"{shlex.join(command)}\n"
+        )
     lines = [f"agents start with ({options.launcher}, one per node):"]
     for host in options.hosts[:limit]:
         if options.launcher == "slurm":
@@ -147,6 +161,19 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     help="How agents start: auto = slurm inside an allocation without --hostfile, else ssh.",
 )
 @click.option("--slurm-args", help="Extra srun arguments for each agent's step (one string).")
+@click.option(
+    "--slurm-mode",
+    default="auto",
+    show_default=True,
+    metavar="auto|step-per-node|one-step",
+    help="--launcher slurm: one srun step per node, or one srun for all nodes whose agents "
+    "connect back over TCP; auto = one-step above 8 nodes.",
+)
+@click.option(
+    "--controller-addr",
+    help="--slurm-mode one-step: this machine's address the agents connect to "
+    "(default: the one that routes to the nodes).",
+)
 @click.option(
     "--nodes",
     type=click.IntRange(1),

@@ -86,6 +86,8 @@ class RunArguments:
     min_nodes: int | None = None
     launcher: str = "auto"
     slurm_args: str | None = None
+    slurm_mode: str = "auto"
+    controller_addr: str | None = None
     mpirun_args: str | None = None
     runtime: str = "auto"
     environ: Mapping[str, str] | None = None
@@ -248,6 +250,8 @@ def _launch_options(
         master_port=args.master_port,
         launcher=launcher,
         launcher_args=launcher_args,
+        slurm_mode=_slurm_mode(args.slurm_mode, launcher, len(hosts), args.controller_addr),
+        controller_addr=_controller_addr(args.controller_addr),
         ssh=SshOptions(
             config_file=_existing_file(args.ssh_config, "--ssh-config"),
             port=args.ssh_port,
@@ -582,6 +586,50 @@ def _launcher(
         flag = "--slurm-args" if name == "slurm" else "--mpirun-args"
         raise UsageError(f"{flag} {clip(text)}: {err}", hint="quote as in a shell") from None
     return name, extra
+
+
+def _slurm_mode(name: str, launcher: str, nodes: int, controller_addr: str | None) -> str:
+    """--slurm-mode auto|step-per-node|one-step -> how --launcher slurm starts the agents.
+
+    auto: one srun for all nodes above ONE_STEP_ABOVE_NODES nodes (or with --controller-addr,
+    which only one-step uses), one srun step per node up to it."""
+    from zlaunch.options import SLURM_MODES
+    from zlaunch.transport.slurm_one_step import ONE_STEP_ABOVE_NODES
+
+    name = (name or "auto").strip().lower()
+    if name not in ("auto", *SLURM_MODES):
+        raise UsageError(
+            f"--slurm-mode {clip(name)}: expected auto, {', '.join(SLURM_MODES)}",
+            hint=f"auto: one-step above {ONE_STEP_ABOVE_NODES} nodes, step-per-node up to it",
+        )
+    if launcher != "slurm":
+        if name != "auto" or controller_addr:
+            flag = "--slurm-mode" if name != "auto" else "--controller-addr"
+            raise UsageError(f"{flag} has no effect with --launcher {launcher}", hint="drop it")
+        return "step-per-node"
+    if name == "auto":
+        one_step = nodes > ONE_STEP_ABOVE_NODES or bool(controller_addr)
+        return "one-step" if one_step else "step-per-node"
+    if name == "step-per-node" and controller_addr:
+        raise UsageError(
+            "--controller-addr has no effect with --slurm-mode step-per-node",
+            hint="agents connect back only with --slurm-mode one-step",
+        )
+    return name
+
+
+def _controller_addr(value: str | None) -> str | None:
+    """--controller-addr: a host name or address, without a port (the port is chosen free)."""
+    if value is None:
+        return None
+    text = value.strip().strip("[]")
+    if not text or any(c.isspace() for c in text) or (text.count(":") == 1):
+        raise UsageError(
+            f"--controller-addr {clip(value)}: expected a host name or an address of this "
+            "machine, without a port",
+            hint="e.g. --controller-addr 10.0.0.5 (the port is chosen free per attempt)",
+        )
+    return text
 
 
 def _save_on_signal(value: str | None) -> str | None:

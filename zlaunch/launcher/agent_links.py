@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -128,6 +129,7 @@ class AgentLinks:
         hosts: Sequence[Host],
         done: Callable[[int], bool],
         trace: Callable[[str], None] = lambda _w: None,
+        note: Callable[[str], None] = lambda _w: None,
     ):
         self.hosts = tuple(hosts)
         self.queue: queue.Queue = queue.Queue()
@@ -138,6 +140,8 @@ class AgentLinks:
         self.heard: list[float] = []
         """Per node: when its last frame arrived (monotonic); empty until the first frame."""
         self._trace = trace
+        self._note = note
+        """Tells the user of something seen while connecting (a connection refused)."""
         self._stop_heartbeat = threading.Event()
         self._budget = _ByteBudget(QUEUED_BYTES)
         self._read_size = max(MIN_READ, min(MAX_READ, QUEUED_BYTES // max(1, len(self.hosts))))
@@ -163,7 +167,20 @@ class AgentLinks:
             on_open=on_open,
             launcher=options.launcher,
             launcher_args=options.launcher_args,
+            slurm_mode=options.slurm_mode,
+            controller_addr=options.controller_addr,
+            on_refused=self._note,
+            interrupted=self._stop_signal_waiting,
         )
+
+    def _stop_signal_waiting(self) -> int | None:
+        """SIGINT or SIGTERM queued for the caller while the agents are still starting (a
+        start that waits for agents to connect back stops waiting for it)."""
+        with self.queue.mutex:
+            for item in self.queue.queue:
+                if isinstance(item, SignalIn) and item.signum in (signal.SIGINT, signal.SIGTERM):
+                    return item.signum
+        return None
 
     def _read(self, index: int, link: Link) -> None:
         # A frame that cannot be read is reported and skipped: the agent and its ranks are

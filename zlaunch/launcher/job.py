@@ -108,7 +108,12 @@ class Attempt:
         self.number = number
         self.save_signal = signal.Signals[options.save_on] if options.save_on else None
         self.machine = AttemptMachine([h.display for h in self.hosts], _policy_of(options))
-        self.links = AgentLinks(self.hosts, lambda node: self.machine.agent_done[node], self._trace)
+        self.links = AgentLinks(
+            self.hosts,
+            lambda node: self.machine.agent_done[node],
+            self._trace,
+            note=lambda what: console.note(what, error=True),
+        )
         self.hellos: list[frames.Hello | None] = [None] * len(self.hosts)
         self.view: JobView = PlainView(console)
         self.output = RankOutput(console, self.view, options.collapse)

@@ -59,14 +59,20 @@ class Recorder:
         self._unwritten_bytes = 0
 
     def _guarded(self, what: str, write: Callable[[], T]) -> T | None:
-        """``write()``; an OSError is said once for ``what`` and swallowed (None)."""
+        """``write()``; an OSError is said once for ``what`` and swallowed (None).
+
+        So is a ValueError: run.json read back unparsable, or a record its readers would not
+        accept (``run_record.writable_run_record``: a controller bug). Either leaves the record
+        incomplete, which is said; neither may stop the job it records.
+        """
         try:
             return write()
-        except OSError as err:
+        except (OSError, ValueError) as err:
+            reason = (err.strerror if isinstance(err, OSError) else None) or str(err)
             if what not in self.failed_writes:
-                self.failed_writes[what] = err.strerror or str(err)
+                self.failed_writes[what] = reason
                 self.console.note(
-                    f"cannot write {what} in {self.path}: {err.strerror or err}; the job goes "
+                    f"cannot write {what} in {self.path}: {reason}; the job goes "
                     "on, its record there is incomplete",
                     error=True,
                 )

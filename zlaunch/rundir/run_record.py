@@ -78,6 +78,10 @@ def _is_attempt(value: Any) -> bool:
     return isinstance(value, dict) and _is_int(value.get("attempt"))
 
 
+def _is_warning(value: Any) -> bool:
+    return isinstance(value, dict) and _is_int(value.get("attempt")) and _is_str(value.get("text"))
+
+
 # field -> (what it must be, test); None is accepted for every field
 _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "run_id": ("a string", _is_str),
@@ -96,7 +100,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "save_on": ("a signal name", _is_str),
     "plan": ("a plan (nodes of workers)", _is_plan),
     "attempts": ("a list of attempts", _list_of(_is_attempt)),
-    "warnings": ("a list of strings", _list_of(_is_str)),
+    "warnings": ("a list of attempts' warnings", _list_of(_is_warning)),
 }
 
 

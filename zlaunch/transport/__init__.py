@@ -1,5 +1,6 @@
 """How a process is started on a host and talked to: local subprocess, SSH channel, or a
-Slurm step / mpirun process relaying its stdin and stdout (``--launcher slurm|mpi``).
+Slurm step / mpirun process relaying its stdin and stdout (``--launcher slurm|mpi``), or an
+agent that connects back over TCP (one srun for the whole allocation: ``--slurm-mode one-step``).
 
 A :class:`Link` is a running remote (or local) process with a byte stream each way plus its
 stderr: the agent runs over one, ``zlaunch check`` runs its probe over one. Both transports
@@ -63,9 +64,34 @@ def open_links(
     on_open: Callable[[int, Link], Any] | None = None,
     launcher: str = "ssh",
     launcher_args: Sequence[str] = (),
+    slurm_mode: str = "step-per-node",
+    controller_addr: str | None = None,
+    on_refused: Callable[[str], None] = lambda _why: None,
+    interrupted: Callable[[], int | None] = lambda: None,
 ) -> list[Link]:
     """Start on every host in parallel (bounded). If any host fails, the ones that did start
-    are terminated and the first failure (in host order) is raised, naming its host."""
+    are terminated and the first failure (in host order) is raised, naming its host.
+
+    ``--launcher slurm`` with ``slurm_mode="one-step"``: one srun starts every host's agent,
+    each connecting back to ``controller_addr`` (None: chosen from the route to the nodes);
+    ``on_refused`` hears of each connection that failed the handshake, and ``interrupted()``
+    (a signal number, or None) ends the wait for them (transport/slurm_one_step.py).
+    """
+    if launcher == "slurm" and slurm_mode == "one-step":
+        from zlaunch.transport.slurm_one_step import open_one_step
+
+        argvs = {tuple(argv_for(host)) for host in hosts}
+        if len(argvs) != 1:
+            raise LaunchError("one srun step starts the same agent command on every node")
+        return open_one_step(
+            hosts,
+            argvs.pop(),
+            on_open=on_open,
+            extra=launcher_args,
+            controller_addr=controller_addr,
+            on_refused=on_refused,
+            interrupted=interrupted,
+        )
     links: list[Link | None] = [None] * len(hosts)
     errors: list[tuple[int, Exception]] = []
     lock = threading.Lock()

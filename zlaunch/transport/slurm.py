@@ -9,9 +9,11 @@ controller runs::
          --kill-on-bad-exit=1 --quiet --unbuffered -- python -u -m zlaunch.agent
 
 as a local subprocess: srun relays the agent's stdin and stdout, so the agent speaks the same
-frames as over SSH and everything above the transport is unchanged. One step per node, not one
-step of N tasks: each agent gets its own stdin (the spec differs per node, ``stop`` and
-``signal`` frames go to one node), and one node's step ending does not end the others.
+frames as over SSH and everything above the transport is unchanged. This is ``--slurm-mode
+step-per-node`` (the default up to 8 nodes): each agent gets its own stdin (the spec differs per
+node, ``stop`` and ``signal`` frames go to one node), and one node's step ending does not end
+the others. Above that, one step of N tasks whose agents connect back over TCP costs the
+controller's host one srun instead of N (transport/slurm_one_step.py).
 
 Without cgroups Slurm loses track of double-forked processes, so nothing relies on Slurm to
 reap workers: the agent kills its workers' process groups on EOF or a missed heartbeat, as it

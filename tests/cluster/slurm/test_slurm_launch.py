@@ -34,6 +34,10 @@ TRAIN = [
     "--n-layer", "1", "--d-model", "64", "--seq-len", "32",
 ]  # fmt: skip
 ALLOC = ["-N3", "--ntasks-per-node=2"]
+# Both ways of starting the agents: one srun step per node, and one srun for every node whose
+# agents connect back over TCP (3 nodes is under auto's threshold: each test names its mode).
+MODES = ["step-per-node", "one-step"]
+by_mode = pytest.mark.parametrize("mode", MODES)
 
 
 def _env(slurm) -> dict[str, str]:
@@ -60,6 +64,25 @@ def _workers(slurm, marker: str) -> dict[str, list[int]]:
         pids = [pid for pid, line in slurm.net.pids(host) if marker in line]
         if pids:
             found[host] = pids
+    return found
+
+
+def _task_pids(slurm) -> set[int]:
+    return {pid for procs in slurm.tasks().values() for pid, _ in procs}
+
+
+def _new_tasks(slurm, before: set[int]) -> dict[str, list[tuple[int, str]]]:
+    """Slurm steps and zlaunch processes on the nodes that were not there ``before`` (an
+    earlier test's leftovers, and what they keep starting, are not this job's)."""
+    found = {}
+    for host, procs in slurm.tasks().items():
+        new = [
+            (pid, line)
+            for pid, line in procs
+            if pid not in before and ("zlaunch" in line or "slurmstepd" in line)
+        ]
+        if new:
+            found[host] = new
     return found
 
 
@@ -90,10 +113,22 @@ def ssh_losses(slurm, tmp_path_factory):
 
 
 @pytest.mark.multirank
-def test_inside_salloc_zlaunch_trains_as_over_ssh(idle_slurm, ssh_losses, tmp_path):
+@by_mode
+def test_inside_salloc_zlaunch_trains_as_over_ssh(idle_slurm, ssh_losses, tmp_path, mode):
     # no --hostfile inside an allocation: the launcher is Slurm, the hosts its nodes
     out = idle_slurm.run(
-        ["salloc", *ALLOC, "--chdir", REPO, *ZLAUNCH, "--log-dir", str(tmp_path), *TRAIN],
+        [
+            "salloc",
+            *ALLOC,
+            "--chdir",
+            REPO,
+            *ZLAUNCH,
+            "--slurm-mode",
+            mode,
+            "--log-dir",
+            str(tmp_path),
+            *TRAIN,
+        ],
         env=_env(idle_slurm),
         timeout=300,
     )
@@ -149,11 +184,15 @@ def _start(slurm, tmp_path, worker_args, *options, alloc=("salloc", *ALLOC), env
     return proc, records
 
 
-def test_a_rank_failure_stops_every_node(idle_slurm, tmp_path):
+@by_mode
+def test_a_rank_failure_stops_every_node(idle_slurm, tmp_path, mode):
+    before = _task_pids(idle_slurm)
     proc, records = _start(
         idle_slurm,
         tmp_path,
         ["--only-rank", "3", "--delay", "1", "--exit", "7", "--others", "hang"],
+        "--slurm-mode",
+        mode,
     )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 7, err[-3000:]
@@ -161,10 +200,15 @@ def test_a_rank_failure_stops_every_node(idle_slurm, tmp_path):
     assert _wait(lambda: not _workers(idle_slurm, str(records)), 10) is not None, _workers(
         idle_slurm, str(records)
     )
+    # nothing of the job on any node: no agent, no srun step's task, no worker
+    assert _wait(lambda: not _new_tasks(idle_slurm, before), 15) is not None, _new_tasks(
+        idle_slurm, before
+    )
 
 
-def test_scancel_is_reported_as_such(idle_slurm, tmp_path):
-    proc, records = _start(idle_slurm, tmp_path, ["--hang"])
+@by_mode
+def test_scancel_is_reported_as_such(idle_slurm, tmp_path, mode):
+    proc, records = _start(idle_slurm, tmp_path, ["--hang"], "--slurm-mode", mode)
     jobs = idle_slurm.jobs()
     assert len(jobs) == 1
     assert idle_slurm.run(["scancel", jobs[0]]).returncode == 0
@@ -175,7 +219,8 @@ def test_scancel_is_reported_as_such(idle_slurm, tmp_path):
     assert _wait(lambda: not _workers(idle_slurm, str(records)), 10) is not None
 
 
-def test_zlaunch_killed_leaves_no_task_on_any_node(idle_slurm, tmp_path):
+@by_mode
+def test_zlaunch_killed_leaves_no_task_on_any_node(idle_slurm, tmp_path, mode):
     # An allocation that outlives zlaunch (a batch job holding the nodes), so only the agents'
     # own guarantee can clean up: Slurm sees nothing ending.
     hold = idle_slurm.run(["sbatch", "--parsable", *ALLOC, "-o", os.devnull, "--wrap", "sleep 600"])
@@ -190,7 +235,9 @@ def test_zlaunch_killed_leaves_no_task_on_any_node(idle_slurm, tmp_path):
             "SLURM_JOB_NODELIST": "node[1-3]",
             "SLURM_TASKS_PER_NODE": "2(x3)",
         }
-        proc, records = _start(idle_slurm, tmp_path, ["--hang"], alloc=(), env=env)
+        proc, records = _start(
+            idle_slurm, tmp_path, ["--hang"], "--slurm-mode", mode, alloc=(), env=env
+        )
         assert _workers(idle_slurm, str(records))
         killed = time.monotonic()
         os.kill(proc.pid, signal.SIGKILL)
@@ -218,10 +265,12 @@ def test_from_the_login_node_zlaunch_asks_slurm_for_the_nodes(idle_slurm, tmp_pa
     assert all(r["allreduce"] == 21 for r in ranks)  # 1 + 2 + ... + 6
 
 
-def test_max_restarts_starts_new_steps_in_the_same_allocation(idle_slurm, tmp_path):
+@by_mode
+def test_max_restarts_starts_new_steps_in_the_same_allocation(idle_slurm, tmp_path, mode):
     records = tmp_path / "records"
     out = idle_slurm.run(
-        ["salloc", *ALLOC, *ZLAUNCH, "--max-restarts", "1", "--log-dir", str(tmp_path / "runs"),
+        ["salloc", *ALLOC, *ZLAUNCH, "--slurm-mode", mode, "--max-restarts", "1",
+         "--log-dir", str(tmp_path / "runs"),
          FAKE, "--record-dir", str(records), "--only-rank", "4", "--delay", "2", "--exit", "3"],
         env=_env(idle_slurm), timeout=120,
     )  # fmt: skip
@@ -232,3 +281,96 @@ def test_max_restarts_starts_new_steps_in_the_same_allocation(idle_slurm, tmp_pa
     ranks = [json.loads(p.read_text()) for p in sorted(records.glob("rank-*.json"))]
     assert len(ranks) == 6 and all(r["env"]["ZLAUNCH_ATTEMPT"] == "1" for r in ranks)
     assert not _workers(idle_slurm, str(records))
+
+
+@by_mode
+def test_every_rank_gets_exactly_its_environment(idle_slurm, tmp_path, mode):
+    records = tmp_path / "records"
+    out = idle_slurm.run(
+        ["salloc", *ALLOC, "--chdir", REPO, *ZLAUNCH, "--slurm-mode", mode,
+         "--log-dir", str(tmp_path / "runs"), FAKE, "--record-dir", str(records)],
+        env=_env(idle_slurm), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    ranks = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in records.glob("*.json")}
+    assert sorted(ranks) == list(range(6))
+    for rank, record in ranks.items():
+        env = record["env"]
+        assert record["hostname"] == f"node{rank // 2 + 1}"
+        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")} == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank % 2),
+            "WORLD_SIZE": "6",
+            "NODE_RANK": str(rank // 2),
+        }
+        assert env["MASTER_ADDR"] == "node1" and env["ZLAUNCH_ATTEMPT"] == "0"
+        assert not [k for k in env if "CONNECT_TOKEN" in k]  # the agents' secret stays theirs
+    assert not _workers(idle_slurm, str(records))
+
+
+def test_one_step_names_the_node_whose_agent_could_not_start(idle_slurm, tmp_path):
+    # node2 has no usable Python: its task exits at once, the others connect; the start fails
+    # naming node2 with its last words, without waiting out the connect timeout
+    python = tmp_path / "python-on-nodes"
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$SLURMD_NODENAME" = node2 ]; then echo "no python on node2" >&2; exit 4; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    before = _task_pids(idle_slurm)
+    started = time.monotonic()
+    out = idle_slurm.run(
+        ["salloc", *ALLOC, "--chdir", REPO, *ZLAUNCH, "--slurm-mode", "one-step",
+         "--python", str(python), "--log-dir", str(tmp_path / "runs"), FAKE],
+        env=_env(idle_slurm), timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "the agent on node2 did not connect back to" in out.stderr, out.stderr[-3000:]
+    assert "no python on node2" in out.stderr
+    assert time.monotonic() - started < 45  # not the 60 s connect timeout
+    assert _wait(lambda: not _new_tasks(idle_slurm, before), 15) is not None, _new_tasks(
+        idle_slurm, before
+    )
+
+
+def test_one_step_srun_killed_loses_every_agent_and_leaves_nothing(idle_slurm, tmp_path):
+    # the one srun is every node's link: when it dies, every agent is lost at once (not after
+    # a TCP timeout), the job fails saying so, and the agents stop their workers on every node
+    before = _task_pids(idle_slurm)
+    proc, records = _start(idle_slurm, tmp_path, ["--hang"], "--slurm-mode", "one-step")
+    sruns = [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and "--job-name=zlaunch-agents-" in _cmdline(int(pid))
+    ]
+    # srun itself, not the helper it forks (the helper's parent is srun)
+    main = [pid for pid in sruns if _parent(pid) not in sruns]
+    assert len(main) == 1, sruns
+    os.kill(main[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err[-3000:]
+    assert "connection to the agent lost" in err, err[-3000:]
+    assert "srun (the one step of every node's agent) ended: killed by SIGKILL" in err
+    assert _wait(lambda: not _workers(idle_slurm, str(records)), 15) is not None, _workers(
+        idle_slurm, str(records)
+    )
+    assert _wait(lambda: not _new_tasks(idle_slurm, before), 20) is not None, _new_tasks(
+        idle_slurm, before
+    )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0

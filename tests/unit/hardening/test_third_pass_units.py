@@ -357,4 +357,6 @@ def test_the_writer_refuses_a_run_json_field_its_readers_would_drop(tmp_path, fi
         run.update(**fields)
     # nothing was written: the file is the one before the refused update
     assert (tmp_path / "runs" / "20260101-000000-aaaaaa" / "run.json").read_bytes() == before
-    assert run.update(exit_code=1, warnings=["w"])["exit_code"] == 1
+    assert run.update(exit_code=1, warnings=[{"attempt": 0, "text": "w"}])["exit_code"] == 1
+    with pytest.raises(ValueError, match="warnings is not"):
+        run.update(warnings=["w"])

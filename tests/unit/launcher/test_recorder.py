@@ -76,3 +76,19 @@ def test_every_writer_survives_a_full_disk_and_says_so_once_per_file():
         "failure.json",
         "rank 3's log",
     }
+
+
+def test_a_record_its_readers_would_refuse_is_said_and_the_job_goes_on(tmp_path):
+    """A controller bug that builds a bad run.json field costs the record, never the job."""
+    from zlaunch.rundir.layout import RunDir
+
+    run_dir = RunDir.create(str(tmp_path / "runs"), "20260101-000000-aaaaaa", {"cwd": "/w"})
+    notes = Notes()
+    recorder = Recorder(run_dir, notes)
+    recorder.warnings(0, [7, 8])  # not texts: the readers' table refuses them
+    recorder.warnings(0, [9])
+    recorder.status(RunStatus.RUNNING)  # later writes of run.json still happen
+    assert [text.split(" in ")[0] for text, _ in notes.said] == ["cannot write run.json"]
+    assert "warnings is not a list of attempts' warnings" in notes.said[0][0]
+    assert run_dir.record()["status"] == RunStatus.RUNNING
+    assert "warnings" not in run_dir.record()

@@ -382,7 +382,13 @@ def controller_main(config_path: str) -> int:
 
     job.Attempt._send_specs = send_specs
     if config.get("agent_silence"):  # see --agent-silence
-        job.AGENT_SILENCE_TIMEOUT = config["agent_silence"]
+        job.AGENT_SILENCE_TIMEOUT = config["agent_silence"]  # trees before zlaunch/liveness.py
+        try:
+            from zlaunch import liveness
+
+            liveness.agent_silence_timeout = lambda _ranks: config["agent_silence"]
+        except ImportError:
+            pass
 
     def sample() -> None:
         while not stop.wait(0.05):

@@ -38,6 +38,11 @@ from zlaunch.protocol import EVENTS_FD_ENV, PROCESS_GROUP_EVENT
 __all__ = ["GroupWatch", "accelerate_processes", "leave_group", "report_group"]
 
 POLL_S = 0.02
+# Before the script has started importing torch there is no group to see: look this seldom
+# (importing torch takes longer than this, so the fast looks begin before any group can). A rank
+# looking 50 times a second whatever it runs costs nothing alone, but a thousand idle ranks on a
+# host (the scale benchmark) kept the machine busy enough to starve their agents' heartbeats.
+NO_TORCH_POLL_S = 0.5
 DESTROY_LIMIT_S = 10.0
 
 
@@ -73,7 +78,7 @@ class GroupWatch:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.wait(self.poll_s if "torch" in sys.modules else NO_TORCH_POLL_S):
             self.look()
             if self.largest >= self.expected:
                 return  # joined the whole job: nothing more to learn

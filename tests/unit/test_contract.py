@@ -92,6 +92,7 @@ AGENT_SIDE = [
             "frames.py",
             "protocol.py",
             "collective_records.py",
+            "liveness.py",
             "connect_handshake.py",
         )
     ),

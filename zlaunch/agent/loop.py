@@ -30,10 +30,17 @@ from zlaunch.agent.output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
 from zlaunch.agent.upstream import Upstream
 from zlaunch.agent.workers import StartFailed, Worker, WorkerGroup, start_worker
 from zlaunch.collective_records import RecordFiles
+from zlaunch.liveness import BASE_HEARTBEAT_TIMEOUT, SilenceClock
 
 __all__ = ["Agent", "AgentPhase", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
 
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+DEFAULT_HEARTBEAT_TIMEOUT = BASE_HEARTBEAT_TIMEOUT  # until the spec says the job's own
+# Without anything else to send for this long, the agent says it is alive (a heartbeat of its
+# own): the controller hears every agent whether or not its own heartbeats go out on time.
+OWN_HEARTBEAT_INTERVAL = 1.0
+# A turn of the loop normally comes back within this (IDLE_WAIT, plus work); a later one means
+# the agent was not running (a loaded machine), and that time is not the controller's silence.
+TURN = 1.0
 # With the controller gone there is nobody to report to: workers get at most this long to exit.
 UPSTREAM_LOST_GRACE = 3.0
 # After every worker has exited, how long to wait for stray holders of the output pipes.
@@ -63,7 +70,8 @@ class Agent:
         self.frames = frames.FrameReader(on_bad=self._bad_frame)
         self.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT
         self.grace = 5.0
-        self.last_heard = time.monotonic()
+        self.controller = SilenceClock(1, time.monotonic(), TURN)
+        """When the controller was last heard (any bytes), on the agent's own running time."""
         self.phase = AgentPhase.AWAITING_SPEC
         self.kill_at: float | None = None
         self.all_exited_at: float | None = None
@@ -177,7 +185,7 @@ class Agent:
             self._close_stdin()
             self.stop(min(self.grace, UPSTREAM_LOST_GRACE), "controller closed the connection")
             return
-        self.last_heard = time.monotonic()
+        self.controller.heard(0, time.monotonic())
         for frame in self.frames.feed(chunk):
             self._handle(frame)
 
@@ -220,7 +228,13 @@ class Agent:
                 self._send(frames.Event(rank, [event]))
 
     def _heartbeat_missed(self, now: float) -> bool:
-        silence = now - self.last_heard
+        if not self.stdin_open or self.controller.silent_for(0, now) <= self.heartbeat_timeout:
+            return False
+        # What waits unread on stdin was sent before now: read it before judging (an agent
+        # that was busy or not scheduled must not blame the controller for its own absence).
+        if self.stdin_fd in {key.fd for key, _ in self.sel.select(0)}:
+            self._read_stdin()
+        silence = self.controller.silent_for(0, now)
         if not self.stdin_open or silence <= self.heartbeat_timeout:
             return False
         # The link may still carry our output (a hung controller, not a dead pipe): report,
@@ -261,8 +275,11 @@ class Agent:
 
     def _turn(self, now: float) -> None:
         """One round of the loop: what is due now, then wait for the next thing to happen."""
+        self.controller.awake(now)
         if self._heartbeat_missed(now):
             return
+        if now - self.upstream.sent_at >= OWN_HEARTBEAT_INTERVAL and self.upstream.ok:
+            self._send(frames.Heartbeat())
         if self.phase is AgentPhase.STOPPING and self.kill_at is not None and now >= self.kill_at:
             self._kill_remaining()
         progress_waits = self.output.forward_due_progress(now)
@@ -274,7 +291,7 @@ class Agent:
     def _wait_time(self, now: float, progress_waits: bool) -> float:
         timeout = IDLE_WAIT
         if self.stdin_open:
-            timeout = min(timeout, self.heartbeat_timeout - (now - self.last_heard))
+            timeout = min(timeout, self.heartbeat_timeout - self.controller.silent_for(0, now))
         if self.phase is AgentPhase.STOPPING and self.kill_at is not None:
             timeout = min(timeout, self.kill_at - now)
         if self.workers.needs_polling:

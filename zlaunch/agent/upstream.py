@@ -54,12 +54,16 @@ class Upstream:
         self._buffer = bytearray()
         self._behind = False
         self.ok = True
+        self.sent_at = time.monotonic()
+        """When the last frame was queued for the controller (the agent's own heartbeat is
+        due a second after)."""
         """The controller's end is still there; frames sent after it is gone are dropped."""
 
     def send(self, frame: frames.Frame) -> None:
         if not self.ok:
             return
         self._buffer += frames.encode(frame)
+        self.sent_at = time.monotonic()
         self.flush()
 
     def flush(self) -> None:

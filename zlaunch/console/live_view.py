@@ -208,11 +208,18 @@ class LiveView(JobView):
 
     def rank_exited(self, rank: int, host: str, code: int) -> None:
         super().rank_exited(rank, host, code)
-        self._redraw()
+        self._redraw_soon()
 
     def rank_lost(self, rank: int, host: str) -> None:
         super().rank_lost(rank, host)
-        self._redraw()
+        self._redraw_soon()
+
+    def _redraw_soon(self) -> None:
+        """Draw now unless the panel was drawn in the last PRINT_INTERVAL; then the next tick
+        draws it (within PANEL_INTERVAL). A thousand ranks ending together must not draw the
+        panel a thousand times while the controller is stopping the job."""
+        if time.monotonic() - self.last_panel >= PRINT_INTERVAL:
+            self._redraw()
 
     def metrics(self, rank: int, host: str | None, event: dict[str, Any]) -> None:
         super().metrics(rank, host, event)

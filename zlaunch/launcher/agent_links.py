@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from zlaunch import frames
 from zlaunch.hostfile import Host
+from zlaunch.liveness import SilenceClock
 from zlaunch.options import LaunchOptions
 from zlaunch.transport import Link, agent_argv, open_links
 
@@ -43,6 +44,8 @@ wait. A reader reads at most QUEUED_BYTES / agents (16-256 KiB) at a time, so at
 QUEUED_BYTES + 16 KiB per agent wait. Small enough that a rank's exit behind a backlog is
 seen within seconds; a queue that is never empty keeps the loop busy all the same."""
 MIN_READ, MAX_READ = 16 * 1024, 256 * 1024
+# The controller's loop normally comes back within this (its poll, plus one item's work).
+TURN = 1.0
 
 
 # What the attempt's one queue carries: from the links' reader threads and the signal handlers.
@@ -100,9 +103,13 @@ class _ByteBudget:
         self.used = 0
         self._cond = threading.Condition()
 
-    def wait_room(self) -> None:
+    def wait_room(self) -> bool:
+        """Until there is room; True if it had to wait."""
         with self._cond:
+            if self.used < self.limit:
+                return False
             self._cond.wait_for(lambda: self.used < self.limit)
+            return True
 
     def take(self, size: int) -> None:
         with self._cond:
@@ -137,8 +144,9 @@ class AgentLinks:
         self._done = done
         """Per node: whether nothing more is sent to it (it said bye, was lost or dropped);
         the caller's state machine knows, read from the heartbeat thread too."""
-        self.heard: list[float] = []
-        """Per node: when its last frame arrived (monotonic); empty until the first frame."""
+        self.heard = SilenceClock(len(self.hosts), time.monotonic(), TURN)
+        """Per node: when its last bytes arrived, noted by its reader thread as they come (a
+        backlog in the queue is not the agent's silence)."""
         self._trace = trace
         self._note = note
         """Tells the user of something seen while connecting (a connection refused)."""
@@ -158,6 +166,9 @@ class AgentLinks:
             self.links[index] = link
             threading.Thread(
                 target=self._read, args=(index, link), name=f"agent-{index}", daemon=True
+            ).start()
+            threading.Thread(
+                target=self._heartbeat, args=(index,), name=f"heartbeat-{index}", daemon=True
             ).start()
 
         open_links(
@@ -187,10 +198,13 @@ class AgentLinks:
         # fine, and dropping them for one bad frame would stop the whole job.
         reader = frames.FrameReader(on_bad=lambda err: self.queue.put(Garbled(index, str(err))))
         while True:
-            self._budget.wait_room()  # the loop is behind: leave the bytes with the agent
+            if self._budget.wait_room():  # the loop is behind: the bytes wait with the agent
+                # ... and the wait was the controller's, not this agent's silence.
+                self.heard.heard(index, time.monotonic())
             chunk = link.read(self._read_size)
             if not chunk:
                 break
+            self.heard.heard(index, time.monotonic())
             batch = list(reader.feed(chunk))
             if batch:
                 self._budget.take(len(chunk))
@@ -200,13 +214,14 @@ class AgentLinks:
             self.queue.put(_FramesIn(index, batch, 0))
         self.queue.put(LinkClosed(index))
 
-    def start_heartbeat(self) -> None:
-        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, index: int) -> None:
+        """Node ``index``'s heartbeat, from a thread of its own. One thread writing to every
+        link in turn made a round take as long as all the writes: on a loaded machine each
+        write waits for the GIL and for the scheduler (seconds per round at 64 hosts,
+        measured), and one stuck link held back every other node's heartbeat."""
         beat = frames.encode(frames.Heartbeat())
-        while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL):
-            self.send_all(beat, parallel=False)
+        while not self._stop_heartbeat.wait(HEARTBEAT_INTERVAL) and not self._done(index):
+            self.send(index, beat)
 
     # ---- talking ----------------------------------------------------------------------------
 
@@ -220,25 +235,22 @@ class AgentLinks:
             return None
         if isinstance(item, _FramesIn):
             self._budget.give_back(item.size)
-            self.heard_from(item.node)
             self._ready.extend(FrameIn(item.node, frame) for frame in item.frames)
             return self._ready.popleft()
-        if isinstance(item, Garbled):
-            self.heard_from(item.node)
         return item
 
     def waiting(self) -> bool:
         """Something is queued for the loop already."""
         return bool(self._ready) or not self.queue.empty()
 
-    def heard_from(self, index: int) -> None:
-        if not self.heard:
-            self.heard = [time.monotonic()] * len(self.hosts)
-        self.heard[index] = time.monotonic()
+    def awake(self, now: float) -> None:
+        """The controller's loop runs: the time it did not (a loaded machine) is nobody's
+        silence (zlaunch/liveness.py)."""
+        self.heard.awake(now)
 
     def silent_for(self, index: int, now: float) -> float:
-        """Seconds since node ``index`` last sent anything (0 before any agent spoke)."""
-        return now - self.heard[index] if self.heard else 0.0
+        """Seconds node ``index`` has sent nothing, counted while the controller ran."""
+        return self.heard.silent_for(index, now)
 
     def send(self, index: int, data: bytes) -> bool:
         link = self.links[index]

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from zlaunch import frames, protocol
+from zlaunch import frames, liveness, protocol
 from zlaunch.console.live_view import JobView, PlainView, open_view
 from zlaunch.console.terminal import Console
 from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed
@@ -83,11 +83,12 @@ from zlaunch.threads import THREADS_ENV, threads_words
 
 __all__ = ["launch", "Job", "Attempt", "HEARTBEAT_TIMEOUT", "AGENT_SILENCE_TIMEOUT"]
 
-HEARTBEAT_TIMEOUT = 5.0
-AGENT_SILENCE_TIMEOUT = 15.0
-"""Seconds without a frame from an agent (it echoes every heartbeat) before the controller
-takes its node as lost: a link down, a partition, a host that stopped. Longer than the agent's
-own HEARTBEAT_TIMEOUT, so by then that agent has already stopped its workers if it still runs."""
+HEARTBEAT_TIMEOUT = liveness.heartbeat_timeout(1)
+AGENT_SILENCE_TIMEOUT = liveness.agent_silence_timeout(1)
+"""Seconds without a byte from an agent (it sends a heartbeat every second) before the
+controller takes its node as lost: a link down, a partition, a host that stopped. Longer than
+the agent's own heartbeat timeout, so by then that agent has already stopped its workers if it
+still runs. Both grow with the job's ranks (zlaunch/liveness.py); these are a small job's."""
 POLL = 0.25
 WATCH_INTERVAL = 0.05
 """Seconds between two looks at the timers (silent agents, a hang, a stop's grace) while
@@ -122,9 +123,8 @@ class Attempt:
         self.bad_metrics = 0
         """Metrics events with a field of a wrong type or range (named once, then counted)."""
         self.mismatches: set[tuple] = set()  # (group, seq) already said
-        self.ranks_pending = False
-        """A rank started or exited since ranks.json was last written (the loop writes it
-        when the recorder says it is due, and the attempt's end at the latest)."""
+        self.ranks_dirty = False
+        """ranks.json is behind the machine's rank states (written within a second)."""
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
 
     def _trace(self, what: str) -> None:
@@ -138,7 +138,6 @@ class Attempt:
         self._trace("start")
         previous = _route_signals(self.links.queue, self.save_signal)
         self.view = self.output.view = open_view(self.console)  # rich panel on a terminal
-        self.links.start_heartbeat()
         outcome: Outcome | None = None
         try:
             self.links.open(self.options)
@@ -151,10 +150,10 @@ class Attempt:
             self._stream()
             self._trace("every agent done")
         finally:
+            if self.ranks_dirty:
+                self._record_ranks(now=True)
             self.links.close()
             self._trace("connections closed")
-            if self.ranks_pending:
-                self._write_ranks()
             self.output.close()
             if self.bad_metrics > 1:
                 self.console.note(f"{self.bad_metrics} malformed metrics events in all", error=True)
@@ -266,7 +265,7 @@ class Attempt:
         match frame:
             case frames.Out():
                 self.output.lines(frame.rank, frame.stream, frame.lines, frame.partial)
-                self._record_ranks(changed=False)
+                self._record_ranks()
             case frames.Event():
                 self._on_events(frame.rank, frame.events)
             case frames.Started():
@@ -276,10 +275,12 @@ class Attempt:
             case frames.Exited():
                 self._on_exit(frame)
             case frames.Error():
-                self.console.note(f"{self.hosts[index].display}: {frame.msg}", error=True)
                 if frame.cause == protocol.CAUSE_NO_HEARTBEAT:
-                    # The node no longer hears the controller: for --min-nodes it is lost.
-                    self._handle(AgentCutOff(index))
+                    # The node no longer hears the controller: a failure of that node (its
+                    # ranks' SIGTERM exits that follow are not), lost for --min-nodes.
+                    self._handle(AgentCutOff(index, frame.msg))
+                else:
+                    self.console.note(f"{self.hosts[index].display}: {frame.msg}", error=True)
             case frames.Bye():
                 self._handle(AgentFinished(index))
             case (
@@ -390,9 +391,11 @@ class Attempt:
 
     def _watch(self, now: float) -> None:
         """The timers: agents gone silent, a hang, a stop that takes too long."""
+        self.links.awake(now)
+        allowed = liveness.agent_silence_timeout(len(self.machine.ranks))
         for index, done in enumerate(self.machine.agent_done):
             silent = self.links.silent_for(index, now)
-            if not done and silent > AGENT_SILENCE_TIMEOUT:
+            if not done and silent > allowed:
                 self._lose_agent(
                     index,
                     f"no word from the agent for {silent:.0f} s (network down or the host stopped)",
@@ -403,7 +406,7 @@ class Attempt:
         elif self.machine.hang is HangPhase.WATCHING and self.hang.due(now):
             self._handle(HangDue(now - self.hang.last, self.options.hang_timeout))
         self._handle(Tick())
-        if self.ranks_pending:
+        if self.ranks_dirty:
             self._record_ranks()
 
     def _report_hang(self) -> None:
@@ -453,16 +456,15 @@ class Attempt:
             case unexpected:
                 assert_never(unexpected)
 
-    def _record_ranks(self, changed: bool = True) -> None:
-        """ranks.json, when the recorder says it is due; a change not written yet is kept
-        for the loop. Every output frame comes here: the rows are built only when written."""
-        if not self.recorder.ranks_due(changed=changed):
-            self.ranks_pending = self.ranks_pending or changed
+    def _record_ranks(self, now: bool = False) -> None:
+        """ranks.json, at most once a second: every start, exit and output frame of every rank
+        comes here, and rewriting all N rows N times is quadratic (seconds of the controller's
+        time at 1,024 ranks, while it should be stopping them). What is not written now is
+        written by the loop within a second (``_watch``), and at the attempt's end."""
+        if not now and not self.recorder.ranks_due():
+            self.ranks_dirty = True
             return
-        self._write_ranks()
-
-    def _write_ranks(self) -> None:
-        self.ranks_pending = False
+        self.ranks_dirty = False
         rows = self.machine.ranks.rows(self.output.bars, self.output.output_at)
         self.recorder.ranks(self.number, rows)
 
@@ -639,7 +641,7 @@ def _encode_specs(plan: Plan, grace: float) -> list[bytes]:
                 node,
                 master_addr=plan.master_addr,
                 grace=grace,
-                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                heartbeat_timeout=liveness.heartbeat_timeout(plan.world_size),
             ),
             node.host.display,
         )

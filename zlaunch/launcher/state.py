@@ -176,6 +176,8 @@ class AgentCutOff:
     """The agent stopped its workers because it no longer hears the controller."""
 
     node: int
+    why: str = "the agent stopped its workers: no heartbeat from the controller"
+    at: str = field(default_factory=_now_iso)
 
 
 @dataclass(frozen=True)
@@ -550,8 +552,17 @@ class AttemptMachine:
         return actions
 
     def _on_AgentCutOff(self, event: AgentCutOff, now: float) -> list[Action]:
+        # The node's ranks now die of their agent's SIGTERM: the cut-off is the failure, not
+        # the first of those exits (which would read as a rank killed for no reason).
         self.lost_nodes.add(event.node)
-        return []
+        host = self.hosts[event.node]
+        cut = [s for s in self.ranks.live() if s.slot.node == event.node]
+        if not cut or self.stopping:
+            return [Note(f"{host}: {event.why}", error=True)]
+        ranks = rank_ranges(s.rank for s in cut)
+        why = f"{event.why} (the agent no longer hears zlaunch: ranks {ranks} stopped by it)"
+        self.failures.append(_rank_failure(cut[0], (), event.at, why))
+        return [Note(f"{host}: {why}", error=True), *self._stop(self.policy.grace, now)]
 
     def _on_AgentLost(self, event: AgentLost, now: float) -> list[Action]:
         self.agent_done[event.node] = True

@@ -28,13 +28,12 @@ __all__ = ["Recorder"]
 T = TypeVar("T")
 
 RANKS_MIN_INTERVAL = 1.0
-"""Seconds between ranks.json rewrites caused only by output (at least)."""
+"""Seconds between ranks.json rewrites, at least (the launcher writes what changed in between
+a moment later, and the attempt's end at once)."""
 RANKS_COST_SHARE = 20
-"""ranks.json is rewritten only once this many times the last rewrite's duration has passed
-(then the loop writes it a moment later): the file, one row per rank, takes the controller at
-most about 1/20 of its time, however many ranks there are and however often they start, end
-or print. A few ranks: a start or exit is written at once, as before; 16,384 ranks (0.2 s a
-rewrite): every few seconds."""
+"""...and at least this many times the last rewrite's duration: the file, a row per rank,
+takes the controller at most 1/20 of its time however many ranks there are (at 16,384 ranks
+a rewrite takes some 0.2 s: every 4 s)."""
 LOG_BUFFER_BYTES = 4 * 1024 * 1024
 """Rank-log bytes held, all ranks together, before they are written whatever the time: the
 loop writes them whenever it has nothing waiting (so a quiet job's lines reach the file at
@@ -203,12 +202,10 @@ class Recorder:
 
             self._guarded("metrics.jsonl", write)
 
-    def ranks_due(self, *, changed: bool = False) -> bool:
-        """Whether ranks.json may be rewritten now (RANKS_COST_SHARE): for a rank that
-        ``changed`` (started, exited), or for new output only (at most once a second)."""
+    def ranks_due(self) -> bool:
+        """Whether ranks.json may be rewritten now (RANKS_MIN_INTERVAL, RANKS_COST_SHARE)."""
         since = time.monotonic() - self._ranks_written
-        share = RANKS_COST_SHARE * self._ranks_cost
-        return since >= (share if changed else max(RANKS_MIN_INTERVAL, share))
+        return since >= max(RANKS_MIN_INTERVAL, RANKS_COST_SHARE * self._ranks_cost)
 
     def ranks(self, attempt: int, rows: Sequence[RankRow]) -> None:
         started = time.monotonic()

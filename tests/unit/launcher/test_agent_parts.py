@@ -289,3 +289,47 @@ def test_hello_says_both_ends_of_the_ssh_connection(monkeypatch, ssh_connection,
     frame = hello()
     assert (frame.client_addr, frame.addr) == (client_addr, addr)
     assert frame.pid == os.getpid() and 1 <= frame.port <= 65535
+
+
+# ---- the controller's liveness, as the agent judges it -------------------------------------
+
+
+def _stale_controller(agent, seconds: float) -> None:
+    """The agent last heard the controller ``seconds`` ago, its loop running all along."""
+    from zlaunch.liveness import SilenceClock
+
+    agent.sel.register(agent.stdin_fd, selectors.EVENT_READ, "stdin")
+    agent.controller = SilenceClock(1, time.monotonic() - seconds, turn=seconds + 1)
+
+
+def test_a_heartbeat_waiting_unread_is_read_before_the_controller_is_judged(local_agent):
+    # A busy agent (starting its workers, not scheduled) finds the controller's heartbeat in
+    # its stdin: the controller was not silent, the agent was away.
+    agent = local_agent.agent
+    _stale_controller(agent, agent.heartbeat_timeout + 2)
+    os.write(local_agent.stdin_w, frames.encode(frames.Heartbeat()))
+    assert not agent._heartbeat_missed(time.monotonic())
+    assert agent.stdin_open and not agent.stopping
+    assert local_agent.sent() == [frames.Heartbeat()]  # the echo of what it read
+
+
+def test_a_silent_controller_is_still_found(local_agent):
+    agent = local_agent.agent
+    _stale_controller(agent, agent.heartbeat_timeout + 2)
+    assert agent._heartbeat_missed(time.monotonic())
+    assert agent.stopping and not agent.stdin_open
+    (error,) = local_agent.sent()
+    assert error.msg.startswith("stopping workers: no heartbeat for 7.")
+    assert error.cause == protocol.CAUSE_NO_HEARTBEAT
+
+
+def test_the_agent_says_it_is_alive_when_it_has_sent_nothing_for_a_second(local_agent):
+    from zlaunch.agent.loop import OWN_HEARTBEAT_INTERVAL
+
+    agent = local_agent.agent
+    agent.sel.register(agent.stdin_fd, selectors.EVENT_READ, "stdin")
+    agent.upstream.sent_at = time.monotonic() - OWN_HEARTBEAT_INTERVAL - 0.1
+    agent._turn(time.monotonic())
+    assert local_agent.sent() == [frames.Heartbeat()]
+    agent._turn(time.monotonic())  # just sent: nothing more this turn
+    assert local_agent.sent() == []

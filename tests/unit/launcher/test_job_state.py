@@ -116,7 +116,13 @@ FIRST_EVENTS = [
         0,
         id="ctrl-c",
     ),
-    pytest.param(AgentCutOff(0), [], RunStatus.RUNNING, 0, id="cut-off-noted-only"),
+    pytest.param(
+        AgentCutOff(0, "stopping workers: no heartbeat for 5.2s"),
+        [Note, SetStatus, StopRanks],
+        RunStatus.STOPPING,
+        1,
+        id="cut-off-is-the-failure",
+    ),
     pytest.param(StepReached(7), [], RunStatus.RUNNING, 0, id="step"),
     pytest.param(StacksReady(0), [RecordRanks], RunStatus.RUNNING, 0, id="stacks-ready"),
     pytest.param(Tick(), [], RunStatus.RUNNING, 0, id="tick"),
@@ -431,3 +437,27 @@ def test_unreachable_hosts_table(min_nodes, restarted, now, decision):
     assert policy.unreachable({"node2"}, now=now) == decision
     if isinstance(decision, GoOnWithout):  # a new window for the hosts that are left
         assert policy.unreachable({"node1"}, now=now + 1.0) == Retry(2.0)
+
+
+def test_a_cut_off_node_is_the_root_cause_not_its_ranks_sigterm_exits():
+    # An agent that no longer hears the controller stops its workers: they die of its SIGTERM.
+    machine = running()
+    actions = machine.handle(AgentCutOff(1, "stopping workers: no heartbeat for 5.2s"), now=1.0)
+    assert notes(actions) == [
+        "node2: stopping workers: no heartbeat for 5.2s (the agent no longer hears zlaunch: "
+        "ranks 2-3 stopped by it)"
+    ]
+    assert machine.phase is RunStatus.STOPPING and machine.lost_nodes == {1}
+    for rank in (2, 3, 0, 1):
+        machine.handle(RankExited(rank, 100 + rank, None, int(signal.SIGTERM)), now=2.0)
+    (root,) = machine.failures
+    assert (root.rank, root.host, root.signal_name) == (2, "node2", None)
+    assert "no heartbeat for 5.2s" in root.how()
+
+
+def test_a_cut_off_while_stopping_is_only_said():
+    machine = running()
+    machine.handle(RankExited(0, 100, 3, None), now=1.0)
+    actions = machine.handle(AgentCutOff(1, "stopping workers: no heartbeat for 6.0s"), now=2.0)
+    assert kinds(actions) == [Note]
+    assert [f.rank for f in machine.failures] == [0]

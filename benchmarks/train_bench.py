@@ -94,6 +94,8 @@ class BenchSpec:
     """AdamW implementation for DDP and FSDP2: torch's "default" choice (a for-loop on CPU),
     "foreach" or "fused"."""
     timeout_s: float = 900.0
+    communication_data_type: str | None = None
+    """DeepSpeed's ``communication_data_type`` for DeepSpeed and this runtime (None: unset)."""
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
@@ -176,7 +178,7 @@ def _engine_config(spec: BenchSpec, extra_optimizer_params: dict | None = None) 
         zero["allgather_bucket_size"] = spec.bucket_size
         if spec.stage == 3:
             zero["stage3_prefetch_bucket_size"] = spec.bucket_size
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": spec.shape.micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": spec.gradient_clipping,
@@ -188,6 +190,9 @@ def _engine_config(spec: BenchSpec, extra_optimizer_params: dict | None = None) 
         "bf16": {"enabled": spec.precision == "bf16"},
         "zero_optimization": zero,
     }
+    if spec.communication_data_type is not None:
+        config["communication_data_type"] = spec.communication_data_type
+    return config
 
 
 class Adapter:
@@ -766,6 +771,8 @@ def command_line(spec: BenchSpec) -> str:
         parts.append("--checkpoint")
     if spec.torch_adamw != "default":
         parts.append(f"--torch-adamw {spec.torch_adamw}")
+    if spec.communication_data_type is not None:
+        parts.append(f"--communication-data-type {spec.communication_data_type}")
     return " ".join(parts)
 
 
@@ -908,6 +915,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="AdamW implementation of the DDP and FSDP2 baselines (default: torch's own choice, "
         "a per-parameter loop on CPU)",
     )
+    parser.add_argument(
+        "--communication-data-type",
+        choices=("fp32", "fp16", "bf16"),
+        help="the config's communication_data_type (DeepSpeed and this runtime)",
+    )
     parser.add_argument("--json", help="write the full result (per-step data) here")
     parser.add_argument("--markdown", help="write a results page (markdown) here")
     parser.add_argument(
@@ -949,6 +961,7 @@ def main(argv: list[str] | None = None) -> int:
             torch_adamw=args.torch_adamw,
             profile_dir=str(Path(args.profile).resolve()) if args.profile else None,
             timeout_s=args.timeout,
+            communication_data_type=args.communication_data_type,
         )
     except ValueError as error:
         print(f"train_bench: {error}", file=sys.stderr)

@@ -65,14 +65,19 @@ class CommStats:
 
     bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    scoped: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    """Bytes of the collectives run on a labelled subgroup (`Communicator.split`), by
+    (label, kind); they are counted in `bytes` too."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     observer: CommObserver | None = field(default=None, repr=False)
     """Times every collective when set (runtime.profiling); None: nothing is timed."""
 
-    def add(self, kind: str, nbytes: float) -> None:
+    def add(self, kind: str, nbytes: float, scope: str | None = None) -> None:
         with self._lock:
             self.bytes[kind] += int(round(nbytes))
             self.calls[kind] += 1
+            if scope is not None:
+                self.scoped[(scope, kind)] += int(round(nbytes))
 
     @property
     def total_bytes(self) -> int:
@@ -86,6 +91,7 @@ class CommStats:
         with self._lock:
             self.bytes.clear()
             self.calls.clear()
+            self.scoped.clear()
 
 
 class Handle:
@@ -118,6 +124,29 @@ class Handle:
     def done(self) -> bool:
         """wait() would not block (the collective finished; post-processing may be pending)."""
         return self._done or (self._work is not None and self._work.is_completed())
+
+    def followed_by(self, then: Callable[[], None]) -> Handle:
+        """A handle whose `wait()` waits for this one, then runs ``then`` (the caller's local
+        post-processing of the received data: dequantizing, copying)."""
+        if self._done:
+            then()
+            return _DONE
+        return Handle(_After(self), then)
+
+
+class _After:
+    """A `Handle` seen as the work another handle waits for (`Handle.followed_by`)."""
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, handle: Handle):
+        self._handle = handle
+
+    def wait(self) -> None:
+        self._handle.wait()
+
+    def is_completed(self) -> bool:
+        return self._handle.done
 
 
 class _Timing:
@@ -190,8 +219,11 @@ class Communicator:
         *,
         use_reduce_scatter: bool = True,
         use_all_gather: bool = True,
+        scope: str | None = None,
     ):
         self.group = group
+        self.scope = scope
+        """The label its bytes are also counted under in `CommStats.scoped` (a subgroup)."""
         self.stats = stats if stats is not None else CommStats()
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -206,7 +238,36 @@ class Communicator:
             self.stats,
             use_reduce_scatter=use_reduce_scatter,
             use_all_gather=use_all_gather,
+            scope=self.scope,
         )
+
+    def split(self, size: int, scope: str) -> Communicator:
+        """This rank's group among runs of ``size`` consecutive ranks of this group (ranks
+        0..size-1, size..2 size-1, ...), counting into the same `stats`, its bytes also under
+        ``scope``. Collective: every rank of the world must call it, in the same order, and
+        this communicator's group must be the whole world (creating a group involves every
+        process)."""
+        if self.world_size % size:
+            raise ValueError(f"split: {size} does not divide the group's {self.world_size} ranks")
+        if not self.is_world:
+            raise ValueError("split: only the world group can be split")
+        mine = None
+        for start in range(0, self.world_size, size):
+            group = dist.new_group(list(range(start, start + size)))
+            if start <= self.rank < start + size:
+                mine = group
+        return Communicator(
+            mine,
+            self.stats,
+            use_reduce_scatter=self.use_reduce_scatter,
+            use_all_gather=self.use_all_gather,
+            scope=scope,
+        )
+
+    @property
+    def is_world(self) -> bool:
+        """This group holds every process of the job (no model parallelism beside it)."""
+        return self.world_size == dist.get_world_size()
 
     @property
     def is_gloo(self) -> bool:
@@ -248,6 +309,10 @@ class Communicator:
         `input` is split into N equal chunks (its numel must divide by N); `output` may be a
         view of this rank's chunk of `input`. On gloo, `scratch` (at least input's numel, same
         dtype) receives the other ranks' chunks; without it one is allocated.
+
+        `output` may have another dtype than `input` (16-bit on the wire, fp32 gradients):
+        on gloo the received chunks are summed in the wider of the two dtypes; elsewhere the
+        backend sums in `input`'s dtype and the result is cast into `output`.
         """
         n = self.world_size
         if input.numel() != output.numel() * n:
@@ -267,15 +332,26 @@ class Communicator:
             work = dist.all_to_all_single(recv, input, group=self.group, async_op=async_op)
             chunks = recv.view(n, -1)
             flat_out = output.view(-1)
+            # fp32 on the wire into 16-bit gradients: sum the chunks in fp32, round once.
+            sum_first = input.element_size() > output.element_size()
 
             def then() -> None:
-                if accumulate:
+                if accumulate and sum_first:
+                    flat_out.add_(torch.sum(chunks, dim=0))
+                elif accumulate:
                     for c in chunks:
                         flat_out.add_(c)
                 else:
-                    torch.sum(chunks, dim=0, out=flat_out)
+                    torch.sum(chunks, dim=0, dtype=flat_out.dtype, out=flat_out)
 
             return self._finish(work, then, async_op, timing)
+        if output.dtype != input.dtype:
+            tmp = torch.empty(output.shape, dtype=input.dtype, device=output.device)
+            work = _reduce_scatter(
+                tmp, input, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op
+            )
+            into = output.add_ if accumulate else output.copy_
+            return self._finish(work, lambda: into(tmp), async_op, timing)
         if accumulate:
             tmp = torch.empty_like(output)
             work = _reduce_scatter(
@@ -331,7 +407,7 @@ class Communicator:
         timing = self._timing("broadcast", size * self._frac(), size, async_op)
         for r, chunk in enumerate(chunks):
             # Each broadcast sends one chunk to N-1 ranks: (N-1)/N of the output in all.
-            self.stats.add("broadcast", self._nbytes(chunk) * self._frac())
+            self.stats.add("broadcast", self._nbytes(chunk) * self._frac(), self.scope)
             src = dist.get_global_rank(self.group, r) if self.group is not None else r
             works.append(dist.broadcast(chunk, src=src, group=self.group, async_op=async_op))
         return self._finish(_Works(works) if async_op else None, None, async_op, timing)
@@ -365,7 +441,7 @@ class Communicator:
 
     def _count(self, kind: str, traffic: float, size: int, async_op: bool) -> _Timing | None:
         """Count the bytes; with an observer, the timing record of the collective."""
-        self.stats.add(kind, traffic)
+        self.stats.add(kind, traffic, self.scope)
         return self._timing(kind, traffic, size, async_op)
 
     def _timing(self, kind: str, traffic: float, size: int, async_op: bool) -> _Timing | None:

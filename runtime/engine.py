@@ -27,10 +27,11 @@ from .comm import Communicator
 from .dist_env import DistEnv
 from .engine_queries import EngineQueries, LiveLossScale
 from .errors import UnsupportedError
-from .precision import Precision
+from .precision import Precision, StepRiders
 from .step_hooks import CheckpointingProfile, StepHook
 from .train_counters import TrainCounters
 from .zero.builder import build_strategy
+from .zero.reduction import GradReduction
 from .zero.strategy import ShardingStrategy, StrategyInputs
 
 __all__ = ["Engine", "AccumulationError", "LiveLossScale"]
@@ -61,12 +62,17 @@ class Engine(EngineQueries, torch.nn.Module):
         self.comm = self.model_parallel.dp_comm if mpu is not None else Communicator(env.group)
         self.dp_world_size, self.dp_rank = self.comm.world_size, self.comm.rank
         self.precision = Precision.from_config(config)
+        self.grad_pre_divisor = GradReduction.from_config(
+            config, self.precision.param_dtype, self.dp_world_size
+        ).pre_divisor
         self.counters = TrainCounters()
         from .checkpoint.async_save import AsyncSaver, async_save_default
 
         self.checkpoint_saver = AsyncSaver()
         self._async_save_default = async_save_default(config.raw)
         self.accumulation = Accumulation(self.gradient_accumulation_steps)
+        # The step metrics' loss and tokens ride with the gradient-norm all-reduce.
+        self.step_riders = StepRiders()
         self._place_module()
         self.sharding: ShardingStrategy = self._build_sharding(optimizer, model_parameters)
         self.optimizer = self.sharding.optimizer
@@ -132,6 +138,7 @@ class Engine(EngineQueries, torch.nn.Module):
             make_optimizer=optimizer_factory(optimizer, self.config.optimizer),
             model_parallel=self.model_parallel,
             global_rank=self.global_rank,
+            step_riders=self.step_riders,
         )
         return build_strategy(inputs)
 
@@ -179,8 +186,9 @@ class Engine(EngineQueries, torch.nn.Module):
         boundary = self.accumulation.begin_backward(self.micro_steps)
         self.step_metrics.on_backward(loss)  # this rank's loss
         scaled = loss / self.gradient_accumulation_steps() if scale_wrt_gas else loss
-        # Gradients are summed over data-parallel ranks, so fold the 1/N of the mean in here.
-        factor = self.precision.loss_scale / self.dp_world_size
+        # Gradients are summed over data-parallel ranks, so fold the 1/N of the mean in here
+        # (or gradient_predivide_factor's part of it: runtime.zero.reduction).
+        factor = self.precision.loss_scale / self.grad_pre_divisor
         target = scaled.float() * factor if (factor != 1.0 or self.precision.mixed) else scaled
         self.sharding.begin_backward(boundary)
         self.insight.backward_begin()
@@ -195,6 +203,7 @@ class Engine(EngineQueries, torch.nn.Module):
         outcome = None
         if self.is_gradient_accumulation_boundary():
             self.insight.step_begin()
+            self.step_metrics.board(self.step_riders)
             outcome = self.sharding.step()
             self.precision.update(outcome.skipped, step=self.global_steps, rank=self.global_rank)
             self.accumulation.step_applied = not outcome.skipped

@@ -1,8 +1,10 @@
 """Step metrics: what rank 0 tells the controller every step (and the log on report steps).
 
-On every optimizer step each rank takes part in ONE small all-reduce (three numbers: its mean
-micro-batch loss of the step, whether it had one, and the tokens it saw), and rank 0 emits one
-event to the controller (under zlaunch; without it only report steps are logged: the first,
+On every optimizer step each rank sends three numbers (its mean micro-batch loss of the step,
+whether it had one, and the tokens it saw) with the gradient-norm all-reduce of the step
+(`runtime.precision.StepRiders`: one collective and one host read per step; under a
+model-parallel norm they take an all-reduce of their own), and rank 0 emits one event to the
+controller (under zlaunch; without it only report steps are logged: the first,
 every ``steps_per_print``-th, a skipped one and the last)::
 
     {"kind": "metrics", "source": "engine", "step", "samples", "total_steps", "loss", "lr",
@@ -232,6 +234,11 @@ class StepMetrics:
         if outcome is not None:
             self.on_boundary(outcome.grad_norm, outcome.skipped)
 
+    def board(self, riders: Any) -> None:
+        """Before the optimizer step: put this step's loss and tokens on `riders`
+        (`runtime.precision.StepRiders`) so they are summed with the gradient norm."""
+        riders.board(self._local_numbers())
+
     def on_boundary(self, grad_norm: float | None, skipped: bool = False) -> None:
         """After an optimizer step (``engine.global_steps`` already counts it).
 
@@ -306,16 +313,30 @@ class StepMetrics:
         self._loss_sum = None
         self._loss_count = 0
 
-    def _reduce(self) -> tuple[float | None, int]:
-        """Mean loss over data-parallel ranks and tokens over ranks: one all-reduce of 3."""
-        engine = self.engine
-        local = torch.zeros(3, dtype=torch.float64, device=engine.device)
+    def _local_numbers(self) -> torch.Tensor:
+        """[this rank's mean loss of the step, 1 if it had one, tokens] in float64, built on
+        the device without reading anything back."""
+        device = self.engine.device
+        # A fill, not torch.tensor(...): a host-to-device copy would wait for the device.
+        tokens = torch.full((), float(self._tokens), dtype=torch.float64, device=device)
         if self._loss_sum is not None and self._loss_count:
-            local[0] = self._loss_sum.to(local.device, torch.float64) / self._loss_count
-            local[1] = 1.0
-        local[2] = float(self._tokens)
-        engine.comm.all_reduce(local)
-        loss_sum, reporting, tokens = local.tolist()
+            loss = self._loss_sum.to(device, torch.float64) / self._loss_count
+            had = torch.ones((), dtype=torch.float64, device=device)
+        else:
+            loss = had = torch.zeros((), dtype=torch.float64, device=device)
+        return torch.stack([loss, had, tokens])
+
+    def _reduce(self) -> tuple[float | None, int]:
+        """Mean loss over data-parallel ranks and tokens over ranks: summed with the step's
+        gradient norm when they rode along (`board`), else one all-reduce of 3 here."""
+        engine = self.engine
+        riders = getattr(engine, "step_riders", None)
+        sums = riders.take_sums() if riders is not None else None
+        if sums is None:
+            local = self._local_numbers()
+            engine.comm.all_reduce(local)
+            sums = local.tolist()
+        loss_sum, reporting, tokens = sums
         loss = loss_sum / reporting if reporting else None
         if loss is not None and not math.isfinite(loss):
             loss = None  # JSON has no inf/nan; grad_norm None and skipped_steps tell the story

@@ -3,7 +3,10 @@
 fp16 trains 16-bit parameters and gradients against fp32 master weights with a loss scale
 (dynamic or static, runtime.loss_scaler); bf16 the same without scaling; fp32 uses the
 parameters themselves as master weights. Whether the step overflowed and the global gradient
-norm are decided together by ONE all-reduce of ``[sum of squares, non-finite flag]``.
+norm are decided together by ONE all-reduce of ``[sum of squares, non-finite flag]``, and the
+step metrics' numbers (loss, tokens: `StepRiders`) ride in the same tensor, so that an optimizer
+step pays one small collective and one host read (at stage 0, where the gradients are whole on
+every rank, the collective carries only the riders).
 
 A step whose gradients hold inf or nan is skipped (and counted) at every precision and ZeRO
 stage, so the weights never silently become non-finite. DeepSpeed (0.19.8, measured) skips the
@@ -23,7 +26,7 @@ import torch
 
 from .comm import Communicator
 
-__all__ = ["PrecisionMode", "Precision", "GradStats", "global_grad_stats"]
+__all__ = ["PrecisionMode", "Precision", "GradStats", "StepRiders", "global_grad_stats"]
 
 log = logging.getLogger("runtime.precision")
 
@@ -129,22 +132,66 @@ class GradStats:
     """Some rank saw an inf or nan."""
 
 
+class StepRiders:
+    """Numbers summed over the data-parallel ranks in the step's gradient-statistics
+    all-reduce instead of a collective of their own (the step metrics' loss and tokens).
+
+    Before the optimizer step every rank boards the same number of float64 values; the
+    gradient check sends them with its own and leaves the sums here. Nothing boarded, or a
+    norm summed over another group (a model-parallel layout): `take_sums` is None and the
+    owner reduces its numbers itself."""
+
+    def __init__(self) -> None:
+        self._local: torch.Tensor | None = None
+        self._sums: list[float] | None = None
+
+    def board(self, values: torch.Tensor) -> None:
+        self._local, self._sums = values, None
+
+    def take_local(self) -> torch.Tensor | None:
+        local, self._local = self._local, None
+        return local
+
+    def set_sums(self, sums: list[float]) -> None:
+        self._sums = sums
+
+    def take_sums(self) -> list[float] | None:
+        """The summed values of this step (once), or None when they did not ride."""
+        sums, self._sums, self._local = self._sums, None, None
+        return sums
+
+
 def global_grad_stats(
-    grads: list[torch.Tensor], comm: Communicator, partitioned: bool
+    grads: list[torch.Tensor],
+    comm: Communicator,
+    partitioned: bool,
+    riders: StepRiders | None = None,
 ) -> GradStats:
-    """Squared norm and overflow of gradients, summed over ranks with one all-reduce.
+    """Squared norm and overflow of gradients, summed over ranks with one all-reduce that also
+    sums what `riders` carries; one host read.
 
     ``partitioned``: each rank holds a disjoint shard (stages 1-2), so the partial sums add up;
-    otherwise every rank holds the same full gradients and no collective is needed.
+    otherwise every rank holds the same full gradients: their statistics stay local and the
+    collective runs only for the riders (zeros stand in for the statistics on the wire).
     """
+    extra = riders.take_local() if riders is not None else None
+    device = grads[0].device if grads else (extra.device if extra is not None else "cpu")
     if grads:
         norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
         sq = norms.double().square().sum()
         flag = (~torch.isfinite(norms)).any().double()
-        packed = torch.stack([sq, flag])
+        local = torch.stack([sq, flag])
     else:
-        packed = torch.zeros(2, dtype=torch.float64)
-    if partitioned:
-        comm.all_reduce(packed)
-    sq_norm, flag = packed.tolist()
+        local = torch.zeros(2, dtype=torch.float64, device=device)
+    if extra is None:
+        if partitioned:
+            comm.all_reduce(local)
+        values = local.tolist()
+    else:
+        carried = local if partitioned else torch.zeros_like(local)
+        wire = torch.cat([carried, extra.to(device=device, dtype=torch.float64).reshape(-1)])
+        comm.all_reduce(wire)
+        values = (wire if partitioned else torch.cat([local, wire[2:]])).tolist()
+        riders.set_sums(values[2:])
+    sq_norm, flag = values[0], values[1]
     return GradStats(sq_norm, flag > 0 or not math.isfinite(sq_norm))

@@ -142,6 +142,13 @@ class OffloadConfig:
         return self.device != "none"
 
 
+ZEROPP_SWITCHES = (
+    "zero_quantized_weights",
+    "zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients",
+)
+
+
 @dataclass(frozen=True)
 class ZeroConfig:
     """`zero_optimization`: what is partitioned across data-parallel ranks, and how."""
@@ -181,6 +188,16 @@ class ZeroConfig:
     """Keep a gathered parameter if it is reused within this many elements of fetches."""
     stage3_gather_16bit_weights_on_model_save: bool = False
     """save_16bit_model() gathers the full weights and writes them from rank 0."""
+    zero_hpz_partition_size: int = 1
+    """ZeRO++ hpZ (stage 3): a second copy of the parameter shards split over groups of this
+    many consecutive ranks, so backward gathers stay inside the group; 1 = off."""
+    zero_quantized_weights: bool = False
+    """ZeRO++ qwZ (stage 3): parameter all-gathers send int8 blocks with scales."""
+    zero_quantized_nontrainable_weights: bool = False
+    """ZeRO++ qwZ for frozen parameters only (stage 3)."""
+    zero_quantized_gradients: bool = False
+    """ZeRO++ qgZ (stage 3): gradient reduce-scatter by an all-to-all of int8 blocks, summed
+    in fp32."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stage, bool) or self.stage not in (0, 1, 2, 3):
@@ -204,6 +221,24 @@ class ZeroConfig:
         check_field(self, "stage3_max_live_parameters", as_int, 0)
         check_field(self, "stage3_max_reuse_distance", as_int, 0)
         check_field(self, "stage3_gather_16bit_weights_on_model_save", as_bool)
+        check_field(self, "zero_hpz_partition_size", as_int, 1)
+        for name in ZEROPP_SWITCHES:
+            check_field(self, name, as_bool)
+        if self.stage != 3:
+            on = [n for n in ZEROPP_SWITCHES if getattr(self, n)]
+            if self.zero_hpz_partition_size > 1:
+                on.insert(0, "zero_hpz_partition_size")
+            if on:
+                raise ConfigError(
+                    f"is a ZeRO++ setting, which works at stage 3 only (stage is {self.stage}); "
+                    'set "stage": 3 or remove it',
+                    on[0],
+                )
+
+    @property
+    def zeropp(self) -> bool:
+        """Any ZeRO++ feature is on."""
+        return self.zero_hpz_partition_size > 1 or any(getattr(self, n) for n in ZEROPP_SWITCHES)
 
 
 @dataclass(frozen=True)

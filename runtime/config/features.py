@@ -188,15 +188,12 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
         "pipeline parallelism is not implemented; remove the block",
     ),
     "tensor_parallel": _tensor_parallel,
-    "prescale_gradients": unless(False),
-    "gradient_predivide_factor": unless(1, 1.0),
     "gradient_allreduce_op": unless("mean", instead="gradients are averaged; remove it"),
     "managed_gradient_accumulation": unless(
         True,
         instead="call engine.step() after every backward, or use "
         "engine.set_gradient_accumulation_boundary()",
     ),
-    "communication_data_type": unless(None, instead="collectives run in the training dtype"),
     "seq_parallel_size": unless(1),
     "sequence_parallel_size": unless(1),
     "sparse_gradients": unless(False),
@@ -222,7 +219,7 @@ OFFLOAD_OPTIMIZER_KEYS: dict[str, Check] = {
     "ratio": unless(1, 1.0, instead="the whole optimizer state is offloaded; remove it"),
     "super_offload": unless(False),
 }
-_ZERO_PP = "ZeRO++ is not implemented; remove it"
+_LOCO = "ZeRO++'s LoCo error feedback is not implemented; remove it (qgZ runs without it)"
 ZERO_KEYS: dict[str, Check] = {
     "load_from_fp32_weights": accepted,
     "elastic_checkpoint": accepted,
@@ -250,11 +247,7 @@ ZERO_KEYS: dict[str, Check] = {
     "stage3_partition_stream_chunk_size": accepted,
     "mics_hierarchical_params_gather": accepted,
     "compute_grad_norm": unless(True, instead="the gradient norm is always computed"),
-    "zero_hpz_partition_size": unless(1, instead=_ZERO_PP),
-    "zero_quantized_weights": unless(False, instead=_ZERO_PP),
-    "zero_quantized_nontrainable_weights": unless(False, instead=_ZERO_PP),
-    "zero_quantized_gradients": unless(False, instead=_ZERO_PP),
-    "zeropp_loco_param": unless(None, instead=_ZERO_PP),
+    "zeropp_loco_param": unless(None, instead=_LOCO),
     "mics_shard_size": unless(-1, 0, instead="MiCS is not implemented; remove it"),
     "zenflow": unless(None, instead="ZenFlow is not implemented; remove it"),
 }

@@ -246,7 +246,42 @@ class _Parser:
             )
         config = Config(**kwargs, raw=data, source=source)
         _check_data_types(data.get("data_types"), config.precision)
+        self.gradient_scaling(config)
         return config
+
+    def gradient_scaling(self, config: Config) -> None:
+        """`prescale_gradients` / `gradient_predivide_factor` where DeepSpeed 0.19.8 reads them
+        (stage 0, and stages 1-2 with reduce_scatter false), refused where it refuses them
+        (stage 2 with reduce_scatter, stage 3) and noted where it ignores them (stage 1 with
+        reduce_scatter: gradients are divided by the world size before the reduce-scatter)."""
+        factor, prescale = config.gradient_predivide_factor, config.prescale_gradients
+        zero = config.zero_optimization
+        if factor == 1.0 and not prescale:
+            return
+        key = "prescale_gradients" if prescale else "gradient_predivide_factor"
+        shown = "true" if prescale else f"{factor:g}"
+        if zero.stage == 3 or (zero.stage == 2 and zero.reduce_scatter):
+            fix = (
+                "remove it (stage 3 always reduce-scatters)"
+                if zero.stage == 3
+                else 'remove it, or set "zero_optimization": {"reduce_scatter": false}'
+            )
+            raise ConfigError(
+                f"= {shown} is not supported at ZeRO stage {zero.stage} with reduce-scatter "
+                "(DeepSpeed asserts the same: gradients are divided by the world size before "
+                f"the reduce-scatter); {fix}",
+                key,
+            )
+        if zero.stage == 1 and zero.reduce_scatter:
+            self.note(
+                f"{key} = {shown} has no effect at ZeRO stage 1 with reduce_scatter (as in "
+                "DeepSpeed, gradients are divided by the world size before the reduce-scatter)"
+            )
+        elif prescale and factor != 1.0:
+            self.note(
+                f"gradient_predivide_factor = {factor:g} has no effect with prescale_gradients "
+                "(as in DeepSpeed, gradients are divided by the world size before the reduction)"
+            )
 
 
 def _check_data_types(value: Any, precision: str) -> None:

@@ -28,9 +28,44 @@ from .monitors import (
     WandbConfig,
 )
 from .scheduler import SchedulerConfig
-from .values import AUTO, ConfigError, IntOrAuto, as_bool, as_float, as_int, check_field
+from .values import (
+    AUTO,
+    ConfigError,
+    IntOrAuto,
+    as_bool,
+    as_float,
+    as_int,
+    check_field,
+    describe,
+)
 
-__all__ = ["BATCH_KEYS", "Config", "resolve_batch"]
+__all__ = ["BATCH_KEYS", "COMM_DTYPES", "Config", "resolve_batch"]
+
+COMM_DTYPES = ("fp32", "fp16", "bf16")
+_COMM_DTYPE_SPELLINGS = {
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+}
+
+
+def as_comm_dtype(key: str, value: Any) -> str | None:
+    """DeepSpeed's `communication_data_type`: "fp32", "fp16" or "bf16" in any case, or null."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.lower() in COMM_DTYPES:
+        return value.lower()
+    hint = ""
+    if isinstance(value, str) and value.lower() in _COMM_DTYPE_SPELLINGS:
+        hint = f' (write "{_COMM_DTYPE_SPELLINGS[value.lower()]}", as DeepSpeed reads it)'
+    raise ConfigError(
+        f'must be "fp32", "fp16" or "bf16" (or null: the training dtype), got {describe(value)}'
+        + hint,
+        key,
+    )
+
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -52,6 +87,14 @@ class Config:
     ``inf``, which accelerate writes into the configs it hands over)."""
     dataloader_drop_last: bool = False
     """The engine's DataLoader drops the last incomplete micro batch."""
+    communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
+    """The dtype gradients are reduced in ("fp16", "bf16", "fp32", any case); None: the
+    training dtype. runtime.zero.reduction says what is summed in which dtype."""
+    prescale_gradients: bool = False
+    """Divide gradients by the data-parallel world size before the reduction (DeepSpeed)."""
+    gradient_predivide_factor: float = 1.0
+    """Without prescale_gradients: divide by this before the reduction and by world / this
+    after it (DeepSpeed's stage 0, and stages 1-2 with reduce_scatter false)."""
     fp16: FP16Config = field(default_factory=FP16Config)
     """fp16 mixed precision and loss scaling."""
     bf16: BF16Config = field(default_factory=BF16Config)
@@ -95,6 +138,13 @@ class Config:
         if self.steps_per_print is not None:
             check_field(self, "steps_per_print", as_int, 1)
         check_field(self, "dataloader_drop_last", as_bool)
+        check_field(self, "communication_data_type", as_comm_dtype)
+        check_field(self, "prescale_gradients", as_bool)
+        check_field(self, "gradient_predivide_factor", as_float)
+        if not self.gradient_predivide_factor > 0:
+            raise ConfigError(
+                f"must be > 0, got {self.gradient_predivide_factor:g}", "gradient_predivide_factor"
+            )
         check_field(self, "wall_clock_breakdown", as_bool)
         for name, cls in (
             ("fp16", FP16Config),

@@ -32,7 +32,8 @@ class Phase(enum.Enum):
 
 
 PHASES = tuple(Phase)
-_REDUCE_KINDS = frozenset({"all_reduce", "reduce_scatter"})
+# all_to_all: the gradient reduction of ZeRO++'s qgZ (its only user).
+_REDUCE_KINDS = frozenset({"all_reduce", "reduce_scatter", "all_to_all"})
 _GATHER_KINDS = frozenset({"all_gather", "broadcast"})
 
 

@@ -24,6 +24,13 @@ Modes:
 On gloo each in-flight reduce-scatter also needs a receive buffer of the bucket's size (see
 runtime.comm), so the bucket memory is ``buffers x max group bytes`` for staging plus the same
 again for receiving (stage 2), or just the receive buffers (stage 1).
+
+With a wire dtype other than the gradients' (``communication_data_type``, see
+runtime.zero.reduction) the staging and receive buffers are in the wire dtype: stage 2's hooks
+cast as they copy, stage 1 casts each group into a staging buffer at the boundary, stage 0
+all-reduces a wire-dtype copy of each group and casts the sum back. The reduced shard stays in
+the gradients' dtype. ``post_factor`` (DeepSpeed's ``gradient_predivide_factor``) multiplies
+the reduced gradients once the boundary's reduction is complete.
 """
 
 from __future__ import annotations
@@ -74,6 +81,9 @@ class GradReducer:
         grad_dtype: torch.dtype,
         device: torch.device,
         overlap: bool,
+        *,
+        wire_dtype: torch.dtype | None = None,
+        post_factor: float = 1.0,
     ):
         self.layout = layout
         self.comm = comm
@@ -81,6 +91,11 @@ class GradReducer:
         self.overlap = overlap
         self._params = params_by_group
         self._dtype = grad_dtype
+        self._wire = wire_dtype if wire_dtype is not None else grad_dtype
+        self._casts = self._wire != grad_dtype
+        self._post_factor = float(post_factor)
+        self._boundary = False
+        self._copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._device = device
         self._groups = layout.groups
         rank = comm.rank
@@ -104,9 +119,10 @@ class GradReducer:
         self._buckets: list[_Bucket] = []
         if mode is not ReduceMode.ALL_REDUCE:
             need_scratch = comm.needs_reduce_scatter_scratch
-            stage2 = mode is ReduceMode.SCATTER_EVERY_MICRO_STEP
-            if stage2 or need_scratch:
-                self._buckets = [self._new_bucket(stage2, need_scratch) for _ in range(n_buffers)]
+            # Stage 1 stages a wire-dtype copy of each group when the dtypes differ.
+            staging = mode is ReduceMode.SCATTER_EVERY_MICRO_STEP or self._casts
+            if staging or need_scratch:
+                self._buckets = [self._new_bucket(staging, need_scratch) for _ in range(n_buffers)]
         self._assigned: dict[int, _Bucket] = {}
         self._round_robin = 0
         self._warned_extra = False
@@ -124,6 +140,7 @@ class GradReducer:
     def prepare(self, boundary: bool) -> None:
         """Called before each backward: reduce in this backward or only accumulate locally."""
         self._active = boundary or self.mode is ReduceMode.SCATTER_EVERY_MICRO_STEP
+        self._boundary = boundary
 
     def finish(self) -> None:
         """After backward: launch every group not launched yet (in order), then wait for all."""
@@ -143,8 +160,13 @@ class GradReducer:
         for h in self._handles:
             h.wait()
         self._handles.clear()
+        for wire, dst in self._copy_back:
+            dst.copy_(wire)
+        self._copy_back.clear()
         for b in self._buckets:
             b.handle = None
+        if self._boundary and self._post_factor != 1.0:
+            torch._foreach_mul_(self._owned, self._post_factor)
         self._reset_counters()
         self._active = False
 
@@ -179,7 +201,7 @@ class GradReducer:
     # ---------------------------------------------------------------- internals
     def _new_bucket(self, staging: bool, scratch: bool) -> _Bucket:
         n = self.layout.max_group_numel
-        mk = lambda: torch.empty(n, dtype=self._dtype, device=self._device)  # noqa: E731
+        mk = lambda: torch.empty(n, dtype=self._wire, device=self._device)  # noqa: E731
         return _Bucket(mk() if staging else None, mk() if scratch else None)
 
     def _reset_counters(self) -> None:
@@ -257,17 +279,27 @@ class GradReducer:
         # while autograd computes, until the buffer is needed again (`_bucket_for` waits).
         async_op = True
         if self.mode is ReduceMode.ALL_REDUCE:
-            h = self.comm.all_reduce(self._owned[gi], async_op=True)
+            if self._casts:
+                wire = self._owned[gi].to(self._wire)
+                self._copy_back.append((wire, self._owned[gi]))
+                h = self.comm.all_reduce(wire, async_op=True)
+            else:
+                h = self.comm.all_reduce(self._owned[gi], async_op=True)
         elif self.mode is ReduceMode.SCATTER_AT_BOUNDARY:
             scratch = None
             bucket = None
+            source = self.grads.group(g)
             if self._buckets:
                 bucket = self._buckets[self._round_robin % len(self._buckets)]
                 self._round_robin += 1
                 bucket.wait()
                 scratch = bucket.scratch
+                if self._casts:
+                    staged = bucket.staging[: source.numel()]
+                    staged.copy_(source)
+                    source = staged
             h = self.comm.reduce_scatter(
-                self._owned[gi], self.grads.group(g), scratch=scratch, async_op=async_op
+                self._owned[gi], source, scratch=scratch, async_op=async_op
             )
             if bucket is not None:
                 bucket.handle = h

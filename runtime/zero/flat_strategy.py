@@ -19,6 +19,7 @@ from .buckets import GradReducer, ReduceMode
 from .flat import FlatBuffer, flatten_params_into
 from .optimizer import ZeroOptimizer
 from .partition import ParamSpec, plan_layout
+from .reduction import GradReduction
 from .strategy import StrategyBase, StrategyInputs, single_dtype
 
 __all__ = ["FlatStrategy", "build_flat_strategy"]
@@ -104,6 +105,7 @@ def build_flat_strategy(inputs: StrategyInputs) -> FlatStrategy:
     zero_comm = comm.with_strategy(
         use_reduce_scatter=zero.reduce_scatter, use_all_gather=zero.allgather_partitions
     )
+    reduction = GradReduction.from_config(inputs.config, dtype, comm.world_size)
     reducer = GradReducer(
         layout,
         params_by_group,
@@ -112,6 +114,8 @@ def build_flat_strategy(inputs: StrategyInputs) -> FlatStrategy:
         dtype,
         inputs.device,
         overlap=bool(zero.overlap_comm),
+        wire_dtype=reduction.wire_dtype,
+        post_factor=reduction.post_factor,
     )
     optimizer = ZeroOptimizer(
         params=flat,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..comm import Communicator
-from ..precision import GradStats, Precision, global_grad_stats
+from ..precision import GradStats, Precision, StepRiders, global_grad_stats
 from .buckets import GradReducer
 from .flat import FlatBuffer
 from .partition import FlatGroup
@@ -107,6 +107,7 @@ class ZeroOptimizer:
         make_optimizer: Callable[[list[dict]], torch.optim.Optimizer],
         group_options: list[dict],
         norm_scope: NormScope | None = None,
+        riders: StepRiders | None = None,
     ):
         self.layout = params.layout
         self.params = params
@@ -117,6 +118,9 @@ class ZeroOptimizer:
         self.offload = offload
         self.clip = clip
         self.norm_scope = norm_scope
+        self.riders = riders
+        """The step metrics' numbers, sent with the norm's all-reduce (not under a
+        model-parallel norm scope, whose group is not the data-parallel one)."""
         rank = comm.rank
         self._sources = params.shards(rank) if partitioned else params.groups()
         self.masters_are_views = not (precision.mixed or offload)
@@ -190,7 +194,7 @@ class ZeroOptimizer:
         if self.norm_scope is not None:
             stats = self.norm_scope.stats(grads)
         else:
-            stats = global_grad_stats(grads, self.comm, partitioned)
+            stats = global_grad_stats(grads, self.comm, partitioned, self.riders)
         if stats.nonfinite and self.precision.skips_on_overflow:
             self.last_grad_norm = None
             return None

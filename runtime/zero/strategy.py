@@ -16,7 +16,7 @@ import torch
 
 from ..comm import Communicator
 from ..errors import InvalidTypeError
-from ..precision import Precision
+from ..precision import Precision, StepRiders
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
 from .partition import FlatLayout
 
@@ -40,6 +40,8 @@ class StrategyInputs:
     model_parallel: Any
     """runtime.model_parallel.ModelParallel: the gradient norm's scope with an mpu."""
     global_rank: int
+    step_riders: StepRiders | None = None
+    """The step metrics' numbers that ride with the gradient-norm all-reduce."""
 
     def optimizer_options(self) -> dict[str, Any]:
         """The `ZeroOptimizer` arguments every stage takes from the config and the script."""
@@ -51,6 +53,7 @@ class StrategyInputs:
             "clip": float(self.config.gradient_clipping or 0.0),
             "make_optimizer": self.make_optimizer,
             "group_options": [opts for opts, _ in self.groups],
+            "riders": self.step_riders,
         }
 
 

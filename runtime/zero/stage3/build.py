@@ -17,8 +17,10 @@ from ...comm import Communicator
 from ..leaf_modules import leaf_modules, z3_leaf_module
 from ..param_offload import ShardStore
 from ..partition import FlatLayout
+from ..reduction import GradReduction
 from ..strategy import StrategyBase, StrategyInputs, single_dtype
 from .coordinator import Stage3Coordinator
+from .fetch import build_fetch
 from .optimizer import Stage3Optimizer
 from .units import Unit, param_shape, plan_frozen_units, plan_units
 
@@ -164,6 +166,10 @@ def build_stage3(inputs: StrategyInputs) -> Stage3Strategy:
         units.append(u)
     _partition_frozen(module, {id(p) for p in params}, units, leaves, inputs)
     _unpartition_leftovers(module)
-    coordinator = Stage3Coordinator(module, units, layout, comm, zero, dtype, device)
+    wire = GradReduction.from_config(inputs.config, dtype, comm.world_size).wire_dtype
+    fetch = build_fetch(zero, comm)
+    coordinator = Stage3Coordinator(
+        module, units, layout, comm, zero, dtype, device, fetch, wire_dtype=wire
+    )
     optimizer = _build_optimizer(inputs, layout, store, coordinator)
     return Stage3Strategy(store, coordinator, optimizer)

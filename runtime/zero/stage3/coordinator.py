@@ -41,6 +41,7 @@ import torch
 from ...comm import Communicator
 from ..partition import FlatLayout
 from . import access as stage3_access
+from .fetch import GRAD_QUANTIZER, UnitFetch
 from .grads import Stage3GradReducer
 from .hooks import install_hooks, tensors_in
 from .live import LiveUnits, SavedInUnit
@@ -73,6 +74,9 @@ class Stage3Coordinator:
         zero,
         grad_dtype: torch.dtype,
         device: torch.device,
+        fetch: UnitFetch | None = None,
+        *,
+        wire_dtype: torch.dtype | None = None,
     ):
         self.module = module
         self.units = units
@@ -82,10 +86,24 @@ class Stage3Coordinator:
             int(zero.stage3_prefetch_bucket_size),
             int(zero.stage3_max_reuse_distance),
         )
-        self.live = LiveUnits(units, comm, self.planner, int(zero.stage3_max_live_parameters))
+        self.fetcher = fetch if fetch is not None else UnitFetch(comm)
+        self.live = LiveUnits(
+            units,
+            comm,
+            self.planner,
+            int(zero.stage3_max_live_parameters),
+            self.fetcher,
+        )
         self.sequence = self.live.sequence
         self.grads = Stage3GradReducer(
-            layout, comm, self.sequence, grad_dtype, device, bool(zero.overlap_comm)
+            layout,
+            comm,
+            self.sequence,
+            grad_dtype,
+            device,
+            bool(zero.overlap_comm),
+            GRAD_QUANTIZER if zero.zero_quantized_gradients else None,
+            wire_dtype=wire_dtype,
         )
         self.phase = Phase.IDLE
         self.shard_written: list[Callable[[Unit], None]] = []
@@ -139,6 +157,7 @@ class Stage3Coordinator:
             return
         # Units kept by a forward whose backward never came are released here.
         self.live.release_all()
+        self.live.begin_pass()
         self.phase = Phase.FORWARD
         self.planner.begin_pass()
         self._bwd_seen.clear()
@@ -292,12 +311,13 @@ class Stage3Coordinator:
     # ------------------------------------------------------------------ GatheredParameters
     def user_gather(self, u: Unit) -> None:
         u.users += 1
-        self.live.gather(u)
+        self.live.gather(u, exact=True)
         u.wait()
 
     def user_release(self, u: Unit, modifier_rank: int | None) -> None:
         if modifier_rank is not None:
             u.write_back(self.comm, modifier_rank)
+            self.fetcher.forget(u)
             for listener in self.shard_written:
                 listener(u)
         u.users -= 1

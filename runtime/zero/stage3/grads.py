@@ -11,6 +11,10 @@ Leaf units (`leaf_modules`: mixture-of-experts layers) are never reduced on arri
 parameters may get no gradient on some ranks, so they are reduced at the end of backward, in
 unit order on every rank, zeros standing in for what did not arrive. Partial units (parameters
 without a gradient in this pass) are reduced there too.
+
+With ``communication_data_type`` other than the gradients' dtype (runtime.zero.reduction) the
+staging and receive buffers are in the wire dtype (the copy into staging casts); the shard
+stays in the gradients' dtype.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from ...comm import Communicator, Handle
 from ..flat import group_shard_views
 from ..partition import FlatLayout
+from ..quantize import BlockQuantizer
 from .sequence import CollectiveSequence
 from .units import Unit
 
@@ -35,8 +40,14 @@ class Stage3GradReducer:
         grad_dtype: torch.dtype,
         device: torch.device,
         overlap_comm: bool,
+        quantizer: BlockQuantizer | None = None,
+        *,
+        wire_dtype: torch.dtype | None = None,
     ):
         self.comm = comm
+        self.wire_dtype = wire_dtype if wire_dtype is not None else grad_dtype
+        self.quantizer = quantizer if comm.world_size > 1 else None
+        """ZeRO++ qgZ: reduce by an all-to-all of quantized chunks (see `_reduce_quantized`)."""
         self.sequence = sequence
         self.max_inflight = 2 if overlap_comm else 0
         self.grad_shard = torch.zeros(layout.shard_numel, dtype=grad_dtype, device=device)
@@ -89,7 +100,7 @@ class Stage3GradReducer:
         free = self._pool.get(numel)
         if free:
             return free.pop()
-        return torch.empty(numel, dtype=self.grad_shard.dtype, device=self.grad_shard.device)
+        return torch.empty(numel, dtype=self.wire_dtype, device=self.grad_shard.device)
 
     def _wait_oldest(self) -> None:
         handle, buffers = self._inflight.pop(0)
@@ -104,6 +115,12 @@ class Stage3GradReducer:
         u.arrived = [False] * len(u.params)
         u.n_arrived = 0
         self.sequence.record("reduce", u)
+        if self.quantizer is not None:
+            handle = self._reduce_quantized(self.owned[u.index], staging)
+            self._inflight.append((handle, [staging]))
+            while len(self._inflight) > self.max_inflight:
+                self._wait_oldest()
+            return
         scratch = self._take(u.numel) if self.comm.needs_reduce_scatter_scratch else None
         handle = self.comm.reduce_scatter(
             self.owned[u.index], staging, scratch=scratch, accumulate=True, async_op=True
@@ -111,3 +128,28 @@ class Stage3GradReducer:
         self._inflight.append((handle, [b for b in (staging, scratch) if b is not None]))
         while len(self._inflight) > self.max_inflight:
             self._wait_oldest()
+
+    def _reduce_quantized(self, owned: torch.Tensor, staging: torch.Tensor) -> Handle:
+        """qgZ: ``owned += this rank's chunk of the sum of every rank's staging``, sending int8.
+
+        Each rank cuts its staging buffer into N chunks (chunk r is rank r's part), quantizes
+        every chunk blockwise, and one all-to-all delivers to each rank the N quantized copies
+        of its chunk; they are dequantized and summed in fp32, this rank's own chunk taken
+        exact (it never left the rank), and the sum is added to the gradient shard once.
+        DeepSpeed's qgZ is the same exchange within a node (it adds a second, inter-node
+        all-to-all of re-quantized partial sums; here every rank exchanges with every rank
+        directly, so values are quantized once)."""
+        q, n, rank = self.quantizer, self.comm.world_size, self.comm.rank
+        chunk = owned.numel()
+        packed = q.packed_nbytes(chunk)
+        rows = staging.view(n, chunk)
+        send = q.quantize(rows)
+        received = torch.empty(n, packed, dtype=torch.uint8, device=staging.device)
+        handle = self.comm.all_to_all(received, send, async_op=True)
+
+        def accumulate() -> None:
+            parts = q.dequantize(received, chunk)
+            parts[rank].copy_(rows[rank])
+            owned.add_(parts.sum(dim=0))
+
+        return handle.followed_by(accumulate)

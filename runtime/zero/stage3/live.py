@@ -18,6 +18,7 @@ import logging
 import torch
 
 from ...comm import Communicator
+from .fetch import UnitFetch
 from .prefetch import FetchPlanner
 from .sequence import CollectiveSequence
 from .units import Unit, UnitState
@@ -38,7 +39,14 @@ class SavedInUnit:
 
 
 class LiveUnits:
-    def __init__(self, units: list[Unit], comm: Communicator, planner: FetchPlanner, max_live: int):
+    def __init__(
+        self,
+        units: list[Unit],
+        comm: Communicator,
+        planner: FetchPlanner,
+        max_live: int,
+        fetch: UnitFetch,
+    ):
         self.sequence = CollectiveSequence(comm, units)
         """Every gather is recorded: the ranks' collectives must pair up."""
         self.units = units
@@ -50,6 +58,10 @@ class LiveUnits:
         self.peak_numel = self.numel
         self.version = 0
         """Optimizer steps taken: a gathered unit of an older version is stale."""
+        self.fetcher = fetch
+        self.passes = 0
+        """Training passes begun (`begin_pass`): hpZ's secondary shards serve only the
+        pass that filled them."""
         self._by_storage: dict[int, Unit] = {}
         self._warned_divergence = False
 
@@ -79,20 +91,31 @@ class LiveUnits:
             self.gather(self.units[i])
         u.wait()
 
-    def gather(self, u: Unit) -> None:
-        """Start the all-gather of a released or stale unit (the caller waits on the unit)."""
+    def begin_pass(self) -> None:
+        self.passes += 1
+
+    def _how(self, exact: bool) -> dict:
+        return {
+            "exact": exact,
+            "pass_id": self.passes,
+            "version": self.version,
+        }
+
+    def gather(self, u: Unit, exact: bool = False) -> None:
+        """Start the gather of a released or stale unit (the caller waits on the unit);
+        ``exact``: also of a unit whose gathered values are quantized (qwZ)."""
         if u.state is UnitState.RELEASED:
             self._make_room(u.numel)
             self.sequence.record("fetch", u)
-            u.start_gather(self.comm)
+            u.start_gather(self.fetcher, **self._how(exact))
             u.version = self.version
             self._by_storage[u.full.untyped_storage().data_ptr()] = u
             self.numel += u.numel
             self.peak_numel = max(self.peak_numel, self.numel)
-        elif u.version != self.version and not u.persistent:
+        elif not u.persistent and (u.version != self.version or (exact and not u.exact)):
             u.wait()
             self.sequence.record("fetch", u)
-            u.regather(self.comm)
+            u.regather(self.fetcher, **self._how(exact))
             u.version = self.version
 
     def release(self, u: Unit) -> None:

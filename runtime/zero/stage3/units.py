@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
 import torch
 
@@ -47,6 +48,12 @@ __all__ = [
 ]
 
 _ALIGN = 16
+
+
+class UnitFetchLike(Protocol):
+    """What gathers a unit (`stage3.fetch.UnitFetch`), seen from here."""
+
+    def gather(self, u: Unit, **how) -> Handle: ...
 
 
 class UnitState(enum.Enum):
@@ -109,6 +116,8 @@ class Unit:
         self.coordinator = None
         self.version = 0
         """The optimizer step whose values the gathered buffer holds (stale when behind)."""
+        self.exact = True
+        """The gathered buffer holds the shards' own values (false: dequantized, qwZ)."""
 
     @property
     def name(self) -> str:
@@ -126,26 +135,22 @@ class Unit:
         return self.expected_grads == 0
 
     # ------------------------------------------------------------------ gather / release
-    def start_gather(self, comm: Communicator) -> None:
-        """Launch the all-gather of this unit (asynchronously) if it is released."""
+    def start_gather(self, fetch: UnitFetchLike, **how) -> None:
+        """Launch the gather of this unit (asynchronously) if it is released; ``how`` is what
+        `stage3.fetch.UnitFetch.gather` takes (pass, step, exact or not)."""
         if self.state is not UnitState.RELEASED:
             return
         storage = self.full.untyped_storage()
         if storage.nbytes() != self._nbytes:
             storage.resize_(self._nbytes)
-        lo, hi = self.group.shard_range(comm.rank)
-        own = self.full[lo:hi]
-        self.store.load_into(self.group, own)
-        self.handle = comm.all_gather(self.full, own, async_op=True)
+        self.handle = fetch.gather(self, **how)
         self.state = UnitState.INFLIGHT
         mark(self.params, ZeroParamStatus.INFLIGHT)
 
-    def regather(self, comm: Communicator) -> None:
-        """All-gather a gathered unit again, in place (its values predate the last step)."""
-        lo, hi = self.group.shard_range(comm.rank)
-        own = self.full[lo:hi]
-        self.store.load_into(self.group, own)
-        self.handle = comm.all_gather(self.full, own, async_op=True)
+    def regather(self, fetch: UnitFetchLike, **how) -> None:
+        """Gather a gathered unit again, in place (its values predate the last step, or are
+        quantized where exact values are needed)."""
+        self.handle = fetch.gather(self, **how)
         self.state = UnitState.INFLIGHT
 
     def wait(self) -> None:

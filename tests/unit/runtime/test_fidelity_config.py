@@ -304,7 +304,9 @@ def test_deepspeed_ignores_what_is_refused_here():
     ],
 )
 def test_a_huge_key_or_value_is_not_repeated_in_the_message(source):
-    assert len(error_of(source)) < 600
+    # The clipped key or value and, for an unknown key, the list of valid keys (about 520
+    # characters for zero_optimization's): far below the 10 MB given.
+    assert len(error_of(source)) < 800
 
 
 def _deepspeed_models():

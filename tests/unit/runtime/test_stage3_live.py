@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from runtime.zero.param_offload import ShardStore
+from runtime.zero.stage3.fetch import UnitFetch
 from runtime.zero.stage3.hooks import install_hooks, tensors_in, unit_owners
 from runtime.zero.stage3.live import LiveUnits, SavedInUnit
 from runtime.zero.stage3.prefetch import FetchPlanner
@@ -159,7 +160,7 @@ def _live(max_live, n_layers=3):
         units.append(u)
     planner = FetchPlanner([u.numel for u in units], 0, 0)
     comm = CopyComm()
-    live = LiveUnits(units, comm, planner, max_live)
+    live = LiveUnits(units, comm, planner, max_live, UnitFetch(comm))
     live.sequence = NoSequence()
     return live, units, comm
 

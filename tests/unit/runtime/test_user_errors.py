@@ -20,6 +20,12 @@ INTERNAL = {
     ("runtime/comm.py", "Communicator.reduce_scatter", "ValueError"): (
         "the sizes come from the partition plan, not from the user"
     ),
+    ("runtime/comm.py", "Communicator.split", "ValueError"): (
+        "hpZ's group size is checked against the world first (stage3.fetch.hpz_size)"
+    ),
+    ("runtime/zero/quantize.py", "BlockQuantizer.__post_init__", "ValueError"): (
+        "the formats are constants of the code (stage3.fetch), not user input"
+    ),
     ("runtime/lr_schedules.py", "_IterationScheduler.lr_at", "NotImplementedError"): (
         "abstract method"
     ),

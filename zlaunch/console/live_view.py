@@ -40,6 +40,10 @@ LIVE_ENV = "ZLAUNCH_LIVE"
 # Lines are printed at most this often (the panel is redrawn with each print); the rest wait
 # for the next tick, so a flood of output does not turn into a flood of panel redraws.
 PRINT_INTERVAL = 0.05
+LINES_PER_PRINT = 500
+"""Rank lines one print takes (10,000 a second at most, a quarter of a core in rich: 25 us a
+line). Beyond that the terminal cannot keep up: the lines are dropped from it, counted, and
+said in a note in their place; the rank logs keep them, and zlaunch's notes always print."""
 PANEL_INTERVAL = 0.5
 PLAIN_PROGRESS_INTERVAL = 5.0
 
@@ -98,7 +102,7 @@ class _BytesOut(io.RawIOBase):
         return True
 
     def write(self, data: bytes) -> int:
-        self.view.queue(bytes(data).decode("utf-8", "replace"))
+        self.view.queue(bytes(data).decode("utf-8", "replace"), droppable=True)
         return len(data)
 
     def flush(self) -> None:
@@ -138,6 +142,12 @@ class LiveView(JobView):
 
         self.rich = RichConsole(file=stream or sys.stdout, highlight=False, soft_wrap=True)
         self.pending: list[str] = []
+        self.pending_lines = 0
+        """Rank lines in ``pending``."""
+        self.dropped = 0
+        """Rank lines dropped since the start (LINES_PER_PRINT)."""
+        self.unsaid = 0
+        """Of those, the ones no note has counted yet."""
         self.last_print = 0.0
         self.last_panel = 0.0
         self.saved = (console.out, console.err)
@@ -158,19 +168,33 @@ class LiveView(JobView):
 
     # ---- output -----------------------------------------------------------------------------
 
-    def queue(self, text: str) -> None:
+    def queue(self, text: str, *, droppable: bool = False) -> None:
+        if droppable:
+            lines = text.count("\n")
+            if self.pending_lines + lines > LINES_PER_PRINT:
+                self.dropped += lines
+                self.unsaid += lines
+                return
+            self.pending_lines += lines
         self.pending.append(text)
 
     def flush_lines(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.pending and (force or now - self.last_print >= PRINT_INTERVAL):
+        if (self.pending or self.unsaid) and (force or now - self.last_print >= PRINT_INTERVAL):
             self._print_pending()
 
     def _print_pending(self) -> None:
         from rich.text import Text
 
+        if self.unsaid:
+            self.pending.append(
+                f"zlaunch: the console fell behind: {self.unsaid} line(s) not shown here "
+                "(every line is in the rank logs: zlaunch logs)\n"
+            )
+            self.unsaid = 0
         text = "".join(self.pending)
         self.pending.clear()
+        self.pending_lines = 0
         if text.endswith("\n"):
             text = text[:-1]
         self.rich.print(Text.from_ansi(text), soft_wrap=True)
@@ -216,7 +240,7 @@ class LiveView(JobView):
     def tick(self) -> None:
         if self.closed:
             return
-        if self.pending:
+        if self.pending or self.unsaid:
             self.flush_lines()
         if time.monotonic() - self.last_panel >= PANEL_INTERVAL:
             self._redraw()
@@ -224,7 +248,7 @@ class LiveView(JobView):
     def _redraw(self) -> None:
         if self.closed:
             return
-        if self.pending:
+        if self.pending or self.unsaid:
             self._print_pending()
         self.live.update(self._panel(), refresh=True)
         self.last_panel = time.monotonic()
@@ -232,13 +256,14 @@ class LiveView(JobView):
     def close(self) -> None:
         if self.closed:
             return
-        if self.pending:
+        if self.pending or self.unsaid:
             self._print_pending()
         self.live.update(self._panel(), refresh=True)
         self.live.stop()
         self.closed = True
         _restore_terminal_input(self._echo)
         self.console.out, self.console.err = self.saved
+        self.console.dropped_elsewhere += self.dropped  # said in the job's last words
 
     # ---- the panel ---------------------------------------------------------------------------
 

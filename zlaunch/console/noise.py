@@ -45,6 +45,9 @@ class NoiseFilter:
         """The lines to show, and the kinds hidden here for the first time (to note once)."""
         shown: list[str] = []
         first: list[Noise] = []
+        joined = "\n".join(lines)  # a needle has no newline: one search for the whole batch
+        if not any(kind.needle in joined for kind in self.known):
+            return list(lines), first
         for line in lines:
             kind = next((k for k in self.known if k.needle in line), None)
             if kind is None:

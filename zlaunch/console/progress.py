@@ -62,6 +62,8 @@ class ProgressTracker:
         that other output interrupts ends at its last state, on its own line.
         """
         key = (rank, stream)
+        if key not in self.pending and "\r" not in "".join(lines):
+            return list(lines), None, False  # no bar drawn, none to go on with: plain lines
         shown: list[str] = []
         state: str | None = None
         ended = False

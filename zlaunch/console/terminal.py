@@ -82,6 +82,8 @@ class Console:
         self.err_color = color_enabled(self.err, color)
         self.ranks = ranks
         self._prefixes: dict[tuple[str, int, str], bytes] = {}
+        self.dropped_elsewhere = 0
+        """Rank lines a view that took over the output dropped (the live panel's)."""
 
     # A pipe or file is written from a thread of its own (zlaunch.console.writer), so that a
     # reader that stops reading never blocks the controller; a terminal is written directly.
@@ -101,9 +103,26 @@ class Console:
         return TextWriter(writer, getattr(stream, "encoding", None) or "utf-8")
 
     def close(self, timeout: float | None = None) -> None:
-        """Write out what is queued (at the end of the job: the report must be complete)."""
+        """Write out what is queued (at the end of the job: the report must be complete), and
+        say how many rank lines the console could not show."""
+        for writer in self._writers:
+            writer.drain(timeout)
+        dropped = self.dropped_lines
+        if dropped:
+            self.note(
+                f"{dropped} line(s) of rank output were not shown on this console, which fell "
+                "behind; every line is in the rank logs (zlaunch logs)",
+                error=True,
+            )
         for writer in self._writers:
             writer.close(timeout)
+
+    @property
+    def dropped_lines(self) -> int:
+        """Rank lines this console dropped because its reader fell behind."""
+        writers = [*self._writers, self.out]  # the out stream a test may have given
+        mine = {id(w): w.dropped for w in writers if isinstance(w, BackgroundWriter)}
+        return sum(mine.values()) + self.dropped_elsewhere
 
     def _prefix(self, host: str, rank: int, stream: str) -> bytes:
         key = (host, rank, stream)
@@ -126,10 +145,13 @@ class Console:
 
     def lines(self, host: str, rank: int, stream: str, lines: Sequence[str]) -> None:
         """Show a batch of complete lines of one rank (unless filtered out by ``--ranks``)."""
-        if not self.shows(rank):
+        if not lines or not self.shows(rank):
             return
         prefix = self._prefix(host, rank, stream)
-        self._write_out(b"".join(prefix + frames.line_bytes(line) + b"\n" for line in lines))
+        # One encode and one replace for the batch; a line holds no newline (the agent cut
+        # the stream at them), so each one gets its prefix.
+        text = frames.line_bytes("\n".join(lines))
+        self._write_out(prefix + text.replace(b"\n", b"\n" + prefix) + b"\n")
 
     def collapsed(self, shown: Sequence[Shown], hosts: Mapping[int, str]) -> None:
         """Lines from the collapser (zlaunch.console.collapse): a line of one rank with its

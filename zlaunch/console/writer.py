@@ -5,7 +5,10 @@ collector) would block a plain ``write`` once the pipe is full, and with it the 
 loop: a rank's death would no longer stop the others. `BackgroundWriter` hands the bytes to a
 thread of its own instead. Rank lines beyond ``limit`` waiting bytes are dropped from the
 console (every line is in the rank logs anyway) and counted; when the reader catches up, one
-note says how many were not shown. zlaunch's own notes are never dropped.
+note says how many were not shown, and at the end (`close`) what is still unsaid; `dropped`
+is the count for the whole job (`Console.close` says it on stderr). zlaunch's own notes are
+never dropped. The queue, and with it the controller's memory, stays under ``limit`` bytes
+whatever the ranks print.
 
 Used for output that is not a terminal (pipes, files); a terminal is written directly, as the
 live view needs.
@@ -25,12 +28,14 @@ DEFAULT_LIMIT = 16 * 1024 * 1024
 class BackgroundWriter:
     """Bytes to ``stream``, written by a daemon thread; `write` returns at once."""
 
-    def __init__(self, stream: IO[bytes], limit: int = DEFAULT_LIMIT):
+    def __init__(self, stream: IO[bytes], limit: int | None = None):
         self.stream = stream
-        self.limit = limit
+        self.limit = DEFAULT_LIMIT if limit is None else limit
         self._chunks: collections.deque[bytes] = collections.deque()
         self._queued = 0
         self._dropped_lines = 0
+        self.dropped = 0
+        """Rank lines dropped since the start (said or not)."""
         self._busy = False
         self._closed = False
         self.broken = False
@@ -45,7 +50,9 @@ class BackgroundWriter:
             if self.broken or self._closed:
                 return False
             if droppable and self._queued >= self.limit:
-                self._dropped_lines += data.count(b"\n")
+                lines = data.count(b"\n")
+                self._dropped_lines += lines
+                self.dropped += lines
                 return False
             self._chunks.append(data)
             self._queued += len(data)
@@ -69,6 +76,11 @@ class BackgroundWriter:
             )
 
     def close(self, timeout: float | None = None) -> None:
+        self.drain(timeout)
+        with self._cond:  # drops not said yet (nothing came after them): said now
+            if self._dropped_lines and not self.broken:
+                self._chunks.append(b"")
+                self._cond.notify()
         self.drain(timeout)
         with self._cond:
             self._closed = True

@@ -2,13 +2,18 @@
 one queue, send to one or all, heartbeat, close. No policy: what a frame means and what to
 send when is the launcher's (zlaunch/launcher/job.py) and the state machine's (job_state.py).
 
-Everything that reaches the controller's loop goes through one queue as ``(kind, node,
-payload)``: ``("frame", node, frame)``, ``("garbled", node, why)``, ``("eof", node, None)``,
-``("signal", None, signum)``. Reader threads only decode; the caller's thread owns the rest.
+Everything that reaches the controller's loop goes through one queue (`LinkItem`): frames,
+garbled bytes, a closed link, a signal. Reader threads only decode; the caller's thread owns
+the rest. A reader puts what one read decoded as one batch (one queue operation per read, not
+per frame), and the frames waiting in the queue are bounded (`QUEUED_BYTES`): when the loop
+falls behind, the readers stop reading, the agents' buffers fill and they stop reading their
+workers' pipes (zlaunch/agent/upstream.py): output slows down, none is lost, and the
+controller's memory stays bounded whatever the volume.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import signal
 import threading
@@ -33,6 +38,12 @@ __all__ = [
 ]
 
 HEARTBEAT_INTERVAL = 1.0
+QUEUED_BYTES = 8 * 1024 * 1024
+"""Frame bytes read but not yet taken by the loop, all agents together, before the readers
+wait. A reader reads at most QUEUED_BYTES / agents (16-256 KiB) at a time, so at most
+QUEUED_BYTES + 16 KiB per agent wait. Small enough that a rank's exit behind a backlog is
+seen within seconds; a queue that is never empty keeps the loop busy all the same."""
+MIN_READ, MAX_READ = 16 * 1024, 256 * 1024
 # The controller's loop normally comes back within this (its poll, plus one item's work).
 TURN = 1.0
 
@@ -73,6 +84,50 @@ class SignalIn:
 LinkItem = FrameIn | Garbled | LinkClosed | SignalIn
 
 
+@dataclass(frozen=True)
+class _FramesIn:
+    """What one read of node ``node``'s link decoded (``size`` bytes): queued as one item,
+    handed out by `AgentLinks.next` one frame at a time."""
+
+    node: int
+    frames: list[frames.Frame]
+    size: int
+
+
+class _ByteBudget:
+    """Bytes read and not yet taken, shared by the readers: `wait_room` blocks while the
+    budget is spent (the loop is behind), `give_back` as the loop takes them."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def wait_room(self) -> bool:
+        """Until there is room; True if it had to wait."""
+        with self._cond:
+            if self.used < self.limit:
+                return False
+            self._cond.wait_for(lambda: self.used < self.limit)
+            return True
+
+    def take(self, size: int) -> None:
+        with self._cond:
+            self.used += size
+
+    def give_back(self, size: int) -> None:
+        with self._cond:
+            self.used -= size
+            if self.used < self.limit:
+                self._cond.notify_all()
+
+    def lift(self) -> None:
+        """No more bound: the loop is done with these links; waiting readers go on to EOF."""
+        with self._cond:
+            self.limit = float("inf")
+            self._cond.notify_all()
+
+
 class AgentLinks:
     """One attempt's agents, by node index (the order of ``hosts``)."""
 
@@ -96,6 +151,10 @@ class AgentLinks:
         self._note = note
         """Tells the user of something seen while connecting (a connection refused)."""
         self._stop_heartbeat = threading.Event()
+        self._budget = _ByteBudget(QUEUED_BYTES)
+        self._read_size = max(MIN_READ, min(MAX_READ, QUEUED_BYTES // max(1, len(self.hosts))))
+        self._ready: collections.deque[FrameIn] = collections.deque()
+        """Frames of a batch taken from the queue, not handed out yet."""
 
     # ---- starting ---------------------------------------------------------------------------
 
@@ -139,14 +198,20 @@ class AgentLinks:
         # fine, and dropping them for one bad frame would stop the whole job.
         reader = frames.FrameReader(on_bad=lambda err: self.queue.put(Garbled(index, str(err))))
         while True:
-            chunk = link.read(1 << 18)
+            if self._budget.wait_room():  # the loop is behind: the bytes wait with the agent
+                # ... and the wait was the controller's, not this agent's silence.
+                self.heard.heard(index, time.monotonic())
+            chunk = link.read(self._read_size)
             if not chunk:
                 break
             self.heard.heard(index, time.monotonic())
-            for frame in reader.feed(chunk):
-                self.queue.put(FrameIn(index, frame))
-        for frame in reader.finish():
-            self.queue.put(FrameIn(index, frame))
+            batch = list(reader.feed(chunk))
+            if batch:
+                self._budget.take(len(chunk))
+                self.queue.put(_FramesIn(index, batch, len(chunk)))
+        batch = list(reader.finish())
+        if batch:
+            self.queue.put(_FramesIn(index, batch, 0))
         self.queue.put(LinkClosed(index))
 
     def _heartbeat(self, index: int) -> None:
@@ -162,10 +227,21 @@ class AgentLinks:
 
     def next(self, timeout: float) -> LinkItem | None:
         """The next queued item, or None after ``timeout`` seconds."""
+        if self._ready:
+            return self._ready.popleft()
         try:
-            return self.queue.get(timeout=timeout)
+            item = self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        if isinstance(item, _FramesIn):
+            self._budget.give_back(item.size)
+            self._ready.extend(FrameIn(item.node, frame) for frame in item.frames)
+            return self._ready.popleft()
+        return item
+
+    def waiting(self) -> bool:
+        """Something is queued for the loop already."""
+        return bool(self._ready) or not self.queue.empty()
 
     def awake(self, now: float) -> None:
         """The controller's loop runs: the time it did not (a loaded machine) is nobody's
@@ -219,6 +295,7 @@ class AgentLinks:
     def close(self) -> None:
         """Stop the heartbeat and end every connection (in parallel, 5 s at most)."""
         self._stop_heartbeat.set()
+        self._budget.lift()
         closers = [
             threading.Thread(target=link.terminate, args=(2.0,), daemon=True)
             for link in self.links

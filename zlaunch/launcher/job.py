@@ -40,6 +40,7 @@ from zlaunch.exhaustive import assert_never
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
+from zlaunch.launcher.open_files import ensure_open_files
 from zlaunch.launcher.rank_output import RankOutput
 from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
 from zlaunch.launcher.state import (
@@ -89,6 +90,9 @@ controller takes its node as lost: a link down, a partition, a host that stopped
 the agent's own heartbeat timeout, so by then that agent has already stopped its workers if it
 still runs. Both grow with the job's ranks (zlaunch/liveness.py); these are a small job's."""
 POLL = 0.25
+WATCH_INTERVAL = 0.05
+"""Seconds between two looks at the timers (silent agents, a hang, a stop's grace) while
+frames keep coming; an idle loop looks after every POLL."""
 
 
 class Attempt:
@@ -207,7 +211,7 @@ class Attempt:
                 host = node.host.display
                 slots.append(RankSlot(worker.rank, worker.local_rank, host, node.node_rank))
                 log = self.recorder.open_rank_log(self.number, host, worker.rank)
-                self.output.add_rank(worker.rank, host, log)
+                self.output.add_rank(worker.rank, host, log, plan.world_size)
         self.recorder.planned(plan)
         self.view.start(run_id, dict(collections.Counter(slot.host for slot in slots)))
         self._handle(AttemptPlanned(tuple(slots)))
@@ -225,6 +229,7 @@ class Attempt:
                 self._lose_agent(index, "connection closed before the spec was sent")
 
     def _stream(self) -> None:
+        watched = 0.0
         while not self.machine.done:
             item = self.links.next(POLL)
             self.output.tick(time.monotonic())  # collapsed lines whose time has come
@@ -243,7 +248,16 @@ class Attempt:
                     pass
                 case unexpected:
                     assert_never(unexpected)
-            self._watch(time.monotonic())
+            # The timers look at every agent: a few times a second, not once per frame (at
+            # 1,024 agents and thousands of frames a second, that was most of the loop's time).
+            # The rank logs are written when nothing waits, or with the timers while busy.
+            now = time.monotonic()
+            due = item is None or now - watched >= WATCH_INTERVAL
+            if due or not self.links.waiting():
+                self.recorder.write_logs()
+            if due:
+                watched = now
+                self._watch(now)
 
     # ---- frames and timers become events ---------------------------------------------------
 
@@ -684,6 +698,8 @@ def launch(options: LaunchOptions) -> int:
     Raises WorkerFailed (the failing rank's code), Interrupted (130/143), HostUnreachable or
     LaunchError (1) otherwise, after everything it started is stopped.
     """
+    hosts = len(options.hosts) + len(options.spare_hosts)
+    ensure_open_files(options.world_size, hosts)  # a log per rank: raised, or refused here
     console = Console(color=options.color, ranks=options.ranks_filter)
     try:
         return Job(options, console).run()

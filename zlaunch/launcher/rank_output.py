@@ -18,7 +18,7 @@ from zlaunch.console.progress import ProgressTracker
 from zlaunch.console.stacks import StackDumpFilter
 from zlaunch.console.terminal import Console
 from zlaunch.launcher.hang import StackCapture
-from zlaunch.launcher.rank_tail import RankTail
+from zlaunch.launcher.rank_tail import RankTail, tail_chars
 
 __all__ = ["LogSink", "RankOutput", "TAIL_LINES"]
 
@@ -60,10 +60,11 @@ class RankOutput:
         self.capture: StackCapture | None = None
         """A hang was declared: the ranks' stack dumps are collected from their output."""
 
-    def add_rank(self, rank: int, host: str, log: LogSink) -> None:
+    def add_rank(self, rank: int, host: str, log: LogSink, world: int = 1) -> None:
+        """``world``: how many ranks share the tails' memory (rank_tail.tail_chars)."""
         self.logs[rank] = log
         self.hosts[rank] = host
-        self.tails[rank] = RankTail(TAIL_LINES)
+        self.tails[rank] = RankTail(TAIL_LINES, max_chars=tail_chars(world))
 
     def tail(self, rank: int) -> tuple[str, ...]:
         tail = self.tails.get(rank)
@@ -74,7 +75,7 @@ class RankOutput:
         log = self.logs.get(rank)
         if log is None:
             return
-        data = b"\n".join(frames.line_bytes(line) for line in lines)
+        data = frames.line_bytes("\n".join(lines))  # one encode for the frame, not per line
         log.write(data if partial else data + b"\n")  # the log keeps the worker's bytes
         self.tails[rank].add(stream, lines, partial)
         shown, bar, ended = self.progress.feed(rank, stream, lines, partial)

@@ -76,6 +76,22 @@ def host_dirname(host: str) -> str:
 
 def plan_record(plan: Plan) -> dict[str, Any]:
     """The plan as JSON for run.json: env names, and values only where allow-listed."""
+    # Ranks share most of their environment and their argv: each distinct one is redacted
+    # once (the regular expressions per rank were most of a 16,384-rank job's start).
+    values: dict[tuple[str, str], str] = {}
+    argvs: dict[tuple[str, ...], list[str]] = {}
+
+    def value(name: str, text: str) -> str:
+        key = (name, text)
+        if key not in values:
+            values[key] = recorded_env_value(name, text)
+        return values[key]
+
+    def argv(args: tuple[str, ...]) -> list[str]:
+        if args not in argvs:
+            argvs[args] = redact_argv(args)
+        return list(argvs[args])
+
     return {
         "run_id": plan.run_id,
         "attempt": plan.attempt,
@@ -93,8 +109,8 @@ def plan_record(plan: Plan) -> dict[str, Any]:
                         "rank": w.rank,
                         "local_rank": w.local_rank,
                         "slot": w.slot,
-                        "argv": redact_argv(w.argv),
-                        "env": {k: recorded_env_value(k, v) for k, v in sorted(w.env.items())},
+                        "argv": argv(tuple(w.argv)),
+                        "env": {k: value(k, v) for k, v in sorted(w.env.items())},
                     }
                     for w in node.workers
                 ],
@@ -230,7 +246,7 @@ class RunDir:
 
     def write_ranks(self, ranks: RanksFile) -> None:
         """Every rank's current state (read by `zlaunch status`); rewritten atomically."""
-        write_json_atomic(self._fd(), RANKS_FILE, ranks.to_json())
+        write_json_atomic(self._fd(), RANKS_FILE, ranks.to_json(), levels=2)  # a rank a line
 
     def write_collectives(self, by_rank: dict[int, Any]) -> None:
         data = {str(rank): value for rank, value in sorted(by_rank.items())}

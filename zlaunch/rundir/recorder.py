@@ -28,7 +28,16 @@ __all__ = ["Recorder"]
 T = TypeVar("T")
 
 RANKS_MIN_INTERVAL = 1.0
-"""Seconds between ranks.json rewrites caused only by output (starts and exits always write)."""
+"""Seconds between ranks.json rewrites, at least (the launcher writes what changed in between
+a moment later, and the attempt's end at once)."""
+RANKS_COST_SHARE = 20
+"""...and at least this many times the last rewrite's duration: the file, a row per rank,
+takes the controller at most 1/20 of its time however many ranks there are (at 16,384 ranks
+a rewrite takes some 0.2 s: every 4 s)."""
+LOG_BUFFER_BYTES = 4 * 1024 * 1024
+"""Rank-log bytes held, all ranks together, before they are written whatever the time: the
+loop writes them whenever it has nothing waiting (so a quiet job's lines reach the file at
+once) and a few times a second while busy (one write per rank for many frames)."""
 
 
 class Recorder:
@@ -38,10 +47,15 @@ class Recorder:
         self.index_error = index_error
         """'' or why the run is not in the per-user index (said with the run's id)."""
         self._metrics: IO[str] | None = None
-        self._ranks_written = 0.0
+        self._ranks_written = -float("inf")  # monotonic
+        self._ranks_cost = 0.0
+        """Seconds the last ranks.json rewrite took."""
         self._collectives: dict[int, dict[str, Any]] = {}
         self.failed_writes: dict[str, str] = {}
         """What could not be written (file -> the first error), each said once."""
+        self._unwritten: dict[_RankLog, None] = {}
+        """Rank logs holding bytes not written yet, in the order they got them."""
+        self._unwritten_bytes = 0
 
     def _guarded(self, what: str, write: Callable[[], T]) -> T | None:
         """``write()``; an OSError is said once for ``what`` and swallowed (None).
@@ -158,7 +172,21 @@ class Recorder:
     def open_rank_log(self, attempt: int, host: str, rank: int) -> _RankLog:
         what = f"rank {rank}'s log"
         log = self._guarded(what, lambda: self.run_dir.open_rank_log(attempt, host, rank))
-        return _RankLog(log, lambda write: self._guarded(what, write))
+        return _RankLog(log, lambda write: self._guarded(what, write), self)
+
+    def _hold(self, log: _RankLog, size: int) -> None:
+        """``log`` holds ``size`` more bytes; all are written once LOG_BUFFER_BYTES wait."""
+        self._unwritten[log] = None
+        self._unwritten_bytes += size
+        if self._unwritten_bytes >= LOG_BUFFER_BYTES:
+            self.write_logs()
+
+    def write_logs(self) -> None:
+        """Write every rank log's held bytes (one write per rank)."""
+        logs, self._unwritten = self._unwritten, {}
+        self._unwritten_bytes = 0
+        for log in logs:
+            log.write_held()
 
     def open_metrics(self) -> None:
         if self._metrics is None:
@@ -175,15 +203,18 @@ class Recorder:
             self._guarded("metrics.jsonl", write)
 
     def ranks_due(self) -> bool:
-        """Whether ranks.json may be rewritten for new output only (at most once a second)."""
-        return time.time() - self._ranks_written >= RANKS_MIN_INTERVAL
+        """Whether ranks.json may be rewritten now (RANKS_MIN_INTERVAL, RANKS_COST_SHARE)."""
+        since = time.monotonic() - self._ranks_written
+        return since >= max(RANKS_MIN_INTERVAL, RANKS_COST_SHARE * self._ranks_cost)
 
     def ranks(self, attempt: int, rows: Sequence[RankRow]) -> None:
+        started = time.monotonic()
         now = time.time()
-        self._ranks_written = now
         self._guarded(
             "ranks.json", lambda: self.run_dir.write_ranks(RanksFile(attempt, now, tuple(rows)))
         )
+        self._ranks_written = time.monotonic()
+        self._ranks_cost = self._ranks_written - started
 
     def collectives(self, rank: int, event: dict[str, Any]) -> None:
         """A rank's collective records, as its agent sent them with a stacks request."""
@@ -201,21 +232,52 @@ class Recorder:
 
 class _RankLog:
     """A rank's log file whose failed writes are reported (once) instead of raised; with no file
-    (it could not be opened) the lines still reach the console, only the log lacks them."""
+    (it could not be opened) the lines still reach the console, only the log lacks them.
 
-    def __init__(self, file: IO[bytes] | None, guard: Callable[[Callable[[], Any]], Any]):
+    Bytes are held until the recorder writes them (`Recorder.write_logs`), in order, all of
+    them: a rank log never drops a byte."""
+
+    __slots__ = ("_file", "_guard", "_recorder", "_held")
+
+    def __init__(
+        self,
+        file: IO[bytes] | None,
+        guard: Callable[[Callable[[], Any]], Any],
+        recorder: Recorder | None = None,
+    ):
         self._file = file
         self._guard = guard
+        self._recorder = recorder
+        self._held: list[bytes] = []
 
     def write(self, data: bytes) -> None:
-        if self._file is not None:
-            file = self._file
-            self._guard(lambda: file.write(data))
+        if self._file is None:
+            return
+        self._held.append(data)
+        if self._recorder is None:
+            self.write_held()
+        else:
+            self._recorder._hold(self, len(data))
+
+    def write_held(self) -> None:
+        if self._file is None or not self._held:
+            return
+        file, data = self._file, b"".join(self._held)
+        self._held.clear()
+        self._guard(lambda: _write_all(file, data))
 
     def close(self) -> None:
         if self._file is not None:
+            self.write_held()
             file, self._file = self._file, None
             self._guard(file.close)
+
+
+def _write_all(file: IO[bytes], data: bytes) -> None:
+    """Every byte, in order (an unbuffered write may take only part of a large one)."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view) :]
 
 
 def _attempt_entry(attempt: int, options: LaunchOptions, reason: str) -> dict[str, Any]:

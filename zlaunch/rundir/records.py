@@ -113,7 +113,23 @@ class RankRow:
     """Wall time of its last output line or progress state."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Field by field, not dataclasses.asdict (a deep copy): the controller writes one row
+        # per rank, 16,384 of them at scale.
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "host": self.host,
+            "node_rank": self.node_rank,
+            "pid": self.pid,
+            "state": self.state.value if self.state is not None else None,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "signal_name": self.signal_name,
+            "stacks": self.stacks,
+            "last_step": self.last_step,
+            "progress": self.progress,
+            "last_output": self.last_output,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankRow:

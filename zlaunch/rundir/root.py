@@ -28,6 +28,8 @@ __all__ = [
     "make_private_dir",
     "open_private_file",
     "write_json_atomic",
+    "write_text_atomic",
+    "json_text",
     "read_json_at",
     "PRIVATE_DIR",
     "PRIVATE_FILE",
@@ -98,9 +100,35 @@ def open_private_file(dir_fd: int, name: str, flags: int) -> int:
     )
 
 
-def write_json_atomic(dir_fd: int, name: str, data: Any) -> None:
+def write_json_atomic(dir_fd: int, name: str, data: Any, *, levels: int = 3) -> None:
     """``name`` under ``dir_fd`` replaced by ``data`` as JSON at once: a reader never sees
-    half a file, and the temporary file is always a new one of ours (O_EXCL)."""
+    half a file, and the temporary file is always a new one of ours (O_EXCL). The outer
+    ``levels`` are laid out one item a line, what is deeper on the item's line."""
+    write_text_atomic(dir_fd, name, json_text(data, levels) + "\n")
+
+
+def json_text(data: Any, levels: int = 3, depth: int = 0) -> str:
+    """``data`` as JSON, indented 2 for its outer ``levels`` and compact below them.
+
+    ``json.dumps(indent=2)`` goes through json's pure-Python encoder; run.json holds the plan
+    (every rank) and ranks.json a row per rank, and at 16,384 ranks an indented dump took the
+    controller seconds per write. Compact parts are written by json's C encoder."""
+    if depth >= levels or not isinstance(data, (dict, list)) or not data:
+        return json.dumps(data)
+    if isinstance(data, dict) and not all(isinstance(key, str) for key in data):
+        return json.dumps(data)  # json's own key conversion (int keys) where it matters
+    pad, end = "  " * (depth + 1), "  " * depth
+    if isinstance(data, dict):
+        items = [
+            f"{pad}{json.dumps(k)}: {json_text(v, levels, depth + 1)}" for k, v in data.items()
+        ]
+        return "{\n" + ",\n".join(items) + f"\n{end}}}"
+    items = [f"{pad}{json_text(v, levels, depth + 1)}" for v in data]
+    return "[\n" + ",\n".join(items) + f"\n{end}]"
+
+
+def write_text_atomic(dir_fd: int, name: str, text: str) -> None:
+    """``name`` under ``dir_fd`` replaced by ``text`` at once (see `write_json_atomic`)."""
     tmp = f"{name}.tmp.{os.getpid()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -110,8 +138,7 @@ def write_json_atomic(dir_fd: int, name: str, data: Any) -> None:
         fd = os.open(tmp, flags, PRIVATE_FILE, dir_fd=dir_fd)
     try:
         with open(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False)
-            handle.write("\n")
+            handle.write(text)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:

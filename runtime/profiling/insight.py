@@ -97,7 +97,10 @@ class StepInsight:
     # ---- engine hooks -----------------------------------------------------------------------
 
     def forward_begin(self) -> None:
-        if self.flops_per_step is None and self._counter is None:
+        # Only a training forward starts the count: its backward ends it. An evaluation
+        # forward (no grad) before the first step has none, and would leave the counter's
+        # dispatch mode on for the whole process: every op slowed, torch.compile refused.
+        if self.flops_per_step is None and self._counter is None and torch.is_grad_enabled():
             if self.engine.global_steps + 1 == self.profile_step:
                 self._start_count()
         if self.clock is not None:

@@ -66,6 +66,20 @@ def test_flops_per_step_match_the_hand_count_and_mfu_uses_the_given_peak(monkeyp
     assert second["mfu"] == pytest.approx(second["tflops"] / 0.5)
 
 
+def test_an_evaluation_forward_before_training_leaves_no_flop_counter_on():
+    """A no-grad forward before step 1 neither starts the count (no backward would end it:
+    its dispatch mode would stay on for the process) nor adds to step 1's FLOPs."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    engine, *_ = runtime.initialize(model=stack(), config=config())
+    with torch.no_grad():
+        engine(torch.randn(MICRO, IN))
+    assert _get_current_dispatch_mode_stack() == []
+    train(engine, 1)
+    assert _get_current_dispatch_mode_stack() == []
+    assert engine.insight.flops_per_step == hand_flops()[""]
+
+
 def test_flops_profiler_table_per_module(tmp_path):
     out = tmp_path / "flops.txt"
     cfg = config(flops_profiler={"enabled": True, "profile_step": 2, "output_file": str(out)})

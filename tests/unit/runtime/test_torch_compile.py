@@ -15,6 +15,21 @@ from runtime.torch_compile import compile_regions, resolve_backend
 from runtime.zero.stage3.hooks import unit_owners
 
 
+@pytest.fixture(autouse=True)
+def dynamo_can_compile():
+    """Tests here compile for real in the pytest process, after whatever the suite ran in it
+    before: a dispatch mode some earlier test left entered (an engine dropped mid-count) or a
+    forced-eager stance would make Dynamo skip every frame and these tests fail for a reason
+    not theirs. Leave them neither; the leak itself is tested where engines run
+    (tests/integration/runtime/test_step_insight.py)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
+
+    while _get_current_dispatch_mode_stack():
+        _pop_mode()
+    with torch.compiler.set_stance("default"):
+        yield
+
+
 def _compile(block: dict) -> CompileConfig:
     return load_config({"compile": block}).compile
 

@@ -1,16 +1,15 @@
-"""Wait, bounded, until this process's gloo threads are idle: shared by worker and runtime.
+"""Wait, bounded, until this process's gloo threads are idle (the worker boot's clean exit).
 
 A gloo group's worker threads free a finished collective's objects a moment after it
 completes, and that needs the GIL. If Python starts finalizing first, the thread that asks for
-the GIL is unwound and C++ aborts the process (exit 134) after its work was done. Both places
-that tear a group down at exit, the runtime's atexit handler (``runtime/group_teardown.py``)
-and the worker boot's clean exit for scripts that do not use the runtime
-(``zlaunch/worker_group.py``), sleep here first: sleeping releases the GIL, so a thread that
-needs it gets it now. The threads are watched through /proc (their scheduler state), since
-torch gives them no handle.
+the GIL is unwound and C++ aborts the process (exit 134) after its work was done. The worker
+boot's clean exit for scripts that do not use the runtime (``zlaunch/worker_group.py``) sleeps
+here first: sleeping releases the GIL, so a thread that needs it gets it now. The threads are
+watched through /proc (their scheduler state), since torch gives them no handle. The runtime
+waits the same way in its own teardown (``runtime/group_teardown.py``): it imports nothing of
+zlaunch but the protocol's names, so it keeps its own copy of these few lines.
 
-Standard library only: it runs in workers that may never import torch, and the runtime may
-import it (with ``zlaunch.protocol``, the only parts of zlaunch it does).
+Standard library only: it runs in workers that may never import torch.
 """
 
 from __future__ import annotations

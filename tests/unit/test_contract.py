@@ -3,10 +3,8 @@
 * ``zlaunch/protocol.py`` (the shared names) and ``zlaunch/frames.py`` (the frames between
   controller and agents) import only the standard library and each other, so workers and agents
   can import them anywhere;
-* the runtime imports nothing of zlaunch but that module and ``zlaunch/gloo_idle.py`` (the
-  wait for gloo's threads at exit, which plain scripts' workers need too; stdlib only). The
-  Slurm hostlist grammar lives in the runtime, torch-free, and the controller imports it from
-  there;
+* the runtime imports nothing of zlaunch but that module (the Slurm hostlist grammar lives in
+  the runtime, torch-free, and the controller imports it from there);
 * every ``ZLAUNCH_*`` variable that crosses a process boundary is named in protocol.py only:
   a literal elsewhere is a second spelling waiting to drift. The controller-local knobs below
   never reach a worker.
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ALLOWED_IN_RUNTIME = {"zlaunch.protocol", "zlaunch.gloo_idle"}
+ALLOWED_IN_RUNTIME = {"zlaunch.protocol"}
 CONTROLLER_LOCAL = {"ZLAUNCH_TRACE", "ZLAUNCH_LIVE", "ZLAUNCH_LOG_DIR", "ZLAUNCH_TEST_SLOW_SAVE"}
 
 

@@ -71,12 +71,15 @@ def test_an_evaluation_forward_before_training_leaves_no_flop_counter_on():
     its dispatch mode would stay on for the process) nor adds to step 1's FLOPs."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+    # Compared with the stack before, not with an empty one: this process ran other tests.
+    before = list(_get_current_dispatch_mode_stack())
     engine, *_ = runtime.initialize(model=stack(), config=config())
     with torch.no_grad():
         engine(torch.randn(MICRO, IN))
-    assert _get_current_dispatch_mode_stack() == []
+    assert not engine.insight.counting
+    assert list(_get_current_dispatch_mode_stack()) == before
     train(engine, 1)
-    assert _get_current_dispatch_mode_stack() == []
+    assert list(_get_current_dispatch_mode_stack()) == before
     assert engine.insight.flops_per_step == hand_flops()[""]
 
 

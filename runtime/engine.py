@@ -181,12 +181,14 @@ class Engine(EngineQueries, torch.nn.Module):
         self.step_metrics.on_forward(args, kwargs)  # window start, tokens
         args, kwargs = self.precision.cast_inputs(args), self.precision.cast_inputs(kwargs)
         self.insight.forward_begin()
-        if self._compiled is not None and self.insight.counting:
-            with eager():  # torch's FLOP counter sees the eager ops only
+        try:
+            if self._compiled is not None and self.insight.counting:
+                with eager():  # torch's FLOP counter sees the eager ops only
+                    out = self.module(*args, **kwargs)
+            else:
                 out = self.module(*args, **kwargs)
-        else:
-            out = self.module(*args, **kwargs)
-        self.insight.forward_end()
+        finally:  # a forward that raised leaves no FLOP counter on
+            self.insight.forward_end()
         return out
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
@@ -203,9 +205,11 @@ class Engine(EngineQueries, torch.nn.Module):
         target = scaled.float() * factor if (factor != 1.0 or self.precision.mixed) else scaled
         self.sharding.begin_backward(boundary)
         self.insight.backward_begin()
-        target.backward(retain_graph=retain_graph)
-        self.sharding.end_backward()
-        self.insight.backward_end(boundary)
+        try:
+            target.backward(retain_graph=retain_graph)
+            self.sharding.end_backward()
+        finally:
+            self.insight.backward_end(boundary)
         return scaled
 
     def step(self) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "PROCESS_GROUP_EVENT",
     "SAVE_ACK_EVENT",
     "PEAK_TFLOPS_ENV",
+    "MFU_ENV",
     "RUN_ID_ENV",
     "ATTEMPT_ENV",
     "CONFIG_ENV",
@@ -92,6 +93,9 @@ BATCH_ENV = "ZLAUNCH_BATCH"  # "TRAIN_BATCH,MICRO,GAS" after a restart on anothe
 # `zlaunch run --peak-tflops X`: the per-device peak (dense TFLOP/s) the runtime divides the
 # measured FLOP rate by for MFU, instead of its table of known devices (runtime/profiling).
 PEAK_TFLOPS_ENV = "ZLAUNCH_PEAK_TFLOPS"
+# `zlaunch run --mfu` ("1"): count one step's FLOPs for MFU without the flops_profiler's table
+# (the count is a dispatch mode on every op of that step: asked for, not always on).
+MFU_ENV = "ZLAUNCH_MFU"
 
 # The environment zlaunch gives every worker and the runtime reads (plan.py sets the job's,
 # the agent adds the events pipe): named here once, for both sides.

@@ -2,7 +2,8 @@
 
 `StepInsight` is built once by the engine from the config and owns its parts: the wall-clock
 timers (`wall_clock_breakdown`), the comms logger (`comms_logger`), the FLOP count of one step
-(always, for MFU; with `flops_profiler` the per-module table too). The engine calls the
+(for MFU, where it was asked for: `flops_profiler`, which adds the per-module table, or
+`zlaunch --mfu` / `--peak-tflops`). The engine calls the
 `forward_*`, `backward_*`, `step_*` hooks; StepMetrics asks `report_fields` on report steps,
 on every rank (the breakdown is gathered from all ranks there, one small all-gather).
 
@@ -11,7 +12,16 @@ Fields added to the engine's metrics event:
 - always: ``flops_per_step`` (this rank, forward+backward of all micro-batches of one optimizer
   step, counted once at ``flops_profiler.profile_step``, default 1), ``tflops`` (per device,
   over the report window's step time, data loading included), ``mfu`` (tflops / peak),
-  ``peak_tflops`` and ``peak_source``; None until the count is done or when no peak is known.
+  ``peak_tflops`` and ``peak_source``; None until the count is done, when no peak is known,
+  and when nobody asked for the count.
+
+Why the count is asked for rather than always on: torch's counter is a dispatch mode, a Python
+call on every op, which slowed the counted step by 3-14% on the benchmark GPTs on CPU and
+forces it eager under torch.compile. The light count (`StepFlops`, MFU only) is entered inside
+the engine's forward and backward calls only, never between them, so a script that leaves a
+step unfinished (an exception, an engine dropped mid-accumulation) leaves no mode on. The
+profiler's count (`ModuleProfile`) spans its step's first forward to its last backward: torch
+attributes backward FLOPs to modules only across the whole span.
 - with wall_clock_breakdown: ``time_forward``, ``time_backward``, ``time_reduce_wait``,
   ``time_step``, ``time_allgather_wait`` (rank 0, seconds per optimizer step over the window),
   the same with ``slowest_`` for the slowest rank (the most forward+backward+step time less
@@ -22,11 +32,14 @@ Fields added to the engine's metrics event:
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from typing import Any
 
 import torch
+
+from zlaunch.protocol import MFU_ENV, PEAK_TFLOPS_ENV
 
 from .comms import CommsLogger, format_summary
 from .flops import ModuleProfile, StepFlops, StepTimes, format_table
@@ -39,6 +52,11 @@ log = logging.getLogger("runtime.profiling")
 
 BREAKDOWN_FIELDS = tuple(f"time_{p.value}" for p in PHASES)
 _HOST_BYTES = 64
+
+
+def mfu_asked(environ) -> bool:
+    """`zlaunch --mfu` or `--peak-tflops` (or their variables, under another launcher)."""
+    return environ.get(MFU_ENV, "").strip() == "1" or bool(environ.get(PEAK_TFLOPS_ENV, "").strip())
 
 
 class _Fanout:
@@ -79,8 +97,9 @@ class StepInsight:
             stats.observer = observers[0] if len(observers) == 1 else _Fanout(*observers)
         self.profiler_config = config.flops_profiler
         self.profile_step = self.profiler_config.profile_step if self.profiler_config.enabled else 1
+        self.count_flops = self.profiler_config.enabled or mfu_asked(os.environ)
         self._sync_cuda = cuda
-        self._counter: StepFlops | ModuleProfile | None = None
+        self._counter: StepFlops | ModuleProfile | None = None  # the counted step is running
         self._counting = False  # the counter's dispatch mode is entered
         self._profile_started = 0.0
         self._profile_times = StepTimes()  # the profiled step's phases, for the profile
@@ -98,30 +117,39 @@ class StepInsight:
 
     def forward_begin(self) -> None:
         # Only a training forward starts the count: its backward ends it. An evaluation
-        # forward (no grad) before the first step has none, and would leave the counter's
-        # dispatch mode on for the whole process: every op slowed, torch.compile refused.
-        if self.flops_per_step is None and self._counter is None and torch.is_grad_enabled():
-            if self.engine.global_steps + 1 == self.profile_step:
+        # forward (no grad) has none to end it, and adds nothing to a training step's FLOPs.
+        if self.count_flops and self.flops_per_step is None and torch.is_grad_enabled():
+            if self._counter is None and self.engine.global_steps + 1 == self.profile_step:
                 self._start_count()
+            elif isinstance(self._counter, StepFlops):
+                self._resume_count()
         if self.clock is not None:
             self.clock.start(Phase.FORWARD)
         self._phase_begin()
 
     def forward_end(self) -> None:
+        """After the engine's forward, also when it raised (the engine calls it in `finally`)."""
         if self.clock is not None:
             self.clock.stop()
         self._profile_times.forward_s += self._phase_seconds()
+        if isinstance(self._counter, StepFlops):
+            self._pause_count()
 
     def backward_begin(self) -> None:
+        if isinstance(self._counter, StepFlops):
+            self._resume_count()
         if self.clock is not None:
             self.clock.start(Phase.BACKWARD)
         self._phase_begin()
 
     def backward_end(self, boundary: bool) -> None:
+        """After the engine's backward, also when it raised."""
         if self.clock is not None:
             self.clock.stop()
         self._profile_times.backward_s += self._phase_seconds()
-        if boundary and self._counting:
+        if isinstance(self._counter, StepFlops):
+            self._pause_count()
+        elif boundary and self._counting:
             self._counting = False
             self._counter.__exit__(None, None, None)
 
@@ -170,6 +198,16 @@ class StepInsight:
         self._profile_started = time.perf_counter()
         self._counter.__enter__()
         self._counting = True
+
+    def _resume_count(self) -> None:
+        if not self._counting:
+            self._counter.__enter__()
+            self._counting = True
+
+    def _pause_count(self) -> None:
+        if self._counting:
+            self._counting = False
+            self._counter.__exit__(None, None, None)
 
     def _show_profile(self, profile: ModuleProfile, step_s: float) -> None:
         if self.rank != 0:

@@ -252,7 +252,16 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     type=float,
     default=None,
     metavar="TFLOPS",
-    help="Peak TFLOP/s of one device, for MFU. Default: known GPUs' table; CPU: a probe.",
+    help="Peak TFLOP/s of one device, for MFU (implies --mfu). Default: known GPUs' table; "
+    "CPU: a probe.",
+)
+@click.option(
+    "--mfu",
+    is_flag=True,
+    default=False,
+    help="Count one step's FLOPs (step 1, torch's formulas) and report TFLOP/s and MFU in the "
+    "step metrics. The counted step runs every op through a counter (a few percent slower, "
+    "eager under compile); the flops_profiler config block counts too.",
 )
 @click.option(
     "--hang-timeout",

@@ -81,6 +81,7 @@ class RunArguments:
     max_restarts: int = 0
     save_on: str | None = "SIGUSR1"
     peak_tflops: float | None = None
+    mfu: bool = False
     hang_timeout: float | None = None
     collective_timeout: float | None = None
     min_nodes: int | None = None
@@ -195,7 +196,8 @@ def _config_path(args: RunArguments, cwd: str) -> str | None:
 
 
 def _worker_env(args: RunArguments) -> dict[str, str]:
-    """Forwarded variables, env files and --env, merged; --peak-tflops for the ranks."""
+    """Forwarded variables, env files and --env, merged; --peak-tflops and --mfu for the
+    ranks."""
     from zlaunch.envfile import collect_env
     from zlaunch.plan import RESERVED_ENV
 
@@ -213,6 +215,10 @@ def _worker_env(args: RunArguments) -> dict[str, str]:
         if not 0 < args.peak_tflops < float("inf"):
             raise UsageError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
         worker_env[PEAK_TFLOPS_ENV] = repr(float(args.peak_tflops))
+    if args.mfu or args.peak_tflops is not None:
+        from zlaunch.protocol import MFU_ENV
+
+        worker_env[MFU_ENV] = "1"
     return worker_env
 
 

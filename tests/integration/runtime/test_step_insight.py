@@ -66,20 +66,72 @@ def test_flops_per_step_match_the_hand_count_and_mfu_uses_the_given_peak(monkeyp
     assert second["mfu"] == pytest.approx(second["tflops"] / 0.5)
 
 
-def test_an_evaluation_forward_before_training_leaves_no_flop_counter_on():
-    """A no-grad forward before step 1 neither starts the count (no backward would end it:
-    its dispatch mode would stay on for the process) nor adds to step 1's FLOPs."""
+def modes() -> list:
+    """The dispatch modes on now (torch's FLOP counters are dispatch modes)."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+    return list(_get_current_dispatch_mode_stack())
+
+
+def test_nothing_is_counted_where_nobody_asked_for_flops():
+    """Without flops_profiler or --mfu/--peak-tflops step 1 runs no op through a counter:
+    the FLOP fields stay None, and no dispatch mode is on inside the model's forward."""
+    from runtime.profiling.insight import mfu_asked
+
+    assert not mfu_asked({}) and mfu_asked({"ZLAUNCH_MFU": "1"})
+    assert mfu_asked({"ZLAUNCH_PEAK_TFLOPS": "2"}) and not mfu_asked({"ZLAUNCH_MFU": "0"})
+    before, seen = modes(), []
+    model = stack()
+    model.register_forward_hook(lambda *_: seen.append(modes()))
+    engine, *_ = runtime.initialize(model=model, config=config())
+    engine.step_metrics.sink = recorder = Recorder()
+    train(engine, 2)
+    assert seen == [before] * (2 * GAS)
+    assert engine.insight.flops_per_step is None
+    assert all(e["flops_per_step"] is None and e["mfu"] is None for e in recorder.events)
+
+
+def test_the_mfu_count_is_on_inside_forward_and_backward_only(monkeypatch):
+    """The light count (--mfu) is entered by the engine's forward and backward and left as
+    each returns or raises: between them, and after a script drops an engine in the middle of
+    the counted step, the process runs no counter."""
+    from runtime.profiling.flops import StepFlops
+
+    monkeypatch.setenv("ZLAUNCH_MFU", "1")
+    before, inside = modes(), []
+    model = stack()
+    model.register_forward_hook(lambda *_: inside.append(modes()))
+    engine, *_ = runtime.initialize(model=model, config=config())
+    loss = engine(torch.randn(MICRO, IN)).pow(2).mean()
+    assert len(inside[-1]) == len(before) + 1 and isinstance(inside[-1][-1], StepFlops)
+    assert modes() == before  # between forward and backward
+    engine.backward(loss)
+    engine.step()
+    assert modes() == before
+    with pytest.raises(RuntimeError):  # a forward that raises (wrong width)
+        engine(torch.randn(MICRO, IN + 1))
+    assert modes() == before
+    del engine, loss  # dropped in the middle of the counted step
+    assert modes() == before
+    engine, *_ = runtime.initialize(model=stack(), config=config())
+    train(engine, 1)
+    assert engine.insight.flops_per_step == hand_flops()[""]  # every micro-batch, no more
+    assert modes() == before
+
+
+def test_an_evaluation_forward_before_training_leaves_no_flop_counter_on(monkeypatch):
+    """A no-grad forward before step 1 neither starts the count (no backward would end it:
+    its dispatch mode would stay on for the process) nor adds to step 1's FLOPs."""
+    monkeypatch.setenv("ZLAUNCH_MFU", "1")
     # Compared with the stack before, not with an empty one: this process ran other tests.
-    before = list(_get_current_dispatch_mode_stack())
+    before = modes()
     engine, *_ = runtime.initialize(model=stack(), config=config())
     with torch.no_grad():
         engine(torch.randn(MICRO, IN))
     assert not engine.insight.counting
-    assert list(_get_current_dispatch_mode_stack()) == before
+    assert modes() == before
     train(engine, 1)
-    assert list(_get_current_dispatch_mode_stack()) == before
+    assert modes() == before
     assert engine.insight.flops_per_step == hand_flops()[""]
 
 

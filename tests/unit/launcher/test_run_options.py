@@ -58,3 +58,10 @@ def test_two_different_configs_are_refused(tmp_path):
 def test_program_checks_come_before_the_hosts(tmp_path):
     with pytest.raises(UsageError, match="--module and --no-python"):
         options(tmp_path, module=True, no_python=True, hostfile=str(tmp_path / "missing"))
+
+
+def test_mfu_and_peak_tflops_ask_the_ranks_for_the_flop_count(tmp_path):
+    assert "ZLAUNCH_MFU" not in options(tmp_path).env
+    assert options(tmp_path, mfu=True).env["ZLAUNCH_MFU"] == "1"
+    given = options(tmp_path, peak_tflops=2.0).env
+    assert given["ZLAUNCH_MFU"] == "1" and given["ZLAUNCH_PEAK_TFLOPS"] == "2.0"

@@ -162,6 +162,7 @@ def test_wandb_offline_run_records_the_metrics(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("ZLAUNCH_MFU", "1")  # TFLOP/s among the logged values
     cfg = config(wandb={"enabled": True, "project": "p", "group": "g", "team": None})
     engine, *_ = runtime.initialize(model=stack(), config=cfg)
     engine.step_metrics.sink = recorder = Recorder()

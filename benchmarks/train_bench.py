@@ -40,7 +40,12 @@ from bench_utils import (  # noqa: E402  (the benchmarks folder is not a package
 __all__ = ["BenchSpec", "FRAMEWORKS", "main", "run_benchmark"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FRAMEWORKS = ("ddp", "deepspeed", "zlaunch", "fsdp2", "zlaunch_compile")
+FRAMEWORKS = ("ddp", "deepspeed", "zlaunch", "fsdp2", "zlaunch_compile", "zlaunch_alone")
+ALONE = "zlaunch_alone"
+"""This runtime in a world of one with the same micro-batch: no communication at all, the
+bound the 2-rank runs are measured against (its optimizer steps every parameter, where a
+partitioned rank steps 1/N of them; its losses see rank 0's data only, so they are not
+compared)."""
 # Frameworks sum gradients in different orders, so fp32 losses drift apart by rounding, a little
 # more each step (a few 1e-4 relative after 30 steps at lr 1e-3); a real difference in the
 # algorithm (a missing average, a skipped clip) shows at 1e-2 or more within a few steps.
@@ -413,7 +418,12 @@ ADAPTERS: dict[str, type[Adapter]] = {
     "zlaunch": RuntimeAdapter,
     "fsdp2": FSDP2Adapter,
     "zlaunch_compile": CompiledRuntimeAdapter,
+    ALONE: RuntimeAdapter,
 }
+
+
+def framework_world(framework: str, spec: BenchSpec) -> int:
+    return 1 if framework == ALONE else spec.world_size
 
 
 def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
@@ -583,7 +593,8 @@ def _run_framework(spec: BenchSpec, framework: str, workdir: Path) -> list[dict[
     port = _free_port()
     procs = []
     logs = []
-    for rank in range(spec.world_size):
+    world = framework_world(framework, spec)
+    for rank in range(world):
         env = dict(os.environ)
         env.update(THREAD_ENV)
         env.update(
@@ -592,8 +603,8 @@ def _run_framework(spec: BenchSpec, framework: str, workdir: Path) -> list[dict[
                 "MASTER_PORT": str(port),
                 "RANK": str(rank),
                 "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(spec.world_size),
-                "LOCAL_WORLD_SIZE": str(spec.world_size),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world),
                 "DS_ACCELERATOR": "cpu",
                 "CUDA_VISIBLE_DEVICES": "",
                 "PYTHONPATH": os.pathsep.join(
@@ -646,8 +657,7 @@ def _run_framework(spec: BenchSpec, framework: str, workdir: Path) -> list[dict[
         tail = "".join(logs[rank][1].read_text(errors="replace").splitlines(True)[-30:])
         raise FrameworkFailed(f"{framework} rank {rank} {why}; last log lines:\n{tail}")
     return [
-        json.loads((workdir / f"{framework}-rank{rank}.json").read_text())
-        for rank in range(spec.world_size)
+        json.loads((workdir / f"{framework}-rank{rank}.json").read_text()) for rank in range(world)
     ]
 
 
@@ -686,7 +696,7 @@ def summarize(spec: BenchSpec, framework: str, ranks: list[dict[str, Any]]) -> d
         "framework": framework,
         "stage": stage,
         "precision": spec.precision,
-        "world_size": spec.world_size,
+        "world_size": framework_world(framework, spec),
         "num_params": params,
         "step_time_s": median(timed),
         "step_times_s": per_step,
@@ -702,7 +712,9 @@ def summarize(spec: BenchSpec, framework: str, ranks: list[dict[str, Any]]) -> d
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
         "baseline_rss_bytes": max(r["baseline_rss_bytes"] for r in ranks),
         "model_state_bytes": max(r["model_state_bytes"] for r in ranks),
-        "formula_bytes": _formula_bytes(stage, spec.precision, params, spec.world_size),
+        "formula_bytes": _formula_bytes(
+            stage, spec.precision, params, framework_world(framework, spec)
+        ),
         "sent_bytes_per_step": max(sent),
         "comm_by_kind": kinds,
         "runtime_counter_bytes_per_step": (
@@ -737,7 +749,8 @@ def run_benchmark(spec: BenchSpec, workdir: Path | None = None) -> dict[str, Any
     try:
         rows = []
         for framework in spec.frameworks:
-            print(f"[train_bench] {framework}: {spec.world_size} ranks ...", flush=True)
+            world = framework_world(framework, spec)
+            print(f"[train_bench] {framework}: {world} ranks ...", flush=True)
             started = time.monotonic()
             ranks = _run_framework(spec, framework, workdir)
             row = summarize(spec, framework, ranks)
@@ -752,8 +765,14 @@ def run_benchmark(spec: BenchSpec, workdir: Path | None = None) -> dict[str, Any
         if own_tmp:
             shutil.rmtree(workdir, ignore_errors=True)
     reference = next((r for r in rows if r["framework"] == "ddp"), rows[0])
+    alone = next((r for r in rows if r["framework"] == ALONE), None)
     for row in rows:
         row["step_time_ratio"] = row["step_time_s"] / reference["step_time_s"]
+        # Against the comm-free bound: the runtime alone, same micro-batch.
+        row["bound_ratio"] = row["step_time_s"] / alone["step_time_s"] if alone else None
+        if row["framework"] == ALONE:  # rank 0's data only: a different loss sequence
+            row["loss_max_rel_diff"], row["loss_matches"] = None, None
+            continue
         row["loss_max_rel_diff"] = _max_rel_diff(row, reference)
         row["loss_matches"] = row["loss_max_rel_diff"] <= LOSS_MATCH_RTOL[spec.precision]
     return {
@@ -834,6 +853,7 @@ def format_table(result: dict[str, Any]) -> str:
         "stage",
         "step ms (median)",
         f"x {ref}",
+        "x alone",
         "CPU ms/step",
         "peak RSS/rank",
         "model states/rank",
@@ -849,13 +869,19 @@ def format_table(result: dict[str, Any]) -> str:
             str(row["stage"]),
             f"{row['step_time_s'] * 1e3:.1f}",
             f"{row['step_time_ratio']:.3f}",
+            "-" if row.get("bound_ratio") is None else f"{row['bound_ratio']:.3f}",
             f"{row['cpu_time_s'] * 1e3:.1f}",
             format_bytes(row["peak_rss_bytes"]),
             format_bytes(row["model_state_bytes"]),
             format_bytes(row["formula_bytes"]),
             format_bytes(row["sent_bytes_per_step"]),
             _losses_text(row["losses"]),
-            f"{row['loss_max_rel_diff']:.1e}" + ("" if row["loss_matches"] else " (differs)"),
+            (
+                "- (rank 0's data alone)"
+                if row["loss_matches"] is None
+                else f"{row['loss_max_rel_diff']:.1e}"
+                + ("" if row["loss_matches"] else " (differs)")
+            ),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -134,31 +134,45 @@ class GradStats:
 
 class StepRiders:
     """Numbers summed over the data-parallel ranks in the step's gradient-statistics
-    all-reduce instead of a collective of their own (the step metrics' loss and tokens).
+    all-reduce instead of a collective of their own (the step metrics' loss and tokens, stage
+    3's collective-sequence check).
 
-    Before the optimizer step every rank boards the same number of float64 values; the
-    gradient check sends them with its own and leaves the sums here. Nothing boarded, or a
-    norm summed over another group (a model-parallel layout): `take_sums` is None and the
-    owner reduces its numbers itself."""
+    Before the optimizer step every rank boards the same seats with the same number of float64
+    values each, in the same order; the gradient check sends them with its own and leaves the
+    sums here, by seat. Nothing boarded, or a norm summed over another group (a model-parallel
+    layout): `take_sums` is None and the owner reduces its numbers itself."""
+
+    METRICS = "metrics"
 
     def __init__(self) -> None:
-        self._local: torch.Tensor | None = None
-        self._sums: list[float] | None = None
+        self._local: dict[str, torch.Tensor] = {}
+        self._sums: dict[str, list[float]] = {}
+        self._layout: list[tuple[str, int]] = []
 
-    def board(self, values: torch.Tensor) -> None:
-        self._local, self._sums = values, None
+    def board(self, values: torch.Tensor, seat: str = METRICS) -> None:
+        self._local[seat] = values.reshape(-1)
+        self._sums.pop(seat, None)
 
     def take_local(self) -> torch.Tensor | None:
-        local, self._local = self._local, None
-        return local
+        """Every seat's values, concatenated in boarding order (the sums come back in it)."""
+        if not self._local:
+            return None
+        self._layout = [(seat, t.numel()) for seat, t in self._local.items()]
+        values = [t.to(torch.float64) for t in self._local.values()]
+        device = values[0].device
+        self._local = {}
+        return torch.cat([v.to(device) for v in values])
 
     def set_sums(self, sums: list[float]) -> None:
-        self._sums = sums
+        at = 0
+        for seat, n in self._layout:
+            self._sums[seat] = sums[at : at + n]
+            at += n
 
-    def take_sums(self) -> list[float] | None:
-        """The summed values of this step (once), or None when they did not ride."""
-        sums, self._sums, self._local = self._sums, None, None
-        return sums
+    def take_sums(self, seat: str = METRICS) -> list[float] | None:
+        """This seat's summed values of this step (once), or None when they did not ride."""
+        self._local.pop(seat, None)
+        return self._sums.pop(seat, None)
 
 
 def global_grad_stats(

@@ -49,6 +49,7 @@ TABLE_COLUMNS = [
     "framework",
     "step ms (median)",
     "x ddp",
+    "x alone",
     "CPU ms/step",
     "peak RSS/rank",
     "model states/rank",
@@ -74,7 +75,7 @@ def test_tiny_run_reports_every_field(tmp_path):
             "--warmup",
             "1",
             "--frameworks",
-            "ddp,zlaunch",
+            "ddp,zlaunch,zlaunch_alone",
             "--json",
             str(out),
             "--timeout",
@@ -96,7 +97,12 @@ def test_tiny_run_reports_every_field(tmp_path):
     assert result["threads_per_rank"] == 1
     assert result["command"].startswith("python benchmarks/train_bench.py --stage 2 --steps 3")
     assert result["environment"]["torch"]
-    ddp, ours = result["rows"]
+    ddp, ours, alone = result["rows"]
+    # The comm-free bound: one rank, the same micro-batch, nothing on the wire.
+    assert (alone["world_size"], alone["sent_bytes_per_step"], alone["bound_ratio"]) == (1, 0, 1)
+    assert alone["loss_matches"] is None and alone["num_params"] == ours["num_params"]
+    assert ours["bound_ratio"] == ours["step_time_s"] / alone["step_time_s"]
+    assert "| zlaunch_alone |" in proc.stdout and "rank 0's data alone" in proc.stdout
     for row in (ddp, ours):
         assert ROW_FIELDS <= row.keys(), ROW_FIELDS - row.keys()
         assert len(row["losses"]) == 3 and len(row["step_times_s"]) == 3

@@ -94,6 +94,7 @@ class Stage3Coordinator:
             int(zero.stage3_max_live_parameters),
             self.fetcher,
         )
+        self._ends_accumulation = False  # set by the engine before each backward
         self.sequence = self.live.sequence
         self.grads = Stage3GradReducer(
             layout,
@@ -286,11 +287,13 @@ class Stage3Coordinator:
         self.live.release_all()
         self.planner.end_pass()
         self.phase = Phase.IDLE
-        self.sequence.end_pass("backward")
+        self.sequence.end_pass("backward", ends_accumulation=self._ends_accumulation)
 
     # ------------------------------------------------------------------ engine interface
-    def prepare(self, boundary: bool) -> None:  # noqa: ARG002 - reduced every micro-step
-        pass
+    def prepare(self, boundary: bool) -> None:
+        # Gradients are reduced every micro-step; the boundary only says a step follows, whose
+        # all-reduce can carry this pass's collective-sequence check.
+        self._ends_accumulation = boundary
 
     def finish(self) -> None:
         self._end_backward()

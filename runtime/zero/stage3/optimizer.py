@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..optimizer import StepOutcome, ZeroOptimizer
+from .sequence import SEAT
 
 __all__ = ["Stage3Optimizer", "plan_sub_groups"]
 
@@ -39,7 +40,13 @@ class Stage3Optimizer(ZeroOptimizer):
 
     def step(self) -> StepOutcome:
         grads = self.reducer.owned_grads()
+        # The last pass's collective-sequence check rides in the gradient check's all-reduce,
+        # and is settled before anything is applied (a mismatch raises here).
+        sequence = self.reducer.sequence
+        if self.riders is not None and self.norm_scope is None:
+            sequence.board(self.riders)
         clipping = self._check_and_clip(grads, partitioned=True)
+        sequence.settle(self.riders.take_sums(SEAT) if self.riders is not None else None)
         if clipping is None:
             return StepOutcome(True, None)
         norm, coef = clipping.norm, clipping.coef

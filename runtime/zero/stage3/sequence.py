@@ -6,12 +6,22 @@ different units pair up: with equal sizes the ranks silently exchange the wrong 
 different sizes gloo aborts the process. `CollectiveSequence` records every collective of a
 pass and checks the sequences agree:
 
-* at the end of every pass, one all-gather of a running hash (8 bytes per rank): a mismatch
-  of equal-size collectives is reported before the optimizer steps on wrong gradients;
+* at the end of every pass, a running hash of its collectives is compared across ranks: a
+  mismatch of equal-size collectives is reported before the optimizer steps on wrong
+  gradients;
 * *verified* passes (the first ones, and the ones after any rank left its recorded module
   order) also check before each collective, so even a size mismatch is reported by name
   instead of aborting. The check costs one tiny all-gather per collective, so it stops once
   passes have agreed `VERIFIED_PASSES` times in a row.
+
+Where the comparison runs: after a pass that is not verified and ends an accumulation (the
+common steady state), the hash rides in the step's gradient-norm all-reduce
+(`runtime.precision.StepRiders`) and is settled before the optimizer applies anything: no
+collective and no host read of its own. A sum can still tell equal values from different ones:
+all N values are equal exactly when N * sum(h^2) == sum(h)^2, computed in Python integers from
+float64 sums that stay exact (two 20-bit pieces of the hash, up to 4096 ranks). Other passes
+(verified ones, evaluation, accumulation micro-steps, larger worlds) end with one all-gather of
+24 bytes per rank as before.
 """
 
 from __future__ import annotations
@@ -22,11 +32,14 @@ from ...comm import Communicator
 from ...errors import UsageError
 from .units import Unit
 
-__all__ = ["CollectiveSequence", "RankMismatchError", "VERIFIED_PASSES"]
+__all__ = ["CollectiveSequence", "RankMismatchError", "VERIFIED_PASSES", "SEAT"]
 
 VERIFIED_PASSES = 2
+SEAT = "stage3_sequence"  # its seat in the step's all-reduce
 _MOD = (1 << 61) - 1
 _KINDS = ("fetch", "reduce")
+_PIECE = 20  # bits of the hash per summed piece: N * (2^20)^2 stays below 2^53 for N <= 4096
+_MAX_RIDING_WORLD = 4096
 
 
 class RankMismatchError(UsageError):
@@ -42,6 +55,8 @@ class CollectiveSequence:
         self.verify = True
         self._agreed = 0
         self._diverged = False
+        self.riding = False
+        """A finished pass waits for the step's all-reduce to compare it (`board`/`settle`)."""
 
     def mark_diverged(self) -> None:
         """This rank left its recorded module order in this pass."""
@@ -65,18 +80,59 @@ class CollectiveSequence:
         if bool((peers != peers[0]).any()):
             self._raise(peers[:, 0].tolist(), len(self.events))
 
-    def end_pass(self, what: str) -> None:
-        """All ranks: compare this pass's sequences; decide whether the next is verified."""
+    def end_pass(self, what: str, ends_accumulation: bool = False) -> None:
+        """All ranks: compare this pass's sequences (now, or in the coming step's all-reduce
+        when `ends_accumulation` and the pass was not verified); decide whether the next pass is
+        verified."""
+        if self.riding:  # a pass whose step never came: compare it with this one, now
+            self.riding = False
+        elif ends_accumulation and not self.verify:
+            if self.comm.world_size <= _MAX_RIDING_WORLD:
+                self.riding = True
+                return
         peers = self._gather([self.hash, len(self.events), int(self._diverged)])
         agree = bool((peers[:, :2] == peers[0, :2]).all())
+        self._conclude(agree, bool(peers[:, 2].any()), what)
+
+    def _conclude(self, agree: bool, diverged: bool, what: str) -> None:
         if not agree:
             self._report_sequences(what)
-        if bool(peers[:, 2].any()):
+        if diverged:
             self._agreed = 0
         else:
             self._agreed += 1
         self.verify = self._agreed < VERIFIED_PASSES
         self.events, self.hash, self._diverged = [], 0, False
+
+    # ---- riding in the step's all-reduce -------------------------------------------------------
+
+    def _riders(self) -> torch.Tensor:
+        low, high = self.hash & ((1 << _PIECE) - 1), (self.hash >> _PIECE) & ((1 << _PIECE) - 1)
+        n = len(self.events)
+        values = [low, low * low, high, high * high, n, n * n, int(self._diverged)]
+        return torch.tensor(values, dtype=torch.float64)
+
+    def board(self, riders) -> None:
+        """Before the step's gradient check: put the waiting pass's hash on `riders`."""
+        if self.riding:
+            riders.board(self._riders(), SEAT)
+
+    def settle(self, sums: list[float] | None) -> None:
+        """After the gradient check, before the optimizer applies anything: compare the
+        waiting pass from the sums (None: they did not ride; gather here instead)."""
+        if not self.riding:
+            return
+        self.riding = False
+        if sums is None:
+            peers = self._gather([self.hash, len(self.events), int(self._diverged)])
+            self._conclude(
+                bool((peers[:, :2] == peers[0, :2]).all()), bool(peers[:, 2].any()), "backward"
+            )
+            return
+        world = self.comm.world_size
+        whole = [round(v) for v in sums]
+        agree = all(world * whole[i + 1] == whole[i] * whole[i] for i in (0, 2, 4))
+        self._conclude(agree, whole[6] > 0, "backward")
 
     def _report_sequences(self, what: str) -> None:
         lengths = self._gather([len(self.events)])[:, 0].tolist()

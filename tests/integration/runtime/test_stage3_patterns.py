@@ -53,11 +53,23 @@ def rank_runs_other_branch(b_out: int, diverge_at: int, zero: dict | None = None
     x = torch.randn(2, 8)
     for step in range(6):
         model.use_b = dist.get_rank() == 1 and step >= diverge_at
+        where = "backward"
+        masters = [m.detach().clone() for m in engine.optimizer.master]
         try:
             engine.backward(engine(x).pow(2).mean())
+            where = "step"
+            engine.step()
         except RankMismatchError as e:
-            return {"error": str(e), "step": step, "global_steps": engine.global_steps}
-        engine.step()
+            unchanged = all(
+                torch.equal(a, b) for a, b in zip(masters, engine.optimizer.master, strict=True)
+            )
+            return {
+                "error": str(e),
+                "step": step,
+                "where": where,
+                "global_steps": engine.global_steps,
+                "masters_unchanged": unchanged,
+            }
     return {"error": None, "step": 6, "global_steps": engine.global_steps}
 
 
@@ -69,7 +81,7 @@ def test_different_sizes_reported_before_the_collective():
         2, f"{HERE}:rank_runs_other_branch", {"b_out": 24, "diverge_at": 0}, timeout=60
     )
     for r in results:
-        assert r["step"] == 0 and r["global_steps"] == 0
+        assert (r["step"], r["where"], r["global_steps"]) == (0, "backward", 0)
         assert "rank 0 gathered 'a'" in r["error"] and "rank 1 gathered 'b'" in r["error"]
         assert "set_z3_leaf_modules" in r["error"]
 
@@ -77,7 +89,8 @@ def test_different_sizes_reported_before_the_collective():
 @pytest.mark.multirank
 def test_same_sizes_reported_before_the_step():
     """After the verified passes, equal-size collectives of different modules pair up
-    silently; the end-of-pass check reports it before the optimizer applies the step.
+    silently; the end-of-pass check, riding in the step's gradient-norm all-reduce, reports it
+    before the optimizer applies anything: no step counted, the master weights untouched.
 
     Without prefetching or keeping, so that both ranks issue the same number of all-gathers:
     with them, the rank still on its recorded trace prefetches or keeps what the other
@@ -88,7 +101,8 @@ def test_same_sizes_reported_before_the_step():
         2, f"{HERE}:rank_runs_other_branch", {"b_out": 8, "diverge_at": 4, "zero": zero}, timeout=60
     )
     for r in results:
-        assert r["step"] == 4 and r["global_steps"] == 4, r
+        assert (r["step"], r["where"], r["global_steps"]) == (4, "step", 4), r
+        assert r["masters_unchanged"], r
         assert "'a'" in r["error"] and "'b'" in r["error"]
 
 
@@ -132,3 +146,35 @@ def test_moe_trains_with_experts_found_or_declared_and_reports_otherwise():
         for s, want in enumerate(ref_losses):
             got = sum(per_rank[r][s * gas + m] for r in range(WORLD) for m in range(gas))
             assert abs(got / (WORLD * gas) - want) <= 1e-4 * abs(want)
+
+
+def sequence_gathers(steps: int, gas: int) -> dict:
+    """Train Branchy (every rank on branch a) with the comms logger; the small all-gathers."""
+    import runtime
+
+    model = Branchy(8)
+    config = dict(
+        CONFIG, gradient_accumulation_steps=gas, comms_logger={"enabled": True, "verbose": False}
+    )
+    engine, *_ = runtime.initialize(model=model, model_parameters=model.parameters(), config=config)
+    x = torch.randn(2, 8)
+    for _ in range(steps * gas):
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
+    return {"rows": engine.comms_summary(show=False)}
+
+
+@pytest.mark.multirank
+def test_the_sequence_check_rides_in_the_step_once_passes_agree():
+    """After the two verified passes, a pass that ends an accumulation sends no collective of
+    its own for the check: the end-of-pass all-gathers (3 int64 per rank, 48 bytes gathered)
+    stay at two however many steps run; accumulation micro-steps still check at their end."""
+    results = run_ranks(2, f"{HERE}:sequence_gathers", {"steps": 6, "gas": 1}, timeout=60)
+    accumulating = run_ranks(2, f"{HERE}:sequence_gathers", {"steps": 3, "gas": 2}, timeout=60)
+
+    def end_of_pass_gathers(rows):
+        return sum(r["count"] for r in rows if r["kind"] == "all_gather" and r["size"] == 48)
+
+    assert [end_of_pass_gathers(r["rows"]) for r in results] == [2, 2]
+    # 6 passes: the first two verified, then two micro-steps that do not end a step
+    assert [end_of_pass_gathers(r["rows"]) for r in accumulating] == [4, 4]

@@ -16,6 +16,17 @@ gloo multi-rank), cluster (real sshd hosts, Slurm, faults, the model zoo). `-m u
 a tier; the mark comes from the folder, so it cannot drift from where a test lives."""
 
 
+def xdist_group(parts: tuple[str, ...]) -> str:
+    """The unit the README's parallel run (`-n N --dist loadgroup`) hands one worker whole.
+
+    A test file: its module fixtures run once. A cluster folder: its tests share that worker's
+    test cluster (a session fixture per worker), and Slurm's folder is one group because the
+    machine has one Slurm."""
+    if parts[0] == "cluster" and len(parts) > 2:
+        return "/".join(parts[:2])
+    return "/".join(parts)
+
+
 def pytest_collection_modifyitems(config, items):
     misplaced = []
     for item in items:
@@ -27,6 +38,7 @@ def pytest_collection_modifyitems(config, items):
             )
             continue
         item.add_marker(getattr(pytest.mark, tier))
+        item.add_marker(pytest.mark.xdist_group(name=xdist_group(parts)))
         if "cluster" in getattr(item, "fixturenames", ()) and tier != "cluster":
             misplaced.append(
                 f"{item.nodeid}: uses the cluster fixture; it belongs in tests/cluster"

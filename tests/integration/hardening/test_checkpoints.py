@@ -20,8 +20,10 @@ from tests.unit.hardening.test_checkpoints import save  # shared with the unit h
 
 
 def test_the_save_lock_is_freed_when_its_holder_dies(tmp_path):
+    # -o: the lock's file stays with flock alone, not with its sleep child, so once flock is
+    # reaped the lock is free (a killed sleep could otherwise hold it a moment longer).
     holder = subprocess.Popen(
-        ["flock", str(tmp_path / storage.LOCK_FILE), "sleep", "30"], start_new_session=True
+        ["flock", "-o", str(tmp_path / storage.LOCK_FILE), "sleep", "30"], start_new_session=True
     )
     try:
         deadline = 50

@@ -14,19 +14,19 @@ Fields added to the engine's metrics event:
   over the report window's step time, data loading included), ``mfu`` (tflops / peak),
   ``peak_tflops`` and ``peak_source``; None until the count is done, when no peak is known,
   and when nobody asked for the count.
-
-Why the count is asked for rather than always on: torch's counter is a dispatch mode, a Python
-call on every op, which slowed the counted step by 3-14% on examples/gpt.py models of 6 and 2 layers on CPU and
-forces it eager under torch.compile. The light count (`StepFlops`, MFU only) is entered inside
-the engine's forward and backward calls only, never between them, so a script that leaves a
-step unfinished (an exception, an engine dropped mid-accumulation) leaves no mode on. The
-profiler's count (`ModuleProfile`) spans its step's first forward to its last backward: torch
-attributes backward FLOPs to modules only across the whole span.
 - with wall_clock_breakdown: ``time_forward``, ``time_backward``, ``time_reduce_wait``,
   ``time_step``, ``time_allgather_wait`` (rank 0, seconds per optimizer step over the window),
   the same with ``slowest_`` for the slowest rank (the most forward+backward+step time less
   the waits: a straggler's peers spend its extra time waiting in collectives),
   ``slowest_rank`` and ``straggler`` ("host (rank N)").
+
+Why the count is asked for rather than always on: torch's counter is a dispatch mode, a Python
+call on every op, which slowed the counted step by 3-14% on examples/gpt.py models of 6 and 2
+layers on CPU and forces it eager under torch.compile. The light count (`StepFlops`, MFU only)
+is entered inside the engine's forward and backward calls only, never between them, so a script
+that leaves a step unfinished (an exception, an engine dropped mid-accumulation) leaves no mode
+on. The profiler's count (`ModuleProfile`) spans its step's first forward to its last backward:
+torch attributes backward FLOPs to modules only across the whole span.
 """
 
 from __future__ import annotations

@@ -158,10 +158,10 @@ class StepRiders:
         if not self._local:
             return None
         self._layout = [(seat, t.numel()) for seat, t in self._local.items()]
-        values = [t.to(torch.float64) for t in self._local.values()]
-        device = values[0].device
+        device = next(iter(self._local.values())).device
+        values = [t.to(device=device, dtype=torch.float64) for t in self._local.values()]
         self._local = {}
-        return torch.cat([v.to(device) for v in values])
+        return torch.cat(values)
 
     def set_sums(self, sums: list[float]) -> None:
         at = 0

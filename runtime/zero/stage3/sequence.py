@@ -90,6 +90,10 @@ class CollectiveSequence:
             if self.comm.world_size <= _MAX_RIDING_WORLD:
                 self.riding = True
                 return
+        self._compare_now(what)
+
+    def _compare_now(self, what: str) -> None:
+        """One all-gather of (hash, count, diverged) from every rank, then the verdict."""
         peers = self._gather([self.hash, len(self.events), int(self._diverged)])
         agree = bool((peers[:, :2] == peers[0, :2]).all())
         self._conclude(agree, bool(peers[:, 2].any()), what)
@@ -124,10 +128,7 @@ class CollectiveSequence:
             return
         self.riding = False
         if sums is None:
-            peers = self._gather([self.hash, len(self.events), int(self._diverged)])
-            self._conclude(
-                bool((peers[:, :2] == peers[0, :2]).all()), bool(peers[:, 2].any()), "backward"
-            )
+            self._compare_now("backward")
             return
         world = self.comm.world_size
         whole = [round(v) for v in sums]

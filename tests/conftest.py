@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ def xdist_group(parts: tuple[str, ...]) -> str:
     return "/".join(parts)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks it adds
 def pytest_collection_modifyitems(config, items):
     misplaced = []
     for item in items:
@@ -45,6 +47,17 @@ def pytest_collection_modifyitems(config, items):
             )
     if misplaced:
         raise pytest.UsageError("tests outside their tier:\n  " + "\n  ".join(misplaced))
+
+
+def pytest_runtest_setup(item):
+    """Under `-n N` each worker's own torch ops use one thread, as a rank's do: N workers share
+    the cores, and torch's default (one thread per core) in each would oversubscribe them and
+    spin. A test that sets its own thread count still can; set once, before the first test."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if not getattr(pytest_runtest_setup, "_threads_set", False):
+            torch.set_num_threads(1)
+            pytest_runtest_setup._threads_set = True
 
 
 @pytest.fixture(scope="session", autouse=True)

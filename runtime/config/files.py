@@ -185,7 +185,25 @@ def _yaml_loader() -> type:
 
         PyYAML (YAML 1.1) reads `lr: 1e-3` as the string "1e-3"; YAML 1.2 and every JSON user
         expect a float.
+
+        Nesting is bounded while scanning: a 10 KB file of brackets would otherwise be parsed
+        thousands of levels deep before anything could refuse it.
         """
+
+        def _refuse_deeper_than(self, depth: int) -> None:
+            if depth > MAX_DEPTH:
+                raise ConfigError(
+                    f"line {self.line + 1}: nested more than {MAX_DEPTH} levels deep; a config "
+                    "is a few levels deep"
+                )
+
+        def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's
+            self._refuse_deeper_than(self.flow_level + 1)
+            super().fetch_flow_collection_start(TokenClass)
+
+        def add_indent(self, column: int) -> bool:
+            self._refuse_deeper_than(len(self.indents) + 1)
+            return super().add_indent(column)
 
     def construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict:
         seen: set[Any] = set()

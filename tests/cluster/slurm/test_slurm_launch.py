@@ -339,10 +339,13 @@ def test_one_step_srun_killed_loses_every_agent_and_leaves_nothing(idle_slurm, t
     # a TCP timeout), the job fails saying so, and the agents stop their workers on every node
     before = _task_pids(idle_slurm)
     proc, records = _start(idle_slurm, tmp_path, ["--hang"], "--slurm-mode", "one-step")
+    # this job's sruns: an earlier test's may still be exiting on a busy machine
     sruns = [
         int(pid)
         for pid in os.listdir("/proc")
-        if pid.isdigit() and "--job-name=zlaunch-agents-" in _cmdline(int(pid))
+        if pid.isdigit()
+        and "--job-name=zlaunch-agents-" in _cmdline(int(pid))
+        and _descends_from(int(pid), proc.pid)
     ]
     # srun itself, not the helper it forks (the helper's parent is srun)
     main = [pid for pid in sruns if _parent(pid) not in sruns]
@@ -366,6 +369,14 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == ancestor:
+            return True
+    return False
 
 
 def _parent(pid: int) -> int:

@@ -18,7 +18,7 @@ a tier; the mark comes from the folder, so it cannot drift from where a test liv
 
 
 def xdist_group(parts: tuple[str, ...]) -> str:
-    """The unit the README's parallel run (`-n N --dist loadgroup`) hands one worker whole.
+    """The unit the README's parallel run (`-n 2 --dist loadgroup`) hands one worker whole.
 
     A test file: its module fixtures run once. A cluster folder: its tests share that worker's
     test cluster (a session fixture per worker), and Slurm's folder is one group because the
@@ -26,6 +26,16 @@ def xdist_group(parts: tuple[str, ...]) -> str:
     if parts[0] == "cluster" and len(parts) > 2:
         return "/".join(parts[:2])
     return "/".join(parts)
+
+
+def pytest_configure(config):
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and config.getoption("dist", "no") != "loadgroup":
+        raise pytest.UsageError(
+            f"-n {workers} needs --dist loadgroup: tests/cluster/slurm shares the machine's one "
+            "Slurm and a cluster folder shares one test cluster, so each must stay on one worker "
+            "(run: python -m pytest -q -n 2 --dist loadgroup)"
+        )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks it adds

@@ -332,11 +332,10 @@ def test_reduce_scatter_off_all_reduces_and_allgather_off_broadcasts(
         assert stats[gather] == pytest.approx(part, rel=0.01)
 
 
+@pytest.mark.parametrize("ranks", [2], indirect=True)  # the scenario runs at world 2 only
 @pytest.mark.parametrize("stage", [0, 2])
 def test_fp16_overflow_skips_and_rescales_like_the_scaler(ranks, stage):
     world, results = ranks
-    if world != 2:
-        pytest.skip("overflow scenario runs at 2 ranks")
     from runtime.loss_scaler import DynamicLossScaler
 
     res = [r["overflow"][stage] for r in results]
@@ -354,10 +353,9 @@ def test_fp16_overflow_skips_and_rescales_like_the_scaler(ranks, stage):
         assert [not c for c in r["changed"]] == [s in poison for s in range(12)]
 
 
+@pytest.mark.parametrize("ranks", [2], indirect=True)  # the scenario runs at world 2 only
 def test_user_stage2_fp16_offload_example_trains(ranks):
     world, results = ranks
-    if world != 2:
-        pytest.skip("runs at 2 ranks")
     for r in results:
         res = r["user_example"]
         losses = res["losses"]

@@ -59,15 +59,13 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("tests outside their tier:\n  " + "\n  ".join(misplaced))
 
 
-def pytest_runtest_setup(item):
-    """Under `-n N` each worker's own torch ops use one thread, as a rank's do: N workers share
-    the cores, and torch's default (one thread per core) in each would oversubscribe them and
-    spin. A test that sets its own thread count still can; set once, before the first test."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        if not getattr(pytest_runtest_setup, "_threads_set", False):
-            torch.set_num_threads(1)
-            pytest_runtest_setup._threads_set = True
+def pytest_collection_finish(session):
+    """Under `-n N` each worker's own torch ops use one thread, as a rank's do: the workers
+    share the cores, and torch's default (a thread per core) in each would oversubscribe them.
+    Collection has imported torch wherever a test module uses it."""
+    torch = sys.modules.get("torch")
+    if os.environ.get("PYTEST_XDIST_WORKER") and torch is not None:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)

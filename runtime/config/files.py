@@ -190,20 +190,23 @@ def _yaml_loader() -> type:
         thousands of levels deep before anything could refuse it.
         """
 
-        def _refuse_deeper_than(self, depth: int) -> None:
-            if depth > MAX_DEPTH:
+        def _refuse_deep_nesting(self) -> None:
+            # The open block collections (the top one included) and flow brackets: the depth
+            # `_check_nodes` counts, with the top collection at 0.
+            if len(self.indents) - 1 + self.flow_level > MAX_DEPTH:
                 raise ConfigError(
                     f"line {self.line + 1}: nested more than {MAX_DEPTH} levels deep; a config "
                     "is a few levels deep"
                 )
 
         def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's
-            self._refuse_deeper_than(self.flow_level + 1)
             super().fetch_flow_collection_start(TokenClass)
+            self._refuse_deep_nesting()
 
         def add_indent(self, column: int) -> bool:
-            self._refuse_deeper_than(len(self.indents) + 1)
-            return super().add_indent(column)
+            opened = super().add_indent(column)
+            self._refuse_deep_nesting()
+            return opened
 
     def construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict:
         seen: set[Any] = set()

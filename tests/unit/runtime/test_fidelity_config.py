@@ -129,7 +129,8 @@ HOSTILE = [
     ("recmap.yaml", "a: &a {b: *a}\n", "an alias refers to a node that contains it"),
     ("deep.json", '{"a": ' + "[" * 5000 + "]" * 5000 + "}", "is nested too deeply to read"),
     ("deep2.json", '{"a": ' + "[" * 100 + "]" * 100 + "}", "is nested more than 64 levels deep"),
-    ("deep.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
+    # refused while scanning, at the 65th bracket, not by Python's recursion limit
+    ("deep.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", "line 1: nested more than 64 levels"),
     ("bigint.json", '{"train_batch_size": ' + "7" * 5000 + "}", "4300 digits"),
     ("bigint.yaml", "train_batch_size: " + "7" * 5000 + "\n", "4300 digits"),
     ("hexint.yaml", "train_batch_size: 0x" + "f" * 5000 + "\n", "an integer of 20000 bits"),
@@ -166,6 +167,35 @@ def test_hostile_files_end_in_one_config_error_in_bounded_memory(tmp_path, name,
     assert len(message) < 400 and "\n" not in message
     # The 414-byte alias bomb of the issue took 633 MiB; parsing is linear in the file now.
     assert peak < 64 * 2**20 + 200 * len(text), peak
+
+
+def _block(levels: int, leaf: str = "1") -> str:
+    """Mappings nested ``levels`` deep under the top one, by indentation."""
+    return "".join("  " * i + f"k{i}:\n" for i in range(levels)) + "  " * levels + f"x: {leaf}\n"
+
+
+def _flow(levels: int) -> str:
+    return "a: " + "[" * levels + "]" * levels + "\n"
+
+
+def _mixed(levels: int) -> str:
+    """Half the levels block mappings, the rest flow brackets inside them."""
+    flow = levels - levels // 2
+    return _block(levels // 2, "[" * flow + "]" * flow)
+
+
+@pytest.mark.parametrize("shape", [_block, _flow, _mixed], ids=["block", "flow", "mixed"])
+def test_yaml_nesting_is_refused_just_past_the_bound_and_read_at_it(tmp_path, shape):
+    """The bound is applied while scanning (a file of 5,000 brackets stops at the 65th) and
+    lands on the same depth as the check of the composed document: 64 reads, 65 does not."""
+    from runtime.config.files import MAX_DEPTH, read_file
+
+    path = tmp_path / "deep.yaml"
+    path.write_text(shape(MAX_DEPTH))
+    assert read_file(path, str(path))
+    path.write_text(shape(MAX_DEPTH + 1))
+    with pytest.raises(ConfigError, match=f"nested more than {MAX_DEPTH} levels deep"):
+        read_file(path, str(path))
 
 
 def test_huge_integers_are_refused_not_printed():

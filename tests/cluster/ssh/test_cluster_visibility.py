@@ -209,6 +209,16 @@ def test_stacks_name_the_one_stuck_rank_among_six_on_three_hosts(cluster, procs,
         return rows if len(rows) == WORLD and all(r.get("stacks") for r in rows) else None
 
     rows = wait_for(all_ready, 90, "every rank ready for stack dumps", job)
+    # Ask once every rank is past start-up: CPython 3.11's faulthandler can crash a process
+    # whose threads start or end while it dumps them (a stuck job is asked, not a starting one).
+    wait_for(
+        lambda: all(
+            f"rank {r} initialized" in (tmp_path / "console.txt").read_text() for r in range(WORLD)
+        ),
+        90,
+        "every rank initialized",
+        job,
+    )
 
     def two_groups():
         out = subprocess.run(

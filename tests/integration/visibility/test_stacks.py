@@ -83,6 +83,17 @@ def test_stacks_of_a_local_job_show_who_is_stuck_and_leave_it_running(tmp_path):
             60,
             "both ranks ready for stack dumps",
         )
+        # Ask only once both ranks are past start-up (initialized, the chatter thread started):
+        # CPython 3.11's faulthandler can crash a process whose threads start or end while it
+        # dumps them, and a job is asked for stacks because it is stuck, not while it starts.
+        wait_for(
+            lambda: all(
+                line in (runs / "console.txt").read_text()
+                for line in ("rank 0 initialized", "rank 1 initialized", "still here")
+            ),
+            60,
+            "both ranks initialized",
+        )
 
         def sections() -> tuple[str, str, str] | None:
             """(output, rank 0's part, rank 1's part); None while both share one stack."""

@@ -36,11 +36,6 @@ def pytest_configure(config):
             "Slurm and a cluster folder shares one test cluster, so each must stay on one worker "
             "(run: python -m pytest -q -n 2 --dist loadgroup)"
         )
-    if workers:
-        # Hand the groups out in collection order: the long ones first (the cluster tier, then
-        # integration), the unit tier's short files last, so the workers end together. xdist's
-        # default hands out the groups with the most tests first (unit files of fast tests).
-        config.option.loadscopereorder = False
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks it adds

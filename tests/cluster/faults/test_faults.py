@@ -63,8 +63,16 @@ def _run_with_fault(cluster, tmp_path, flags, inject, heal):
 
 def _continued_on_two_hosts(tmp_path, text, code):
     assert code == 0, text[-4000:]
-    assert "no word from the agent" in text or "no heartbeat" in text
-    assert "restarting on node1, node3 without node2 (world 2)" in text
+    # node2 is dropped as soon as the controller hears of it (its agent's silence, or its agent
+    # saying it heard no heartbeat); on a loaded machine a rank may fail first on node2's
+    # closed connection, and the restart, unable to reach node2, goes on without it
+    heard = ("no word from the agent" in text or "no heartbeat" in text) and (
+        "restarting on node1, node3 without node2 (world 2)" in text
+    )
+    unreachable = (
+        "ssh to node2 timed out after 10s; going on without node2 on node1, node3 (world 2)" in text
+    )
+    assert heard or unreachable, text[-4000:]
     assert [a["hosts"] for a in attempts(tmp_path)] == [
         ["node1", "node2", "node3"],
         ["node1", "node3"],

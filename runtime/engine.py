@@ -70,10 +70,10 @@ class Engine(EngineQueries, torch.nn.Module):
             config, self.precision.param_dtype, self.dp_world_size
         ).pre_divisor
         self.counters = TrainCounters()
-        from .checkpoint.async_save import AsyncSaver, async_save_default
+        from .checkpoint.async_save import AsyncSaver
 
         self.checkpoint_saver = AsyncSaver()
-        self._async_save_default = async_save_default(config.raw)
+        self._async_save_default = config.checkpoint.async_save
         self.accumulation = Accumulation(self.gradient_accumulation_steps)
         # The step metrics' loss and tokens ride with the gradient-norm all-reduce.
         self.step_riders = StepRiders()

@@ -16,26 +16,12 @@ thread is not a daemon) wait for it; a failed write is raised by the next of the
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import torch
 
 from .errors import CheckpointError
 
-__all__ = ["AsyncSaver", "async_save_default"]
-
-
-def async_save_default(raw_config: Any) -> bool:
-    """The config's ``checkpoint.async_save`` (default false)."""
-    block = raw_config.get("checkpoint") if hasattr(raw_config, "get") else None
-    if not isinstance(block, dict) or "async_save" not in block:
-        return False
-    value = block["async_save"]
-    if not isinstance(value, bool):
-        from ..config import ConfigError
-
-        raise ConfigError(f"must be true or false, got {value!r}", "checkpoint.async_save")
-    return value
+__all__ = ["AsyncSaver"]
 
 
 def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -29,7 +29,8 @@ from __future__ import annotations
 # Each part lists its public names in __all__; these are the names users import from here.
 from . import blocks, monitors, scheduler
 from .blocks import *  # noqa: F403
-from .load import load_config
+from .features import UNMODELLED_KEYS
+from .load import KEY_ALIASES, LEGACY_OFFLOAD_KEYS, load_config
 from .monitors import *  # noqa: F403
 from .scheduler import *  # noqa: F403
 from .schema import Config
@@ -40,6 +41,9 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConfigWarning",
+    "KEY_ALIASES",
+    "LEGACY_OFFLOAD_KEYS",
+    "UNMODELLED_KEYS",
     "load_config",
     *blocks.__all__,
     *monitors.__all__,

@@ -25,6 +25,7 @@ from .values import (
 __all__ = [
     "ActivationCheckpointingConfig",
     "BF16Config",
+    "CheckpointConfig",
     "CompileConfig",
     "FP16Config",
     "OffloadConfig",
@@ -110,7 +111,8 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    """`zero_optimization.offload_optimizer` / `offload_param`: keep state in CPU memory."""
+    """`zero_optimization.offload_*`: keep state in CPU memory (`offload_optimizer`: master
+    weights and optimizer state; `offload_param`: parameter shards)."""
 
     device: Literal["none", "cpu"] = "none"
     """Where the state lives between uses: "none" (the accelerator) or "cpu"."""
@@ -245,8 +247,8 @@ class ZeroConfig:
 
 @dataclass(frozen=True)
 class ActivationCheckpointingConfig:
-    """`activation_checkpointing`: how runtime.activation_checkpointing keeps the inputs of checkpointed
-    blocks (the model calls ``runtime.activation_checkpointing.checkpoint``; this block sets options)."""
+    """`activation_checkpointing`: how `runtime.activation_checkpointing` keeps the inputs of
+    checkpointed blocks (the model calls its `checkpoint`; this block sets options)."""
 
     partition_activations: bool = False
     """Each model-parallel rank keeps 1/N of every checkpoint input; gathered to recompute."""
@@ -281,6 +283,20 @@ class ActivationCheckpointingConfig:
             )
 
 
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """`checkpoint`: how `engine.save_checkpoint` writes. DeepSpeed's block holds only its
+    other keys (below the table); `async_save` is this runtime's."""
+
+    async_save: bool = False
+    """`engine.save_checkpoint` returns once this rank's state is copied off the training
+    tensors and writes the files in a background thread; `latest` still moves only after every
+    rank's files are complete. `save_checkpoint(async_save=...)` overrides it per call."""
+
+    def __post_init__(self) -> None:
+        check_field(self, "async_save", as_bool)
+
+
 # torch.compile's backends this runtime names before launch (the config is read without torch):
 # torch's registered training backends. Any other backend is given as the import path of its
 # function ("my_package.my_backend"), as DeepSpeed allows; the ranks import it.
@@ -301,9 +317,9 @@ COMPILE_KWARGS = ("fullgraph", "dynamic", "mode", "options", "disable")
 
 @dataclass(frozen=True)
 class CompileConfig:
-    """`compile`: compile the model with torch.compile (DeepSpeed's block: ``enabled``,
-    ``backend``, ``kwargs``; ``engine.compile()`` does the same from the script). DeepSpeed
-    0.19.8's DeepCompile keys are in runtime.config.features (``deepcompile`` is refused)."""
+    """`compile`: compile the model with torch.compile (DeepSpeed 0.13-0.14's block: `enabled`,
+    `backend`, `kwargs`; `engine.compile()` does the same from the script). DeepSpeed 0.19.8's
+    DeepCompile keys are accepted while `deepcompile` is off (below the table)."""
 
     enabled: bool = False
     """Compile the model when the engine is built (stage 3: each repeated block on its own)."""

@@ -6,26 +6,33 @@ nothing, so they are accepted and ignored, as DeepSpeed accepts them. Turned on,
 expects the feature: running without it would be a silent lie, so the config is refused before
 launch, saying that the feature is not supported and what to do instead.
 
-Each key maps to a check that returns None (accepted) or the refusal: the text that follows
-the key path in the error, "is enabled but not supported by this runtime; ...". No torch.
+Each key maps to a `Rule`: called with the key's value it returns None (accepted) or the
+refusal, the text that follows the key path in the error ("is enabled but not supported by this
+runtime; ..."); its `says` is the same rule in words, for the config reference (docs/config.md).
+No torch.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Union
 
 from .values import describe
 
 __all__ = [
     "BF16_KEYS",
+    "CHECKPOINT_KEYS",
     "COMPILE_KEYS",
     "FP16_KEYS",
     "OFFLOAD_OPTIMIZER_KEYS",
     "OPTIMIZER_KEYS",
     "TOP_LEVEL_KEYS",
+    "UNMODELLED_KEYS",
     "ZERO_KEYS",
     "Check",
+    "Rule",
 ]
 
 Check = Callable[[Any], Union[str, None]]
@@ -33,9 +40,27 @@ Check = Callable[[Any], Union[str, None]]
 _UNSUPPORTED = "not supported by this runtime"
 
 
-def accepted(_value: Any) -> None:
-    """Any value is fine: a performance or bookkeeping knob that changes no result."""
-    return None
+@dataclass(frozen=True)
+class Rule:
+    """How one DeepSpeed key this runtime does not model is treated."""
+
+    says: str
+    """The rule in words: when the key is accepted, when refused, and what to do instead."""
+    check: Check
+    """The value's check: None when accepted, else the refusal that follows the key path."""
+
+    def __call__(self, value: Any) -> str | None:
+        return self.check(value)
+
+
+def _literal(value: Any) -> str:
+    """A value as the config would spell it (JSON)."""
+    return json.dumps(value)
+
+
+accepted = Rule(
+    "accepted: a performance or bookkeeping knob that changes no result here", lambda _v: None
+)
 
 
 def _enabled(value: Any, depth: int = 0) -> bool:
@@ -48,7 +73,7 @@ def _enabled(value: Any, depth: int = 0) -> bool:
     return any(_enabled(v, depth + 1) for v in value.values())
 
 
-def when_enabled(instead: str) -> Check:
+def when_enabled(instead: str) -> Rule:
     """Refused when the block (or a sub-block) says `"enabled": true`."""
 
     def check(value: Any) -> str | None:
@@ -59,10 +84,10 @@ def when_enabled(instead: str) -> Check:
             )
         return None
 
-    return check
+    return Rule(f"accepted while disabled; enabled, refused: {instead}", check)
 
 
-def unless(*inactive: Any, instead: str = "remove it") -> Check:
+def unless(*inactive: Any, instead: str = "remove it") -> Rule:
     """Refused when the value is not one of the `inactive` (DeepSpeed default) values."""
 
     def check(value: Any) -> str | None:
@@ -71,32 +96,20 @@ def unless(*inactive: Any, instead: str = "remove it") -> Check:
             return None
         return f"= {describe(value)} is {_UNSUPPORTED}; {instead}"
 
-    return check
+    allowed = " or ".join(_literal(v) for v in inactive)
+    return Rule(f"accepted as {allowed}; anything else refused: {instead}", check)
 
 
-def when_present(instead: str) -> Check:
+def when_present(instead: str) -> Rule:
     """Refused whenever the key is there (the block has no off switch)."""
 
     def check(_value: Any) -> str:
         return f"is {_UNSUPPORTED}; {instead}"
 
-    return check
+    return Rule(f"refused: {instead}", check)
 
 
-def when_any_true(keys: tuple[str, ...], instead: str) -> Check:
-    """Refused when one of `keys` inside the block is true."""
-
-    def check(value: Any) -> str | None:
-        if isinstance(value, Mapping):
-            on = [k for k in keys if value.get(k) is True]
-            if on:
-                return f"{on[0]} = true is {_UNSUPPORTED}; {instead}"
-        return None
-
-    return check
-
-
-def when_differs(defaults: Mapping[str, Any], instead: str) -> Check:
+def when_differs(defaults: Mapping[str, Any], instead: str) -> Rule:
     """Refused when a key of the block is set to something other than DeepSpeed's default."""
 
     def check(value: Any) -> str | None:
@@ -106,10 +119,13 @@ def when_differs(defaults: Mapping[str, Any], instead: str) -> Check:
                     return f"{key} = {describe(item)} is {_UNSUPPORTED}; {instead}"
         return None
 
-    return check
+    shown = ", ".join(f"{key} {_literal(item)}" for key, item in defaults.items())
+    return Rule(
+        f"accepted at DeepSpeed's defaults ({shown}); anything else refused: {instead}", check
+    )
 
 
-def _tensor_parallel(value: Any) -> str | None:
+def _tensor_parallel_check(value: Any) -> str | None:
     """DeepSpeed's AutoTP training block: off while autotp_size (and tp.tp_size) is 0 or 1."""
     if not isinstance(value, Mapping):
         return None
@@ -126,7 +142,14 @@ def _tensor_parallel(value: Any) -> str | None:
     return None
 
 
-TOP_LEVEL_KEYS: dict[str, Check] = {
+_tensor_parallel = Rule(
+    "accepted while autotp_size (and tp.tp_size) is 0 or 1; a tensor-parallel size above 1 is "
+    "refused (data parallelism only)",
+    _tensor_parallel_check,
+)
+
+
+TOP_LEVEL_KEYS: dict[str, Rule] = {
     # Harmless: performance knobs and bookkeeping that change no result here.
     "zero_allow_untested_optimizer": accepted,
     "zero_force_ds_cpu_optimizer": accepted,
@@ -142,7 +165,11 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
     # Only read with NVMe offload, which is refused where it is asked for.
     "aio": accepted,
     "weight_quantization": accepted,
-    "data_types": accepted,  # checked in config_load (grad_accum_dtype)
+    "data_types": Rule(
+        "accepted; grad_accum_dtype other than the training dtype is refused (gradients "
+        "accumulate in the training dtype)",
+        lambda _v: None,  # runtime.config.load checks grad_accum_dtype against the precision
+    ),
     # Features that are refused when turned on.
     "memory_breakdown": unless(
         False, instead="memory is in the step metrics (zlaunch's live view, metrics.jsonl)"
@@ -169,10 +196,6 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
         "the script"
     ),
     "sparse_attention": when_present("remove the block"),
-    "checkpoint": when_any_true(
-        ("load_universal", "use_node_local_storage"),
-        "checkpoints here load at any world size and stage without conversion; remove the key",
-    ),
     "pipeline": when_differs(
         {
             "stages": "auto",
@@ -197,23 +220,30 @@ TOP_LEVEL_KEYS: dict[str, Check] = {
     "sparse_gradients": unless(False),
 }
 
-FP16_KEYS: dict[str, Check] = {
+FP16_KEYS: dict[str, Rule] = {
     "auto_cast": unless(False),
     "fp16_master_weights_and_grads": unless(False, instead="master weights are fp32"),
 }
-BF16_KEYS: dict[str, Check] = {
+BF16_KEYS: dict[str, Rule] = {
     "immediate_grad_update": accepted,
     "bf16_master_weights_and_grads": unless(False, instead="master weights are fp32"),
     "bf16_optimizer_states": unless(False, instead="optimizer states are fp32"),
 }
-OPTIMIZER_KEYS: dict[str, Check] = {"legacy_fusion": accepted}
+OPTIMIZER_KEYS: dict[str, Rule] = {"legacy_fusion": accepted}
+_ANY_WORLD = "checkpoints here load at any world size and stage without conversion; remove it"
+CHECKPOINT_KEYS: dict[str, Rule] = {
+    "tag_validation": accepted,
+    "parallel_write": accepted,  # pipeline-stage writes: pipelines are refused
+    "load_universal": unless(False, instead=_ANY_WORLD),
+    "use_node_local_storage": unless(False, instead=_ANY_WORLD),
+}
 # DeepSpeed 0.19.8's `compile` block holds DeepCompile's settings (its own compiler passes);
 # torch.compile itself is `compile.enabled` / engine.compile() (runtime.config.blocks).
 _DEEPCOMPILE = (
     "DeepCompile (DeepSpeed's own compiler passes) is not implemented; remove it: "
     'engine.compile() or "compile": {"enabled": true} compile the model with torch.compile'
 )
-COMPILE_KEYS: dict[str, Check] = {
+COMPILE_KEYS: dict[str, Rule] = {
     "deepcompile": unless(False, instead=_DEEPCOMPILE),
     "autoep_non_moe": unless(False, instead="expert parallelism (AutoEP) is not implemented"),
     "passes": unless(None, instead=_DEEPCOMPILE),
@@ -239,7 +269,7 @@ COMPILE_KEYS: dict[str, Check] = {
         )
     },
 }
-OFFLOAD_OPTIMIZER_KEYS: dict[str, Check] = {
+OFFLOAD_OPTIMIZER_KEYS: dict[str, Rule] = {
     "pipeline_read": accepted,
     "pipeline_write": accepted,
     "pipeline": accepted,
@@ -250,7 +280,7 @@ OFFLOAD_OPTIMIZER_KEYS: dict[str, Check] = {
     "super_offload": unless(False),
 }
 _LOCO = "ZeRO++'s LoCo error feedback is not implemented; remove it (qgZ runs without it)"
-ZERO_KEYS: dict[str, Check] = {
+ZERO_KEYS: dict[str, Rule] = {
     "load_from_fp32_weights": accepted,
     "elastic_checkpoint": accepted,
     "ignore_unused_parameters": accepted,
@@ -281,3 +311,16 @@ ZERO_KEYS: dict[str, Check] = {
     "mics_shard_size": unless(-1, 0, instead="MiCS is not implemented; remove it"),
     "zenflow": unless(None, instead="ZenFlow is not implemented; remove it"),
 }
+
+UNMODELLED_KEYS: dict[str, Mapping[str, Rule]] = {
+    "": TOP_LEVEL_KEYS,
+    "fp16": FP16_KEYS,
+    "bf16": BF16_KEYS,
+    "optimizer": OPTIMIZER_KEYS,
+    "compile": COMPILE_KEYS,
+    "checkpoint": CHECKPOINT_KEYS,
+    "zero_optimization": ZERO_KEYS,
+    "zero_optimization.offload_optimizer": OFFLOAD_OPTIMIZER_KEYS,
+}
+"""Each block's DeepSpeed keys that are read but not modelled, by block path ("" is the top
+level): what the config reference lists beside each block's own keys."""

@@ -18,6 +18,7 @@ from typing import Any
 from .blocks import (
     ActivationCheckpointingConfig,
     BF16Config,
+    CheckpointConfig,
     CompileConfig,
     FP16Config,
     OffloadConfig,
@@ -26,6 +27,7 @@ from .blocks import (
 )
 from .features import (
     BF16_KEYS,
+    CHECKPOINT_KEYS,
     COMPILE_KEYS,
     FP16_KEYS,
     OFFLOAD_OPTIMIZER_KEYS,
@@ -47,7 +49,7 @@ from .scheduler import SchedulerConfig
 from .schema import BATCH_KEYS, Config
 from .values import AUTO, ConfigError, ConfigWarning, as_bool, describe
 
-__all__ = ["load_config", "read_config"]
+__all__ = ["KEY_ALIASES", "LEGACY_OFFLOAD_KEYS", "load_config", "read_config"]
 
 
 # DeepSpeed's other spellings of ZeRO keys -> ours.
@@ -59,6 +61,18 @@ _ZERO_ALIASES = {
     "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
     "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
 }
+KEY_ALIASES: dict[str, Mapping[str, str]] = {
+    "": {"bfloat16": "bf16"},
+    "zero_optimization": _ZERO_ALIASES,
+}
+"""DeepSpeed's other spellings of a key, by block path ("" is the top level): spelling -> the
+key it sets. Giving both spellings is an error."""
+LEGACY_OFFLOAD_KEYS: dict[str, str] = {
+    "cpu_offload": "offload_optimizer",
+    "cpu_offload_param": "offload_param",
+}
+"""DeepSpeed's deprecated boolean forms in zero_optimization: `true` means the block named here
+with "device": "cpu"; giving both is an error."""
 # Blocks read into dataclasses by `_Parser.block` (no accepted extras, no aliases).
 _PLAIN_BLOCKS = {
     "tensorboard": TensorboardConfig,
@@ -76,6 +90,7 @@ _BLOCKS = {
     "scheduler",
     "zero_optimization",
     "compile",
+    "checkpoint",
     *_PLAIN_BLOCKS,
 }
 # Fields whose "auto" is resolved later (by Config.resolve); any other "auto" inside a block is
@@ -167,10 +182,12 @@ class _Parser:
         value = dict(value)
         stage = value.get("stage", 0)
         offloads: dict[str, OffloadConfig] = {}
-        for key, legacy, accepted, buffer_count in (
-            ("offload_optimizer", "cpu_offload", OFFLOAD_OPTIMIZER_KEYS, 4),
-            ("offload_param", "cpu_offload_param", {}, 5),
+        legacy_of = {block: legacy for legacy, block in LEGACY_OFFLOAD_KEYS.items()}
+        for key, accepted, buffer_count in (
+            ("offload_optimizer", OFFLOAD_OPTIMIZER_KEYS, 4),
+            ("offload_param", {}, 5),
         ):
+            legacy = legacy_of[key]
             if legacy in value and value[legacy] is None:  # DeepSpeed's default: not given
                 del value[legacy]
             if legacy in value:  # deprecated boolean form
@@ -199,7 +216,7 @@ class _Parser:
         if offloads["offload_param"].enabled and stage in (0, 1, 2):
             self.note(f"{name}.offload_param only applies to stage 3; ignored at stage {stage}")
             offloads["offload_param"] = OffloadConfig(buffer_count=5)
-        zero = self.block(name, value, ZeroConfig, ZERO_KEYS, _ZERO_ALIASES)
+        zero = self.block(name, value, ZeroConfig, ZERO_KEYS, KEY_ALIASES[name])
         if zero.stage == 3:
             for key, collective in (
                 ("reduce_scatter", "reduce-scatters gradients"),
@@ -218,7 +235,7 @@ class _Parser:
             )
         if "bf16" in data and "bfloat16" in data:
             raise ConfigError('and "bfloat16" are the same block; keep only "bf16"', "bf16")
-        top = {f.name for f in dataclasses.fields(Config)} - {"raw", "source"}
+        top = {f.name for f in dataclasses.fields(Config) if f.metadata.get("config_key", True)}
         kwargs: dict[str, Any] = {}
         # DeepSpeed ignores unknown top-level keys; a misspelt "gradient_clipping" would then
         # train without clipping, so here it is an error.
@@ -227,7 +244,7 @@ class _Parser:
             data,
             top,
             TOP_LEVEL_KEYS,
-            {"bfloat16": "bf16"},
+            KEY_ALIASES[""],
             unknown="is not a DeepSpeed config key",
             otherwise="remove it",
         ):
@@ -248,6 +265,9 @@ class _Parser:
         )
         kwargs["zero_optimization"] = self.zero(data.get("zero_optimization"))
         kwargs["compile"] = self.block("compile", data.get("compile"), CompileConfig, COMPILE_KEYS)
+        kwargs["checkpoint"] = self.block(
+            "checkpoint", data.get("checkpoint"), CheckpointConfig, CHECKPOINT_KEYS
+        )
         for key, cls in _PLAIN_BLOCKS.items():
             kwargs[key] = self.block(key, data.get(key), cls)
         if self.dropped_autos:

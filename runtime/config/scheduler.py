@@ -100,8 +100,8 @@ class SchedulerConfig:
     type: str
     """WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest."""
     params: Mapping[str, Any] = field(default_factory=dict)
-    """The schedule's parameters, with DeepSpeed's names; missing ones take the defaults in
-    SCHEDULER_PARAMS."""
+    """The schedule's parameters, with DeepSpeed's names; missing ones take the schedule's
+    defaults (SCHEDULER_PARAMS, listed in docs/config.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or self.type not in SCHEDULER_PARAMS:

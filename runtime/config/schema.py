@@ -16,6 +16,7 @@ from typing import Any, Literal
 from .blocks import (
     ActivationCheckpointingConfig,
     BF16Config,
+    CheckpointConfig,
     CompileConfig,
     FP16Config,
     OptimizerConfig,
@@ -84,13 +85,13 @@ class Config:
     gradient_clipping: float = 1.0
     """Clip the global gradient norm to this; 0 disables."""
     steps_per_print: int | None = 10
-    """Rank 0 logs progress every this many optimizer steps; None: never (DeepSpeed's
-    ``inf``, which accelerate writes into the configs it hands over)."""
+    """Rank 0 logs progress every this many optimizer steps; null, or DeepSpeed's `inf` (which
+    accelerate writes into the configs it hands over): never."""
     dataloader_drop_last: bool = False
     """The engine's DataLoader drops the last incomplete micro batch."""
     communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
-    """The dtype gradients are reduced in ("fp16", "bf16", "fp32", any case); None: the
-    training dtype. runtime.zero.reduction says what is summed in which dtype."""
+    """The dtype gradients are reduced in ("fp16", "bf16", "fp32", any case); null: the
+    training dtype. What is summed in which dtype: docs/gradient-communication.md."""
     prescale_gradients: bool = False
     """Divide gradients by the data-parallel world size before the reduction (DeepSpeed)."""
     gradient_predivide_factor: float = 1.0
@@ -108,6 +109,8 @@ class Config:
     """ZeRO partitioning and buckets."""
     compile: CompileConfig = field(default_factory=CompileConfig)
     """torch.compile of the model (also engine.compile())."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """How checkpoints are written."""
     tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
     """TensorBoard metrics."""
     activation_checkpointing: ActivationCheckpointingConfig = field(
@@ -125,10 +128,12 @@ class Config:
     """Step metrics as CSV files."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Step metrics to Weights & Biases."""
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    """The mapping the config was read from, for the record."""
-    source: str | None = None
-    """The file the config was read from, if any."""
+    raw: Mapping[str, Any] = field(
+        default_factory=dict, compare=False, repr=False, metadata={"config_key": False}
+    )
+    """The mapping the config was read from, for the record (not a key of the config)."""
+    source: str | None = field(default=None, metadata={"config_key": False})
+    """The file the config was read from, if any (not a key of the config)."""
 
     def __post_init__(self) -> None:
         for name in BATCH_KEYS:
@@ -154,6 +159,7 @@ class Config:
             ("bf16", BF16Config),
             ("zero_optimization", ZeroConfig),
             ("compile", CompileConfig),
+            ("checkpoint", CheckpointConfig),
             ("tensorboard", TensorboardConfig),
             ("activation_checkpointing", ActivationCheckpointingConfig),
             ("comms_logger", CommsLoggerConfig),

@@ -1,6 +1,6 @@
 """The vocabulary of config validation: the error, the warning, and the checks of one value.
 
-Every schema block (runtime.config.blocks, config_scheduler, config_monitors, config_schema)
+Every schema block (blocks, scheduler, monitors, schema)
 checks its fields with these, so that every message reads the same way: the key path, what
 is wrong with the value, and the fix. No torch, no loading: the schema and the loader both
 import this module, and it imports neither.

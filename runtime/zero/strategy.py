@@ -1,7 +1,7 @@
 """How the engine drives a ZeRO sharding strategy, whatever the stage.
 
 Stages 0-2 (`flat_strategy`: one flat buffer cut into buckets, gradients reduced bucket by
-bucket while backward runs) and stage 3 (`stage3_build`: parameters partitioned per module
+bucket while backward runs) and stage 3 (`stage3.build`: parameters partitioned per module
 unit, gathered when modules run) are siblings behind `ShardingStrategy`; `runtime.zero.builder`
 picks one from the config. The engine holds that one object and calls nothing else of ZeRO.
 """

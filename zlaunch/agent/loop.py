@@ -8,8 +8,8 @@ away (EOF on stdin) or when the heartbeat stops. It exits once its workers are g
 
 The agent is single-threaded: one selector loop over stdin, the worker pipes, pidfds and
 stdout, so a slow link never stops the heartbeat check and a flood of output never starves
-the exit handling. Its parts: the worker processes (agent_workers.py), their pipes turned into
-frames (agent_output.py), the buffered link to the controller (agent_upstream.py); this module
+the exit handling. Its parts: the worker processes (workers.py), their pipes turned into
+frames (output.py), the buffered link to the controller (upstream.py); this module
 is the loop and the controller's commands.
 """
 

@@ -166,7 +166,11 @@ def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
     "--master-port", type=click.IntRange(1, 65535), help="Check this port is free on the master."
 )
 @click.option("--ssh-config", help="ssh config file (ssh -F).")
-@click.option("--ssh-port", type=click.IntRange(1, 65535))
+@click.option(
+    "--ssh-port",
+    type=click.IntRange(1, 65535),
+    help="ssh port of hosts whose hostfile line has no port=. Default: the ssh config's, else 22.",
+)
 @click.option("-I", "--identity", help="ssh private key file.")
 @click.option("--ssh-timeout", type=float, default=10.0, show_default=True, help="Seconds.")
 @click.option(

@@ -162,6 +162,7 @@ def _human(count: int) -> str:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
+    help="Nodes the job runs on (the CPU figures are per node).",
 )
 @click.option(
     "--gpus-per-node",
@@ -173,6 +174,7 @@ def _human(count: int) -> str:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
+    help="GPUs (ranks) per node: the data-parallel world is nodes x this.",
 )
 @click.option(
     "--precision",

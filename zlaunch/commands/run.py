@@ -184,7 +184,13 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 @click.option("--account", help="With --nodes: the Slurm account to charge.")
 @click.option("--mpirun-args", help="Extra mpirun arguments for each agent (one string).")
 @click.option("--ssh-config", help="ssh config file (ssh -F).")
-@click.option("--ssh-port", "--ssh_port", "ssh_port", type=click.IntRange(1, 65535))
+@click.option(
+    "--ssh-port",
+    "--ssh_port",
+    "ssh_port",
+    type=click.IntRange(1, 65535),
+    help="ssh port of hosts whose hostfile line has no port=. Default: the ssh config's, else 22.",
+)
 @click.option("-I", "--identity", help="ssh private key file.")
 @click.option("--ssh-timeout", type=float, default=10.0, show_default=True, help="Seconds.")
 @click.option(

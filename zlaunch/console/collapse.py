@@ -5,7 +5,7 @@ console should show it once, with the ranks that said it. `LineCollapser` is tha
 pure: lines come in as (time, rank, stream, text), console lines (`Shown`) come out. The rank
 logs are written before this and keep every line; only the console collapses.
 
-The rules, which README.md ("Watching a job") states for users:
+The rules, which docs/watching.md states for users:
 
 - **Exact text.** Lines collapse when their text is identical, byte for byte, on the same
   stream (stdout and stderr are never merged). Lines that differ only in a number (a rank, a

@@ -1,6 +1,6 @@
 """The controller's connections to one attempt's agents: start them, read their frames into
 one queue, send to one or all, heartbeat, close. No policy: what a frame means and what to
-send when is the launcher's (zlaunch/launcher/job.py) and the state machine's (job_state.py).
+send when is the launcher's (zlaunch/launcher/job.py) and the state machine's (state.py).
 
 Everything that reaches the controller's loop goes through one queue (`LinkItem`): frames,
 garbled bytes, a closed link, a signal. Reader threads only decode; the caller's thread owns

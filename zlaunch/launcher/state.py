@@ -717,7 +717,7 @@ class AttemptMachine:
         return (
             f"no rank answered the save request in {SAVE_ACK_WAIT:g} s: this script does not "
             f"handle {name} (runtime.initialize jobs do; a script can save on it itself, see "
-            f"README 'Saving from your own script'); training goes on; {again}"
+            f"'Saving from your own script' in docs/checkpoints.md); training goes on; {again}"
         )
 
     def _no_save_words(self) -> str:

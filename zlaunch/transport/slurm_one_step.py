@@ -48,7 +48,7 @@ __all__ = [
 # `--slurm-mode auto` picks one-step above this many nodes. Up to 8 nodes the step per node
 # costs the controller's host under 100 MiB and 40 threads and keeps what works everywhere (no
 # TCP port the nodes must reach, each node's step its own); above it the per-node cost grows
-# to gigabytes and thousands of threads (measured in README "Measured").
+# to gigabytes and thousands of threads (measured: docs/benchmarks.md, "Slurm and MPI").
 ONE_STEP_ABOVE_NODES = 8
 # Every agent must have connected within this many seconds of srun's start.
 CONNECT_TIMEOUT = 60.0

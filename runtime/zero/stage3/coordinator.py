@@ -4,29 +4,29 @@
 
 * forward pre-hook of every module owning (non-persistent) units: fetch them (all-gather, or
   wait for the prefetch already in flight), then launch the prefetch the recorded trace
-  suggests (`stage3_prefetch.FetchPlanner`);
+  suggests (`prefetch.FetchPlanner`);
 * forward post-hook (always called, also when forward raises): release them unless the trace
   says they are used again soon; and hook the module's output tensors so that their gradient
   (which autograd computes just before the module's backward) fetches the units again;
 * parameter hooks: a gradient about to be accumulated fetches its unit if it was released; an
-  accumulated gradient goes to `stage3_grads.Stage3GradReducer`.
+  accumulated gradient goes to `grads.Stage3GradReducer`.
 
 Beyond that:
 
 * a parameter read by forward code without its module being called (``out_proj.weight`` in
   ``nn.MultiheadAttention``) is fetched on the read and released when the module that read it
-  returns (`stage3_access`);
+  returns (`access`);
 * a forward that runs inside backward (activation checkpointing recomputing a block, reentrant
   or not, stopped early or not) never releases what backward still needs;
 * a unit gathered before an optimizer step is never used after it: fetching a unit whose
   buffer predates the last step gathers it again;
 * leaf modules (`leaf_modules`: mixture-of-experts layers) are one unit each;
-* every rank's collectives are checked to pair up (`stage3_sequence`).
+* every rank's collectives are checked to pair up (`sequence`).
 
-Which module fetches which units, and the registration of the hooks, is `stage3_hooks`; the
-gathering and releasing of units under the live bound is `stage3_live.LiveUnits`.
+Which module fetches which units, and the registration of the hooks, is `hooks`; the
+gathering and releasing of units under the live bound is `live.LiveUnits`.
 
-`stage3_build.build_stage3` builds all this into the `Stage3Strategy` the engine holds (the
+`build.build_stage3` builds all this into the `Stage3Strategy` the engine holds (the
 engine asks `zero.strategy.build_strategy`, which picks stage 3 or stages 0-2).
 """
 
@@ -147,7 +147,7 @@ class Stage3Coordinator:
         self.live.release_all()
 
     # ------------------------------------------------------------------ forward hooks
-    # (`stage3_hooks.HookHandlers`: registered by `install_hooks`)
+    # (`hooks.HookHandlers`: registered by `install_hooks`)
     def begin_pass(self, module, args) -> None:
         self._saved_hooks.append(
             torch.autograd.graph.saved_tensors_hooks(self.live.tag_saved, self._unpack)
@@ -330,7 +330,7 @@ class Stage3Coordinator:
     def fetch_whole(self, names: list[str]) -> None:
         """Make each named module fetch its whole subtree's units before it runs (and release
         them after), with no hook or parameter-read check inside it: the regions torch.compile
-        compiles (`runtime.compile_regions`), whose code must not call back into Python."""
+        compiles (`runtime.torch_compile.compile_regions`), whose code must not call back into Python."""
         self.remove_hooks()
         self._hooks = install_hooks(self.module, self.units, self, whole=names)
         stage3_access.install(self.module, self._on_read)

@@ -1,8 +1,8 @@
 """Stage 3's gathered units: fetch (with prefetch), all-gather and release under the live bound.
 
 `LiveUnits` is the one place a unit is gathered or released during training. A fetch is
-recorded in the pass's trace and launches the prefetch the planner suggests (`stage3_prefetch`);
-a pass leaving the trace makes every rank check its collectives pair up (`stage3_sequence`),
+recorded in the pass's trace and launches the prefetch the planner suggests (`prefetch`);
+a pass leaving the trace makes every rank check its collectives pair up (`sequence`),
 and is said once in the log. It keeps count
 of the elements gathered (``stage3_max_live_parameters`` bounds them: idle units kept for reuse
 are released, least recently fetched first, to make room), knows which gathered buffer a

@@ -93,6 +93,6 @@ def test_host_crash_continues_on_the_rest_with_the_global_batch_kept(cluster, tm
     assert sorted(resumed) == sorted(uninterrupted) == list(range(start + 1, STEPS + 1))
     for step, loss in resumed.items():
         assert abs(loss - uninterrupted[step]) <= 1e-6 * abs(uninterrupted[step]), step
-    # what the README reports: from the crash to the first step on the remaining hosts
+    # what docs/failures.md reports: from the crash to the first step on the remaining hosts
     print(f"\nnode2 crash -> first step of attempt 1 on 2 hosts: {back:.1f} s")
     del crashed

@@ -2,7 +2,7 @@
 
 Each rank runs in a process of its own with what a launcher gives a worker (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the environment), so `runtime.initialize` sets the
-process group up by itself. The function is named as ``"path/to/file.py:function"``; it is
+process group up by itself. The function is named by file and name (``"tests/integration/checkpoint/async_save_worker.py:save_and_continue"``); it is
 called with the keyword arguments given and its return value comes back through a file
 (torch.save). One thread per process keeps N ranks fair on a small machine.
 

@@ -217,7 +217,7 @@ def test_the_same_steps_are_skipped_as_in_deepspeed():
         ours = train_three_steps(stage, precision, check)
         if (stage, precision) == (0, "fp32"):
             # DeepSpeed applies the step at fp32 stage 0 (its plain optimizer path checks
-            # nothing); this runtime skips it: README, differences from DeepSpeed.
+            # nothing); this runtime skips it: docs/deepspeed.md, differences from DeepSpeed.
             assert theirs[key] == {"skipped": 0, "finite": False}
             assert (ours["skipped"], ours["finite"]) == (1, True)
             continue

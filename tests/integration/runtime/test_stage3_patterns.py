@@ -94,7 +94,7 @@ def test_same_sizes_reported_before_the_step():
 
     Without prefetching or keeping, so that both ranks issue the same number of all-gathers:
     with them, the rank still on its recorded trace prefetches or keeps what the other
-    fetches again, and an unverified pass then waits in a collective (the README's stage-3
+    fetches again, and an unverified pass then waits in a collective (docs/runtime.md's stage-3
     section says so)."""
     zero = {"stage3_prefetch_bucket_size": 0, "stage3_max_live_parameters": 1}
     results = run_ranks(

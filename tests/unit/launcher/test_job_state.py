@@ -231,8 +231,8 @@ def test_save_signal_is_forwarded_once_and_refused_without_a_checkpoint_dir():
 
 UNANSWERED = (
     "no rank answered the save request in 5 s: this script does not handle SIGUSR1 "
-    "(runtime.initialize jobs do; a script can save on it itself, see README 'Saving from your "
-    "own script'); training goes on; "
+    "(runtime.initialize jobs do; a script can save on it itself, see 'Saving from your own "
+    "script' in docs/checkpoints.md); training goes on; "
 )
 AFTER_CTRL_C = "Ctrl-C again stops every rank without a checkpoint (TERM, then KILL after 3 s)"
 

@@ -25,7 +25,7 @@ class Chunks:
 
 
 def agent_frames(writes: list[bytes]) -> list[tuple[list[str], bool]]:
-    """(lines, partial) per OUT frame, as agent_output forwards a stream: each read's lines,
+    """(lines, partial) per OUT frame, as the agent (zlaunch.agent.output) forwards a stream: each read's lines,
     then a carriage-return tail as a piece (every one is due here)."""
     splitter = frames.LineSplitter(frames.MAX_PIECE_BYTES)
     out = []

@@ -458,11 +458,11 @@ def test_common_harmless_keys_are_silent():
         ),
         (
             {"checkpoint": {"load_universal": True}},
-            "checkpoint load_universal = true is not supported",
+            "checkpoint.load_universal = true is not supported",
         ),
         (
             {"checkpoint": {"use_node_local_storage": True}},
-            "checkpoint use_node_local_storage = true is not supported",
+            "checkpoint.use_node_local_storage = true is not supported",
         ),
         ({"compile": {"deepcompile": True}}, "compile.deepcompile = true is not supported"),
         ({"pipeline": {"stages": 2}}, "pipeline stages = 2 is not supported"),
@@ -482,6 +482,17 @@ def test_enabled_features_that_are_not_implemented_are_refused(source, expected)
     message = error_of(source)
     assert message.startswith(f"ds.json: {expected}"), message
     assert "not supported by this runtime" in message and "\n" not in message
+
+
+def test_checkpoint_block_async_save_is_checked_before_launch():
+    assert load_config({"train_batch_size": 4}).checkpoint.async_save is False
+    on = load_config({"train_batch_size": 4, "checkpoint": {"async_save": True}})
+    assert on.checkpoint.async_save is True
+    kept = load_config({"train_batch_size": 4, "checkpoint": {"tag_validation": "Warn"}})
+    assert kept.checkpoint.async_save is False
+    message = error_of({"train_batch_size": 4, "checkpoint": {"async_save": "yes"}})
+    assert message == "ds.json: checkpoint.async_save must be true or false, got 'yes'", message
+    assert "async_save" in error_of({"train_batch_size": 4, "checkpoint": {"async_saves": True}})
 
 
 def test_offload_the_stage_cannot_use_is_dropped_with_a_warning():

@@ -300,7 +300,7 @@ REMOVED_IN_DEEPSPEED = {
 @pytest.mark.parametrize("key", sorted(REMOVED_IN_DEEPSPEED))
 def test_blocks_deepspeed_removed_are_accepted_here_while_disabled(key):
     """DeepSpeed 0.19.8 refuses these blocks even disabled (the features were removed); here a
-    disabled one is accepted, an enabled one refused (README: differences)."""
+    disabled one is accepted, an enabled one refused (docs/deepspeed.md: differences)."""
     load_config({"train_batch_size": 2, key: REMOVED_IN_DEEPSPEED[key]})
 
 

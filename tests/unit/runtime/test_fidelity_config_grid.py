@@ -2,7 +2,7 @@
 
 Whenever both accept a config they must agree on what it means (batch triple, clipping, stage,
 precision); whenever DeepSpeed accepts one that is refused here, the refusal must be one of the
-deliberate ones the README lists. Skipped without DeepSpeed (there is nothing to compare).
+deliberate ones docs/deepspeed.md lists. Skipped without DeepSpeed (there is nothing to compare).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ VALUES = {
 }
 # Measured at seed 0: 467 configs both accept and read alike, 2221 both refuse, 128 refused
 # here on purpose, 184 accepted here only ("auto" batch sizes).
-# Values DeepSpeed accepts that are refused here on purpose (README: differences).
+# Values DeepSpeed accepts that are refused here on purpose (docs/deepspeed.md: differences).
 DELIBERATE = ("gradient_clipping must be >= 0",)
 
 
@@ -131,7 +131,7 @@ def test_configs_both_readers_accept_mean_the_same(monkeypatch):
             assert any(d in refusal for d in DELIBERATE), (source, refusal)
             counts["deliberate"] += 1
         elif ours is not None:
-            # only "auto" batch sizes, which DeepSpeed alone cannot resolve (README)
+            # only "auto" batch sizes, which DeepSpeed alone cannot resolve (docs/deepspeed.md)
             assert source.get("train_batch_size") == "auto", source
             counts["ours only"] += 1
         else:

@@ -1,5 +1,5 @@
 """Stage 3's pieces without ranks: which module fetches which units and the hooks registered
-(`stage3_hooks`), and gathering under the live bound (`stage3_live.LiveUnits`), on one rank
+(`hooks`), and gathering under the live bound (`live.LiveUnits`), on one rank
 with a communicator that only copies."""
 
 from __future__ import annotations

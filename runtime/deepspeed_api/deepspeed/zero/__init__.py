@@ -26,7 +26,7 @@ __all__ = [
 
 def register_external_parameter(module, parameter) -> None:  # noqa: ARG001
     """DeepSpeed's hook for a parameter used outside the module that owns it. The runtime's
-    stage 3 fetches a parameter whenever it is read (`runtime.zero.stage3_access`), so there is
+    stage 3 fetches a parameter whenever it is read (`runtime.zero.stage3.access`), so there is
     nothing to register; a parameter that is not partitioned needs nothing either."""
 
 

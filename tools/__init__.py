@@ -1,0 +1,1 @@
+"""Tools for working on this repository (not installed with the package)."""

@@ -13,6 +13,14 @@ Each mac is HMAC-SHA256 under the token over both nonces, the node and which sid
 answer cannot be replayed on another connection nor passed off as the other side's. The agent
 checks the controller's mac too: whoever listens on the port after the controller is gone (any
 user may bind it) cannot hand the agent a command to run.
+
+Instead of its greeting or its proof the controller may say one of two lines and close::
+
+    BUSY                  no room for this connection now: try again (the agent backs off)
+    REFUSED <reason>      the answer was refused (a fixed phrase, never the peer's own bytes)
+
+Neither is authenticated, so neither is trusted beyond what closing the connection could do
+anyway: BUSY makes an agent try again within its own deadline, REFUSED makes it give up.
 """
 
 from __future__ import annotations
@@ -27,9 +35,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "Answer",
+    "Busy",
     "HandshakeError",
     "MAX_LINE",
+    "Refused",
+    "TokenMismatch",
     "answer_line",
+    "busy_line",
     "challenge_line",
     "check_answer",
     "check_proof",
@@ -37,6 +49,7 @@ __all__ = [
     "proof_line",
     "read_challenge",
     "recv_line",
+    "refusal_line",
 ]
 
 VERSION = "1"
@@ -48,10 +61,24 @@ _ANSWER = re.compile(
     rf"^AGENT ([A-Za-z0-9][A-Za-z0-9._-]{{0,252}}) ([0-9]{{1,9}}|-) ({_HEX64}) ({_HEX64})$"
 )
 _PROOF = re.compile(rf"^OK ({_HEX64})$")
+_BUSY = "BUSY"
+_REFUSED = re.compile(r"^REFUSED ([a-z][a-z ]{0,60})$")
 
 
 class HandshakeError(Exception):
     """The other end is not (or cannot prove it is) this job's controller or agent."""
+
+
+class TokenMismatch(HandshakeError):
+    """A well-formed answer whose mac is not under this job's token."""
+
+
+class Busy(HandshakeError):
+    """The controller had no room for this connection: the agent may try again."""
+
+
+class Refused(HandshakeError):
+    """The controller refused this agent's answer: trying again would change nothing."""
 
 
 @dataclass(frozen=True)
@@ -75,10 +102,31 @@ def challenge_line(nonce: str) -> bytes:
     return f"ZLAUNCH-CONNECT {VERSION} {nonce}\n".encode()
 
 
+def busy_line() -> bytes:
+    return f"{_BUSY}\n".encode()
+
+
+def refusal_line(reason: str) -> bytes:
+    """``reason``: a fixed phrase of the controller's (lower-case words), never peer bytes."""
+    if not re.fullmatch(r"[a-z][a-z ]{0,60}", reason):
+        raise ValueError(f"a refusal reason is a short lower-case phrase, got {reason!r}")
+    return f"REFUSED {reason}\n".encode()
+
+
+def _controller_said_no(text: str) -> None:
+    """BUSY or REFUSED in place of the controller's greeting or proof."""
+    if text == _BUSY:
+        raise Busy("the controller had no room for this connection")
+    refused = _REFUSED.match(text)
+    if refused:
+        raise Refused(f"the controller refused this agent: {refused.group(1)}")
+
+
 def read_challenge(line: bytes) -> str:
     """The controller's nonce from its first line."""
     match = _CHALLENGE.match(_text(line))
     if match is None:
+        _controller_said_no(_text(line))
         raise HandshakeError(f"not a zlaunch controller's greeting: {_shown(line)}")
     return match.group(1)
 
@@ -96,7 +144,7 @@ def check_answer(token: str, challenge: str, line: bytes) -> Answer:
         raise HandshakeError(f"not a zlaunch agent's answer: {_shown(line)}")
     node, task_text, nonce, mac = match.groups()
     if not hmac.compare_digest(mac, _mac(token, "agent", challenge, nonce, node, task_text)):
-        raise HandshakeError(f"an agent claiming to be on {node} does not hold this job's token")
+        raise TokenMismatch(f"an agent claiming to be on {node} does not hold this job's token")
     return Answer(node, None if task_text == "-" else int(task_text), nonce)
 
 
@@ -108,6 +156,7 @@ def check_proof(token: str, challenge: str, nonce: str, node: str, line: bytes) 
     """The controller's last line proves it holds the token, or HandshakeError."""
     match = _PROOF.match(_text(line))
     if match is None:
+        _controller_said_no(_text(line))
         raise HandshakeError(f"the controller refused this agent: {_shown(line)}")
     if not hmac.compare_digest(match.group(1), _mac(token, "controller", challenge, nonce, node)):
         raise HandshakeError("whoever answered on the controller's port does not hold the token")

@@ -12,6 +12,7 @@ stderr lines carry.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import time
@@ -20,12 +21,21 @@ from zlaunch import connect_handshake, protocol
 
 __all__ = ["ConnectFailed", "agent_fds", "connect_back", "parse_address"]
 
-CONNECT_TIMEOUT = 30.0
-HANDSHAKE_TIMEOUT = 15.0
+CONNECT_DEADLINE = 60.0
+"""Seconds an agent keeps trying to get in (the controller waits as long for the last one)."""
+TRY_TIMEOUT = 15.0
+"""Seconds one try waits for each of the controller's lines."""
+RETRY_FIRST, RETRY_MAX = 0.05, 2.0
+"""Pause before the second try, doubling up to this (each with jitter: agents shed together
+must not come back together)."""
 
 
 class ConnectFailed(Exception):
     """The agent could not reach or authenticate with the controller (the message says which)."""
+
+
+class _TryAgain(Exception):
+    """This try failed in a way another one may not: no room, a lost or silent connection."""
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -44,35 +54,87 @@ def node_identity(environ: dict[str, str] | os._Environ) -> tuple[str, int | Non
     return node, int(task) if task.isdigit() else None
 
 
-def connect_back(address: str, environ=os.environ) -> socket.socket:
+def connect_back(
+    address: str, environ=os.environ, deadline_s: float = CONNECT_DEADLINE
+) -> socket.socket:
     """A socket to the controller, the handshake done; the token is taken out of ``environ``
-    first, so no worker inherits it."""
+    first, so no worker inherits it.
+
+    A try that finds no room (BUSY, a connection dropped or unanswered: the controller sheds
+    strangers under a flood, and may have shed this agent with them) is followed by another,
+    after a growing pause, until ``deadline_s`` seconds have passed; a refusal, a port that
+    does not speak zlaunch or a controller without the token ends it at once."""
     token = environ.pop(protocol.CONNECT_TOKEN_ENV, "")
     if not token:
         raise ConnectFailed(
             f"--connect needs the job's token in {protocol.CONNECT_TOKEN_ENV}; "
             "zlaunch sets it for the agents it starts"
         )
+    parse_address(address)  # a bad address is refused before any try
+    node, task = node_identity(environ)
+    start = time.monotonic()
+    deadline = start + deadline_s
+    pause = RETRY_FIRST
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return _try(address, token, node, task, min(deadline, time.monotonic() + TRY_TIMEOUT))
+        except _TryAgain as err:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                took = time.monotonic() - start
+                raise ConnectFailed(
+                    f"could not get in to the controller at {address} in {took:.0f} s "
+                    f"({tries} tries; the last: {err})"
+                ) from None
+        except (connect_handshake.HandshakeError, OSError) as err:
+            raise ConnectFailed(
+                f"handshake with the controller at {address} failed: {err}"
+            ) from None
+        time.sleep(min(left, pause * random.uniform(0.5, 1.0)))
+        pause = min(RETRY_MAX, pause * 2)
+
+
+def _try(address: str, token: str, node: str, task: int | None, deadline: float):
+    """One connection and handshake; _TryAgain where another try may succeed."""
     host, port = parse_address(address)
     try:
-        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
-    except OSError as err:
+        sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
+    except ConnectionRefusedError as err:  # nobody listens: the controller is gone (a full
+        # queue drops a connection silently, it never refuses one)
         raise ConnectFailed(f"cannot connect to the controller at {address}: {err}") from None
+    except OSError as err:  # unreachable, timed out: the network's, or a long queue
+        raise _TryAgain(f"cannot connect: {err}") from None
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
-        challenge = connect_handshake.read_challenge(connect_handshake.recv_line(sock, deadline))
-        node, task = node_identity(environ)
+        greeting = _line(sock, deadline)
+        challenge = connect_handshake.read_challenge(greeting)
         nonce = connect_handshake.new_nonce()
         sock.sendall(connect_handshake.answer_line(token, challenge, nonce, node, task))
-        proof = connect_handshake.recv_line(sock, deadline)
+        proof = _line(sock, deadline)
         connect_handshake.check_proof(token, challenge, nonce, node, proof)
-    except (connect_handshake.HandshakeError, OSError) as err:
+    except connect_handshake.Busy as err:
         sock.close()
-        raise ConnectFailed(f"handshake with the controller at {address} failed: {err}") from None
+        raise _TryAgain(str(err)) from None
+    except OSError as err:
+        sock.close()
+        raise _TryAgain(f"connection failed: {err}") from None
+    except BaseException:
+        sock.close()
+        raise
     sock.settimeout(None)
     return sock
+
+
+def _line(sock: socket.socket, deadline: float) -> bytes:
+    """The controller's next line; _TryAgain when there is none (the controller shed this
+    connection, or it waited in a queue too long to be answered in time)."""
+    try:
+        return connect_handshake.recv_line(sock, deadline)
+    except connect_handshake.HandshakeError as err:
+        raise _TryAgain(str(err)) from None
 
 
 def agent_fds(argv: list[str]) -> tuple[int, int]:

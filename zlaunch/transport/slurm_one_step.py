@@ -34,6 +34,7 @@ from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, UsageError
 from zlaunch.hostfile import Host
 from zlaunch.transport.connect_back import ConnectBackLink, Listener
 from zlaunch.transport.local import require_program
+from zlaunch.transport.roster import HostRoster
 from zlaunch.transport.slurm import ended_by_slurm, job_id
 
 __all__ = [
@@ -330,7 +331,7 @@ def open_one_step(
     )
     job = job_id(environ)
     token = secrets.token_hex(32)
-    listener = Listener(controller_address(hosts, controller_addr), token, len(hosts))
+    listener = Listener(controller_address(hosts, controller_addr), token)
     name = f"zlaunch-agents-{secrets.token_hex(4)}"
     command = one_step_argv(
         [h.name for h in hosts], job, argv, listener.address, name, extra, srun=srun
@@ -366,7 +367,7 @@ def open_one_step(
 
     try:
         missing = listener.accept_agents(
-            hosts, time.monotonic() + timeout, on_agent, on_refused, no_more_coming
+            HostRoster(hosts), time.monotonic() + timeout, on_agent, on_refused, no_more_coming
         )
     finally:
         listener.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from zlaunch.agent.connect import ConnectFailed, connect_back
 from zlaunch.errors import HostUnreachable, Interrupted
 from zlaunch.hostfile import Host
 from zlaunch.transport.connect_back import Listener
+from zlaunch.transport.roster import HostRoster
 from zlaunch.transport.slurm_one_step import open_one_step
 
 REPO = Path(__file__).resolve().parents[3]
@@ -100,7 +102,7 @@ def _accept(listener: Listener, hosts, timeout: float = 10.0):
     accepted: dict[int, tuple[socket.socket, object]] = {}
     refused: list[str] = []
     missing = listener.accept_agents(
-        hosts,
+        HostRoster(hosts),
         time.monotonic() + timeout,
         lambda index, sock, answer: accepted.__setitem__(index, (sock, answer)),
         refused.append,
@@ -110,7 +112,7 @@ def _accept(listener: Listener, hosts, timeout: float = 10.0):
 
 
 def test_an_agent_with_the_token_connects_and_the_socket_carries_bytes_both_ways():
-    listener = Listener("127.0.0.1", TOKEN, 1)
+    listener = Listener("127.0.0.1", TOKEN)
     environ = {protocol.CONNECT_TOKEN_ENV: TOKEN, "SLURMD_NODENAME": "nodeB", "SLURM_PROCID": "1"}
     thread, result = _agent_in_thread(listener.address, environ)
     accepted, refused, missing = _accept(listener, HOSTS[1:])
@@ -131,14 +133,15 @@ def test_an_agent_with_the_token_connects_and_the_socket_carries_bytes_both_ways
 
 
 def test_garbage_a_wrong_token_and_a_stranger_are_refused_and_the_real_agent_still_joins():
-    listener = Listener("127.0.0.1", TOKEN, 4)
+    listener = Listener("127.0.0.1", TOKEN)
     accepted: dict = {}
     refused: list[str] = []
     missing: list[int] = []
     waiting = threading.Thread(
         target=lambda: missing.extend(
             listener.accept_agents(
-                HOSTS[:1], time.monotonic() + 30, lambda i, s, a: accepted.__setitem__(i, (s, a)),
+                HostRoster(HOSTS[:1]), time.monotonic() + 30,
+                lambda i, s, a: accepted.__setitem__(i, (s, a)),
                 refused.append, lambda: False,
             )
         )
@@ -171,7 +174,7 @@ def test_garbage_a_wrong_token_and_a_stranger_are_refused_and_the_real_agent_sti
 
 
 def test_a_connection_that_says_nothing_does_not_hold_up_the_agents():
-    listener = Listener("127.0.0.1", TOKEN, 4)
+    listener = Listener("127.0.0.1", TOKEN)
     silent = socket.create_connection(("127.0.0.1", int(listener.address.rsplit(":", 1)[1])))
     thread, result = _agent_in_thread(
         listener.address, {protocol.CONNECT_TOKEN_ENV: TOKEN, "SLURMD_NODENAME": "nodeA"}
@@ -186,8 +189,97 @@ def test_a_connection_that_says_nothing_does_not_hold_up_the_agents():
     silent.close()
 
 
+# The controller's side of the flood test: a listener whose process runs out of descriptors
+# while it waits (the rest of the controller takes all but FREE of them as the wait begins, as
+# rank logs and links do), and hands the one agent a line through its socket.
+FLOODED_CONTROLLER = """
+import json, os, resource, sys, time
+from zlaunch.hostfile import Host
+from zlaunch.transport.connect_back import Listener
+from zlaunch.transport.roster import HostRoster
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, soft), hard))
+listener = Listener("127.0.0.1", sys.argv[1])
+print(listener.address, flush=True)
+held, notes, result = [], [], {}
+def take_descriptors():
+    if not held:
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        for fd in held[:int(sys.argv[2])]:
+            os.close(fd)
+        print("descriptors taken", flush=True)
+    return False
+def on_agent(index, sock, answer):
+    result["agent"] = answer.node
+    sock.sendall(b"spec")
+try:
+    result["missing"] = listener.accept_agents(
+        HostRoster([Host("nodeA", (0,))]), time.monotonic() + 90, on_agent, notes.append,
+        take_descriptors,
+    )
+except Exception as err:
+    result["error"] = repr(err)
+print(json.dumps({**result, "notes": notes}), flush=True)
+"""
+
+
+def test_a_thousand_silent_and_a_thousand_garbage_connections_neither_keep_the_agent_out_nor_abort_the_start():
+    free = 24
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2400 if hard == resource.RLIM_INFINITY else min(hard, 2400)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    controller = subprocess.Popen(
+        [sys.executable, "-c", FLOODED_CONTROLLER, TOKEN, str(free)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    hostile: list[socket.socket] = []
+    try:
+        address = controller.stdout.readline().strip()
+        assert controller.stdout.readline().strip() == "descriptors taken"
+        host, port = address.rsplit(":", 1)
+        for i in range(2000):  # silent and garbage in turn, all before the agent
+            peer = socket.create_connection((host, int(port)), timeout=30)
+            if i % 2:
+                peer.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            hostile.append(peer)
+        start = time.monotonic()
+        agent = connect_back(
+            address, {protocol.CONNECT_TOKEN_ENV: TOKEN, "SLURMD_NODENAME": "nodeA"}
+        )
+        took = time.monotonic() - start
+        agent.settimeout(30)
+        assert agent.recv(4) == b"spec"  # the connection is the agent's link now
+        agent.close()
+        out, _ = controller.communicate(timeout=60)
+    finally:
+        for peer in hostile:
+            peer.close()
+        controller.kill()
+        controller.wait()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    report = json.loads(out)
+    print(f"the agent got in {took:.2f} s after 2,000 hostile connections")
+    assert "error" not in report, report
+    assert report["missing"] == [] and report["agent"] == "nodeA"
+    notes = report["notes"]
+    # the descriptors really ran out, and the controller said so once
+    assert sum("ran out of file descriptors" in n for n in notes) == 1, notes
+    # the flood is counted, not told line by line
+    assert len(notes) <= 6, notes
+    total = [
+        n for n in notes if n.startswith("refused ") and "connections on the agents' port" in n
+    ]
+    assert len(total) == 1 and int(total[0].split()[1]) >= 1000, notes
+    assert "from 127.0.0.1 (" in total[0]
+
+
 def test_an_agent_refuses_a_listener_without_the_token():
-    listener = Listener("127.0.0.1", "7" * 64, 1)
+    listener = Listener("127.0.0.1", "7" * 64)
     thread, result = _agent_in_thread(
         listener.address, {protocol.CONNECT_TOKEN_ENV: TOKEN, "SLURMD_NODENAME": "nodeA"}
     )

@@ -88,7 +88,7 @@ def test_one_srun_for_every_node_with_one_task_each():
 
 def test_an_agent_is_matched_by_its_node_name_or_an_unambiguous_short_name():
     from zlaunch.hostfile import Host
-    from zlaunch.transport.connect_back import _index_by_name
+    from zlaunch.transport.roster import _index_by_name
 
     hosts = [Host("gpu1.a.example", (0,)), Host("gpu2.a.example", (0,)), Host("gpu2.b", (0,))]
     index = _index_by_name(hosts)

@@ -172,7 +172,13 @@ def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
     help="ssh port of hosts whose hostfile line has no port=. Default: the ssh config's, else 22.",
 )
 @click.option("-I", "--identity", help="ssh private key file.")
-@click.option("--ssh-timeout", type=float, default=10.0, show_default=True, help="Seconds.")
+@click.option(
+    "--ssh-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for each host's ssh connection.",
+)
 @click.option(
     "--accept-new-hosts",
     is_flag=True,

@@ -192,7 +192,13 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     help="ssh port of hosts whose hostfile line has no port=. Default: the ssh config's, else 22.",
 )
 @click.option("-I", "--identity", help="ssh private key file.")
-@click.option("--ssh-timeout", type=float, default=10.0, show_default=True, help="Seconds.")
+@click.option(
+    "--ssh-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for each host's ssh connection.",
+)
 @click.option(
     "--accept-new-hosts",
     is_flag=True,
@@ -200,7 +206,13 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 )
 @click.option("--python", help="Interpreter on the nodes. Default: this one.")
 @click.option("--chdir", help="Working directory of the workers. Default: the current one.")
-@click.option("--env", multiple=True, metavar="KEY[=VALUE]", help="Set a worker variable.")
+@click.option(
+    "--env",
+    multiple=True,
+    metavar="KEY[=VALUE]",
+    help="Set a worker variable; KEY alone passes this environment's value (kept off the "
+    "command line, which every user can see). Repeatable.",
+)
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a module, run as python -m.")
 @click.option("--no-python", "--no_python", "no_python", is_flag=True, help="Run SCRIPT as is.")
 @click.option(
@@ -217,7 +229,13 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     "[ranks 1-15] TEXT line (the rank logs keep every line). Default: on when the console "
     "shows more than 8 ranks.",
 )
-@click.option("--grace-period", type=float, default=5.0, show_default=True, help="SIGTERM->KILL.")
+@click.option(
+    "--grace-period",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL when ranks are stopped.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
 @click.option("--config", help="Training config (JSON/YAML), validated before launch.")
 @click.option(

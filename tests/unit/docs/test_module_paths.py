@@ -120,6 +120,29 @@ def _module_file(parts: list[str]) -> Path | None:
     return None
 
 
+@functools.cache
+def _alias_target(module: Path) -> str | None:
+    """The module an alias module stands for: one that imports another module and puts it in
+    its own place (`sys.modules[__name__] = module`), so that an old import path keeps
+    working."""
+    tree = ast.parse(module.read_text(encoding="utf-8"), str(module))
+    imported = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        elif isinstance(node, ast.Import):
+            imported.update({a.asname or a.name: a.name for a in node.names})
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Subscript)
+            and ast.unparse(node.targets[0]) == "sys.modules[__name__]"
+            and isinstance(node.value, ast.Name)
+        ):
+            return imported.get(node.value.id)
+    return None
+
+
 def dotted_exists(name: str) -> bool:
     parts = name.split(".")
     for cut in range(len(parts), 0, -1):
@@ -129,6 +152,9 @@ def dotted_exists(name: str) -> bool:
         rest = parts[cut:]
         if not rest or module.is_dir():
             return not rest
+        target = _alias_target(module)
+        if target is not None:
+            return dotted_exists(".".join([target, *rest]))
         return rest[0] in _defined(module)
     return False
 
@@ -205,3 +231,15 @@ def test_names_are_taken_from_code_spans_and_rooted_dotted_names():
     assert names_in(doc, markdown=False) == {"runtime.config.load", "zlaunch.agent.loop"}
     written = "Saves under `zlaunch_runs/` and `global_stepN/`, reads `config/no_such.py`."
     assert names_in(written, markdown=True) == {"config/no_such.py"}
+
+
+def test_an_alias_module_stands_for_the_module_it_puts_in_its_place(tmp_path):
+    alias = tmp_path / "old_name.py"
+    alias.write_text(
+        '"""The old path."""\n\nimport sys\n\nfrom runtime.config import load\n\n'
+        "sys.modules[__name__] = load\n"
+    )
+    assert _alias_target(alias) == "runtime.config.load"
+    plain = tmp_path / "plain.py"
+    plain.write_text("import sys\n\nVALUE = sys.maxsize\n")
+    assert _alias_target(plain) is None

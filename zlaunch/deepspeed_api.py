@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 
 from zlaunch.errors import UsageError
+from zlaunch.python_start import probe_code
 
 __all__ = [
     "RUNTIME_CHOICES",
@@ -119,7 +120,7 @@ def find_installed(python: str, environ: dict[str, str] | None = None) -> Instal
         return _parse(_probe_here(bundled_path(), _worker_search_path(env.get("PYTHONPATH"))))
     try:
         done = subprocess.run(
-            [python, "-c", _PROBE, bundled_path()],
+            [python, "-c", probe_code(_PROBE), bundled_path()],  # in this directory: not from it
             capture_output=True,
             text=True,
             timeout=60,

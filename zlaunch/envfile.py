@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 
 from zlaunch.clip import clip
@@ -34,6 +35,7 @@ __all__ = [
     "forwarded_env",
     "parse_env_text",
     "load_env_file",
+    "check_env_file_owner",
     "env_file_paths",
     "parse_env_options",
     "collect_env",
@@ -57,17 +59,68 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+MAX_ENV_FILE_BYTES = 1024 * 1024
+
+
 def load_env_file(path: str | os.PathLike) -> dict[str, str]:
-    """Parse one env file; UsageError naming file:line on a bad line."""
+    """Parse one env file; UsageError naming file:line on a bad line, or naming the file when
+    it is not the user's own (`check_env_file_owner`)."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except UnicodeDecodeError as err:
-        raise UsageError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+        # O_NONBLOCK: a FIFO put in the file's place must not hang the start (refused below)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
         raise UsageError(f"cannot read env file {path}: {err.strerror}") from None
+    try:
+        check_env_file_owner(path, os.fstat(fd), os.geteuid())  # the file opened, not its name
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_ENV_FILE_BYTES + 1)
+    except OSError as err:
+        raise UsageError(f"cannot read env file {path}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_ENV_FILE_BYTES:
+        raise UsageError(f"env file {path} is larger than {MAX_ENV_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     return parse_env_text(text, origin=path)
+
+
+def check_env_file_owner(path: str, st: os.stat_result, uid: int) -> None:
+    """An env file sets every rank's environment (``LD_PRELOAD``, ``PYTHONPATH``: code that
+    runs as the job's user), and ``./.zlaunch_env`` is read from the working directory, which
+    may be a folder other users write to. So only a regular file of the user's own (or
+    root's) that nobody else may change is read, as OpenSSH reads ``authorized_keys``;
+    anything else is refused before any rank starts (UsageError naming the file and the fix)."""
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"env file {path} is not a regular file", hint=f"remove it: rm {path}")
+    if st.st_uid not in (uid, 0):
+        raise UsageError(
+            f"env file {path} belongs to {_user_name(st.st_uid)}, not to you: it would set "
+            "every rank's environment (LD_PRELOAD, PYTHONPATH: code that runs as you), so "
+            "zlaunch reads only your own",
+            hint="read it; if you trust it, pass its values with --env KEY=VALUE, or put a "
+            "copy of your own in its place",
+        )
+    if st.st_mode & 0o022:
+        raise UsageError(
+            f"env file {path} can be changed by other users (mode {st.st_mode & 0o777:04o}): "
+            "it sets every rank's environment, so zlaunch reads it only when nobody else "
+            "may write it",
+            hint=f"chmod go-w {path}",
+        )
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def parse_env_text(text: str, *, origin: str = "<env>") -> dict[str, str]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from zlaunch import protocol
 from zlaunch.hostfile import Host
 from zlaunch.options import LaunchOptions
+from zlaunch.python_start import without_empty_entries
 from zlaunch.redact import redact_argv, shown_env_value
 from zlaunch.threads import thread_env
 
@@ -196,7 +197,17 @@ def _run_env(options: LaunchOptions, run_id: str, attempt: int) -> dict[str, str
         path = worker_pythonpath(api, current)
         if path != current and path is not None:
             env["PYTHONPATH"] = path
+    if "PYTHONPATH" not in env and dropped_pythonpath_entries(options):
+        env["PYTHONPATH"] = without_empty_entries(options.env["PYTHONPATH"])[0]
     return env
+
+
+def dropped_pythonpath_entries(options: LaunchOptions) -> bool:
+    """The workers' PYTHONPATH (forwarded, an env file or --env) has an empty entry, which
+    Python reads as the working directory before the script's own code runs (a co-user's
+    ``encodings.py`` there would run in every rank): the ranks get it without, and the start
+    line says so (zlaunch/python_start.py)."""
+    return without_empty_entries(options.env.get("PYTHONPATH", ""))[1]
 
 
 def _checkpoint_env(options: LaunchOptions, attempt: int) -> dict[str, str]:

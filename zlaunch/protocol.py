@@ -26,6 +26,9 @@ __all__ = [
     "STACKS_SIGNAL",
     "STACKS_SIGNAL_ENV",
     "STACKS_READY",
+    "STACKS_DUMPED",
+    "STACKS_FALLBACK_SIGNAL",
+    "STACKS_DUMPER_ENV",
     "COLLECTIVES_EVENT",
     "COLLECTIVE_MISMATCH",
     "COLLECTIVES_FILE_ENV",
@@ -73,6 +76,14 @@ STDOUT, STDERR = "o", "e"
 STACKS_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 STACKS_SIGNAL_ENV = "ZLAUNCH_STACKS_SIGNAL"
 STACKS_READY = "stacks_ready"  # event kind: this rank dumps its stacks on STACKS_SIGNAL
+# A worker's boot dumps from a thread of its own under the GIL (zlaunch/stack_dumper.py): its
+# STACKS_READY says {"dumper": "thread"}, it answers with a STACKS_DUMPED event, and a rank
+# that has not within a few seconds (its GIL is held in C code) gets STACKS_FALLBACK_SIGNAL,
+# on which faulthandler dumps without the GIL. STACKS_DUMPER_ENV=faulthandler: faulthandler
+# on STACKS_SIGNAL itself, as before the thread.
+STACKS_DUMPED = "stacks_dumped"
+STACKS_FALLBACK_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
+STACKS_DUMPER_ENV = "ZLAUNCH_STACKS_DUMPER"
 # A rank's recent collectives (zlaunch/collective_records.py): the file its watch thread keeps
 # for the agent, the event the agent sends with a stacks request, and the event of a rank
 # that found its peers in another collective at the same position.

@@ -1,15 +1,18 @@
 """Arms `zlaunch stacks` in any Python worker, then runs its script as ``python`` would.
 
-The agent starts a Python worker as ``python -u -m zlaunch.worker_boot SCRIPT ARGS...`` (or
-``... -m MODULE ARGS...``) instead of ``python -u SCRIPT ARGS...``. Before the script runs,
-``faulthandler`` is registered on the stacks signal (``ZLAUNCH_STACKS_SIGNAL``), so every
-thread's stack can be dumped even while the worker is blocked in C code, and the agent is told
+The agent starts a Python worker as ``python -u -c BOOT SCRIPT ARGS...`` (or ``... -m MODULE
+ARGS...``) instead of ``python -u SCRIPT ARGS...``, where BOOT runs this module as ``-m`` would
+but without the working directory on sys.path (zlaunch/python_start.py): nothing in a shared
+working directory is imported before the script, and the script gets the ``sys.path[0]`` that
+``python SCRIPT`` gives it (`script_path_entry`), added only after the boot's own imports.
+Before the script runs, the stacks thread is armed (zlaunch/stack_dumper.py), so every
+thread's stack can be dumped even while the script is blocked in C code, and the agent is told
 (a ``stacks_ready`` event) that this rank can be asked, and torch's flight recorder is turned
 on, with a thread that keeps the rank's recent collectives where the agent reads them
-(zlaunch/collective_records.py): plain torch scripts and Hugging Face
-Trainer jobs answer `zlaunch stacks` as runtime jobs do. No sitecustomize, no PYTHONSTARTUP:
-nothing changes for other Python processes. Stdlib only; the script sees the ``sys.argv``,
-``sys.path[0]``, ``__main__`` and ``__file__`` that ``python SCRIPT`` gives it.
+(zlaunch/collective_records.py): plain torch scripts and Hugging Face Trainer jobs answer
+`zlaunch stacks` as runtime jobs do. No sitecustomize, no PYTHONSTARTUP: nothing changes for
+other Python processes. Stdlib only; the script sees the ``sys.argv``, ``sys.path[0]``,
+``__main__`` and ``__file__`` that ``python SCRIPT`` gives it.
 
 Around the script, zlaunch/worker_group.py watches which process group the rank joins (said
 to the agent as the script ends: a multi-rank job whose ranks each trained alone is reported)
@@ -19,40 +22,21 @@ teardown, which can abort a rank that has finished its work.
 
 from __future__ import annotations
 
-import faulthandler
-import json
 import os
+import pkgutil  # runpy.run_path imports it late: here, before the script's folder is on sys.path
 import runpy
-import signal
 import sys
 import types
 
 from zlaunch.collective_records import start_watch
-from zlaunch.protocol import EVENTS_FD_ENV, STACKS_READY, STACKS_SIGNAL_ENV
+from zlaunch.protocol import EVENTS_FD_ENV
+from zlaunch.stack_dumper import arm
 from zlaunch.worker_group import GroupWatch, leave_group, report_group
 
 
-def arm_stacks(environ: dict[str, str] | os._Environ = os.environ) -> bool:
-    """Dump every thread's stack to stderr on the stacks signal; tell the agent. True if armed."""
-    raw = environ.get(STACKS_SIGNAL_ENV, "")
-    if not raw.isdigit():
-        return False
-    signum = int(raw)
-    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
-    signal.siginterrupt(signum, False)  # blocking calls in C restart instead of failing (EINTR)
-    fd = environ.get(EVENTS_FD_ENV, "")
-    if fd.isdigit():
-        try:
-            os.write(
-                int(fd), json.dumps({"kind": STACKS_READY, "pid": os.getpid()}).encode() + b"\n"
-            )
-        except OSError:
-            pass
-    return True
-
-
 def _is_boot(filename: str) -> bool:
-    return filename == __file__ or filename == "<frozen runpy>" or filename.endswith("runpy.py")
+    """The boot's frames: its ``-c`` line (``<string>``), runpy's and this module's."""
+    return filename in (__file__, "<string>", "<frozen runpy>") or filename.endswith("runpy.py")
 
 
 def strip_boot_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -82,7 +66,7 @@ def main() -> None:
     args = sys.argv[1:]
     if not args:
         sys.exit("usage: python -m zlaunch.worker_boot SCRIPT [ARGS] | -m MODULE [ARGS]")
-    arm_stacks()
+    arm()  # `zlaunch stacks`: before any thread starts, so each one inherits the signal mask
     start_watch()  # the rank's recent collectives, for a hang report
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
@@ -101,13 +85,30 @@ def main() -> None:
             leave_group()
 
 
+def script_path_entry(args: list[str], cwd: str, safe_path: bool = False) -> str | None:
+    """What ``python SCRIPT`` (or ``python -m MODULE``) puts first on sys.path, which the boot
+    (started without it: zlaunch/python_start.py) adds only now, after its own imports: the
+    script's directory with its links resolved, the working directory for a module, nothing
+    with ``-P``/``PYTHONSAFEPATH``, nothing for a folder or zip (runpy adds it, as Python does)."""
+    if safe_path:
+        return None
+    if args[0] == "-m":
+        return cwd
+    path = os.path.join(cwd, args[0])
+    if pkgutil.get_importer(path) is not None:  # runpy's own test for a folder or a zip
+        return None
+    return os.path.dirname(os.path.realpath(path))
+
+
 def _run_script(args: list[str]) -> None:
+    entry = script_path_entry(args, os.getcwd(), bool(getattr(sys.flags, "safe_path", False)))
+    if entry is not None:
+        sys.path.insert(0, entry)
     if args[0] == "-m" and len(args) > 1:
         sys.argv = [args[1], *args[2:]]  # runpy puts the module's path in argv[0]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         return
     sys.argv = list(args)
-    sys.path[0] = os.path.dirname(os.path.abspath(args[0]))  # as `python SCRIPT` sets it
     runpy.run_path(os.path.abspath(args[0]), run_name="__main__")  # __file__ absolute, as 3.9+
 
 

@@ -92,6 +92,9 @@ AGENT_SIDE = [
             "collective_records.py",
             "liveness.py",
             "connect_handshake.py",
+            "python_start.py",
+            "stack_dumper.py",
+            "stack_dumps.py",
         )
     ),
 ]

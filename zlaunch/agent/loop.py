@@ -27,6 +27,7 @@ from typing import Any
 from zlaunch import frames, protocol
 from zlaunch.agent.netinfo import interface_for
 from zlaunch.agent.output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
+from zlaunch.agent.stack_requests import StackRequests, fallback_marker
 from zlaunch.agent.upstream import Upstream
 from zlaunch.agent.workers import StartFailed, Worker, WorkerGroup, start_worker
 from zlaunch.collective_records import RecordFiles
@@ -78,12 +79,15 @@ class Agent:
         self.signal_r, self.signal_w = os.pipe()
         self.pending_signals: list[int] = []
         self.records = RecordFiles()  # each rank's recent collectives, sent with its stacks
+        self.stack_requests = StackRequests()  # asked stacks threads that have not answered
 
     def _send(self, frame: frames.Frame) -> None:
         if isinstance(frame, frames.Event):
             for event in frame.events:
                 if event.get("kind") == protocol.STACKS_READY:
-                    self.workers.note_armed(frame.rank, event.get("pid"))
+                    self.workers.note_armed(frame.rank, event.get("pid"), event.get("dumper"))
+                elif event.get("kind") == protocol.STACKS_DUMPED:
+                    self.stack_requests.answered(frame.rank, event.get("pid"))
         self.upstream.send(frame)
 
     @property
@@ -132,6 +136,7 @@ class Agent:
     def _reap(self, worker: Worker) -> None:
         if not self.workers.reap(worker):
             return
+        self.stack_requests.forget(worker.rank)
         # Everything the worker wrote before it died is in the pipes now: send it first, so
         # the controller has the last lines when it hears of the exit.
         self.output.drain(worker.rank)
@@ -211,8 +216,11 @@ class Agent:
         elif isinstance(frame, frames.Stop):
             self.stop(frame.grace, "")
         elif isinstance(frame, frames.Signal):  # --save-on, stacks: to the worker, not its group
-            self.workers.signal_processes(frame.sig, frame.ranks)
+            asked = self.workers.signal_processes(frame.sig, frame.ranks)
             if frame.sig == protocol.STACKS_SIGNAL:
+                now = time.monotonic()
+                for worker in asked:
+                    self.stack_requests.asked(worker.rank, worker.armed_pid, now)
                 self._send_records(frame.ranks or [w.rank for w in self.workers])
         elif isinstance(frame, frames.Heartbeat):
             # Echoed, so the controller hears from this agent at least every heartbeat
@@ -282,14 +290,25 @@ class Agent:
             self._send(frames.Heartbeat())
         if self.phase is AgentPhase.STOPPING and self.kill_at is not None and now >= self.kill_at:
             self._kill_remaining()
+        self._stacks_fallbacks(now)
         progress_waits = self.output.forward_due_progress(now)
         for key, _ in self.sel.select(self._wait_time(now, progress_waits)):
             self._dispatch(key)
         for worker in self.workers.unwatched():
             self._reap(worker)
 
+    def _stacks_fallbacks(self, now: float) -> None:
+        """faulthandler for the ranks whose stacks thread has not answered in time (their GIL
+        is held in C code), after a line on their stderr that says who dumps and why."""
+        for rank, pid in self.stack_requests.due(now):
+            self._send(frames.Out(rank, protocol.STDERR, [fallback_marker(pid)], False))
+            self.workers.fall_back(rank, pid)
+
     def _wait_time(self, now: float, progress_waits: bool) -> float:
         timeout = IDLE_WAIT
+        fallback = self.stack_requests.next_due(now)
+        if fallback is not None:
+            timeout = min(timeout, fallback)
         if self.stdin_open:
             timeout = min(timeout, self.heartbeat_timeout - self.controller.silent_for(0, now))
         if self.phase is AgentPhase.STOPPING and self.kill_at is not None:

@@ -25,6 +25,7 @@ from typing import Any
 from zlaunch import frames, protocol
 from zlaunch.agent.cgroup import JobCgroup
 from zlaunch.agent.procs import ProcessTable, boot_ticks, carries_tag, new_job_tag
+from zlaunch.python_start import module_argv, without_empty_entries
 
 __all__ = ["Worker", "WorkerGroup", "StartFailed", "start_worker", "boot_argv", "EVENTS"]
 
@@ -59,6 +60,14 @@ def _signal_main_thread(pid: int, signum: int) -> None:
         pass
 
 
+def _signal_process(pid: int, signum: int) -> None:
+    """To the process, not a thread of it: the thread that waits for the signal takes it."""
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _save_signal(env: Mapping[str, str]) -> int | None:
     """The save-on signal zlaunch forwards to workers (ZLAUNCH_SAVE_ON), if any."""
     name = env.get(protocol.SAVE_ON_ENV, "").strip().upper()
@@ -72,7 +81,9 @@ def _save_signal(env: Mapping[str, str]) -> int | None:
 
 def boot_argv(argv: list[str]) -> list[str]:
     """A Python worker (``python -u SCRIPT|-m MODULE ...``, as the plan writes it) starts
-    behind zlaunch.worker_boot, which arms `zlaunch stacks` first; anything else as it is."""
+    behind zlaunch.worker_boot, which arms `zlaunch stacks` first; anything else as it is.
+    The boot runs as ``-m`` would run it, but never from the job's working directory
+    (zlaunch/python_start.py): there, sys.path gets what ``python SCRIPT`` gives it."""
     if (
         len(argv) >= 3
         and argv[1] == "-u"
@@ -80,8 +91,16 @@ def boot_argv(argv: list[str]) -> list[str]:
         and argv[2] not in ("-c", "-")
         and not (argv[2] == "-m" and len(argv) < 4)
     ):
-        return [argv[0], "-u", "-m", "zlaunch.worker_boot", *argv[2:]]
+        return module_argv(argv[0], "zlaunch.worker_boot", *argv[2:])
     return argv
+
+
+def _safe_pythonpath(env: dict[str, str]) -> None:
+    """No empty entry in the worker's PYTHONPATH: one is the working directory while the
+    interpreter starts, before the boot can do anything (the plan drops the controller's and
+    says so; this catches what the node's own environment adds)."""
+    if "PYTHONPATH" in env:
+        env["PYTHONPATH"] = without_empty_entries(env["PYTHONPATH"], os.pathsep)[0]
 
 
 def _child_setup(agent_pid: int, ignored_signal: int | None, cgroup: JobCgroup | None) -> None:
@@ -119,6 +138,9 @@ class Worker:
         """Boot ticks when it was reaped: from then on its group id may be someone else's."""
         self.armed_pid: int | None = None
         """The process that armed `zlaunch stacks` (a wrapper's Python child, or the worker)."""
+        self.stacks_thread = False
+        """It dumps from a thread of its own (zlaunch/stack_dumper.py), which takes the
+        stacks signal sent to the process; else faulthandler in its main thread does."""
 
     @property
     def exited(self) -> bool:
@@ -154,6 +176,7 @@ def start_worker(
     ``tag``: the agent's job tag, which everything the worker starts inherits; ``cgroup``:
     the job's cgroup, which the worker joins before it runs."""
     env = {**os.environ, **node_env, **entry.env}
+    _safe_pythonpath(env)
     events_r, events_w = os.pipe()
     env[protocol.EVENTS_FD_ENV] = str(events_w)
     if tag:
@@ -287,27 +310,52 @@ class WorkerGroup:
             self._cgroup.signal(signal.SIGKILL)  # the kernel's cgroup.kill: all at once
         self.signal_groups(signal.SIGKILL)
 
-    def note_armed(self, rank: int, pid: object) -> None:
-        """Rank ``rank`` said that process ``pid`` dumps its stacks on the stacks signal; it is
-        believed only for the worker itself or a process of its job (the tag)."""
+    def note_armed(self, rank: int, pid: object, dumper: object = None) -> None:
+        """Rank ``rank`` said that process ``pid`` dumps its stacks on the stacks signal (from
+        its stacks thread when ``dumper`` is ``"thread"``); it is believed only for the worker
+        itself or a process of its job (the tag). A later word for the same process (the
+        runtime's, once it starts) does not take its thread away."""
         worker = self._by_rank.get(rank)
         if worker is None or worker.exited:
             return
         if pid is None:  # a runtime that does not say: the worker armed itself
             pid = worker.pid
         if isinstance(pid, int) and (pid == worker.pid or carries_tag(pid, self.tag)):
+            thread = dumper == "thread" or (pid == worker.armed_pid and worker.stacks_thread)
             worker.armed_pid = pid
+            worker.stacks_thread = thread
 
-    def signal_processes(self, sig: int, ranks: list[int] | None) -> None:
+    def signal_processes(self, sig: int, ranks: list[int] | None) -> list[Worker]:
         """To the worker processes themselves, not their groups: all, or ``ranks`` only. The
         stacks signal goes only to the process that armed itself for it: anything else (a
-        bash wrapper) would die of it."""
+        bash wrapper) would die of it; to the process (for its stacks thread, the only one
+        that does not block it) or to its main thread (faulthandler). The workers whose
+        stacks thread was asked are returned (their answer is awaited)."""
+        asked = []
         for worker in self:
             if worker.exited or (ranks is not None and worker.rank not in ranks):
                 continue
             if sig != protocol.STACKS_SIGNAL:
                 _signal_main_thread(worker.pid, sig)
-            elif worker.armed_pid == worker.pid:
-                _signal_main_thread(worker.pid, sig)  # not reaped: the pid is still its own
-            elif worker.armed_pid is not None and carries_tag(worker.armed_pid, self.tag):
-                _signal_main_thread(worker.armed_pid, sig)
+                continue
+            pid = worker.armed_pid
+            # the worker's own pid is its own while it is not reaped; another only by its tag
+            if pid is None or (pid != worker.pid and not carries_tag(pid, self.tag)):
+                continue
+            if worker.stacks_thread:
+                _signal_process(pid, sig)
+                asked.append(worker)
+            else:
+                _signal_main_thread(pid, sig)
+        return asked
+
+    def fall_back(self, rank: int, pid: int) -> bool:
+        """faulthandler's dump for a rank whose stacks thread did not answer (its main
+        thread: where faulthandler's handler runs without the GIL). False if it is gone."""
+        worker = self._by_rank.get(rank)
+        if worker is None or worker.exited or worker.armed_pid != pid:
+            return False
+        if pid != worker.pid and not carries_tag(pid, self.tag):
+            return False
+        _signal_main_thread(pid, protocol.STACKS_FALLBACK_SIGNAL)
+        return True

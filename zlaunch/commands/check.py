@@ -20,6 +20,7 @@ import click
 
 from zlaunch.commands.familiar import host_selection_options, resolve_nodes
 from zlaunch.errors import UsageError, ZlaunchError
+from zlaunch.python_start import probe_code
 
 __all__ = ["command", "HostReport", "check_hosts"]
 
@@ -83,7 +84,7 @@ def _probe(host, ssh, python: str, cwd: str, port: int | None) -> HostReport:
 
     report = HostReport(host.display, host.slots)
     try:
-        link = open_link(host, [python, "-c", PROBE], ssh)
+        link = open_link(host, [python, "-c", probe_code(PROBE)], ssh)
     except ZlaunchError as err:
         report.problems.append(err.message)
         if err.hint:

@@ -26,6 +26,7 @@ from zlaunch.commands.run_options import (
     validate_config,
 )
 from zlaunch.errors import UsageError
+from zlaunch.python_start import module_argv
 
 if TYPE_CHECKING:
     from zlaunch.options import LaunchOptions
@@ -94,7 +95,8 @@ def _allocation_request(values: dict, environ: Mapping[str, str]) -> list[str] |
             argv.append(f"{flag}={asked[flag]}")
     if values.get("num_gpus"):
         argv.append(f"--ntasks-per-node={values['num_gpus']}")
-    return [*argv, sys.executable, "-m", "zlaunch", *sys.argv[1:]]
+    # zlaunch again inside the allocation, in this directory: not from a zlaunch/ found in it
+    return [*argv, *module_argv(sys.executable, "zlaunch", *sys.argv[1:], flags=())]
 
 
 def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:

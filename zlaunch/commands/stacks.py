@@ -1,8 +1,9 @@
 """``zlaunch stacks``: where is every rank right now? For a job that hangs.
 
 Signals the controller (on the machine that started the job), which asks every rank whose
-worker listens (every Python worker: zlaunch.worker_boot arms faulthandler before the script
-starts; `runtime/stacks.py` too) to write each thread's
+worker listens (every Python worker: zlaunch.worker_boot arms its stacks thread before the
+script starts, zlaunch/stack_dumper.py; `runtime/stacks.py` arms faulthandler elsewhere) to
+write each thread's
 Python stack to stderr. The dumps land in the rank logs; this command reads what each log grew
 by, keeps the stack lines, and prints the ranks grouped by identical stacks: a rank stuck
 somewhere else than its peers stands out at once.
@@ -27,7 +28,13 @@ from zlaunch.commands.runs_common import (
 from zlaunch.errors import ZlaunchError
 from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
-from zlaunch.stack_dumps import QUIET_AFTER, group_ranks, parse_dump, stack_line_count
+from zlaunch.stack_dumps import (
+    FAULTHANDLER,
+    QUIET_AFTER,
+    group_ranks,
+    parse_dump_by,
+    stack_line_count,
+)
 
 __all__ = ["command"]
 
@@ -86,6 +93,7 @@ def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool)
         raise ZlaunchError(f"run {rundir.run_id}: cannot signal its controller ({err})") from None
 
     dumps: dict[int, Any] = {}
+    dumped_by: dict[int, str] = {}
     # A dump is complete once its stack lines stop growing for QUIET_AFTER (a rank may keep
     # printing other lines meanwhile).
     seen_lines = {r: 0 for r in paths}
@@ -102,7 +110,7 @@ def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool)
             if n != seen_lines[r]:
                 seen_lines[r], changed_at[r] = n, now
             elif n and now - changed_at[r] >= QUIET_AFTER:
-                dumps[r] = parse_dump(text)
+                dumps[r], dumped_by[r] = parse_dump_by(text)
     from zlaunch.launcher.hang import hang_failure  # it reads this module's parser
 
     records = _fresh_records(rundir, asked_at)
@@ -115,11 +123,13 @@ def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool)
         records,
         {r: row.pid for r, row in ready.items()},
         headline="stacks asked by `zlaunch stacks`",
+        by_faulthandler=sorted(r for r, by in dumped_by.items() if by == FAULTHANDLER),
     )
     if as_json:
         click.echo(json.dumps({"run_id": rundir.run_id, "root_cause": failure.to_json()}, indent=2))
     else:
         _print_groups(rundir.run_id, ready, dumps)
+        _print_dumpers(dumped_by)
         _print_collectives(failure)
     missing = sorted(set(paths) - set(dumps))
     if missing:
@@ -145,6 +155,18 @@ def _fresh_records(rundir: Any, asked_at: float, wait: float = 1.0) -> dict[int,
         if fresh or time.monotonic() >= deadline:
             return fresh
         time.sleep(0.05)
+
+
+def _print_dumpers(dumped_by: dict[int, str]) -> None:
+    """Which ranks faulthandler answered for: their stacks thread could not run (the GIL held
+    in C code), or they were not started by zlaunch's boot (a wrapper's Python child)."""
+    stood_in = sorted(r for r, by in dumped_by.items() if by == FAULTHANDLER)
+    if stood_in:
+        click.echo(
+            f"\nrank(s) {rank_ranges(stood_in)} dumped by faulthandler: their stacks thread "
+            "could not run (a thread holds the GIL in C code), or the process arms only "
+            "faulthandler"
+        )
 
 
 def _print_collectives(failure: Any) -> None:

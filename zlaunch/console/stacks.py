@@ -1,6 +1,6 @@
 """Stack dumps asked for by `zlaunch stacks`, kept off the job's console.
 
-A dump is faulthandler's text on the rank's stderr; shown on the console it reads like a crash
+A dump is faulthandler's text on the rank's stderr (after a line saying who dumped); shown on the console it reads like a crash
 (red `!` lines full of `File ...`). `zlaunch stacks` prints the dumps grouped in the terminal
 that asked, and the rank logs keep them, so the job's console shows one line instead (the
 controller's note of the request, which says that nothing crashed). Only stack-shaped lines of ranks that were asked, within
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from zlaunch.stack_dumps import STACK_FRAME, STACK_HEADER
+from zlaunch.stack_dumps import DUMP_MARKER, STACK_FRAME, STACK_HEADER
 
 __all__ = ["STACK_HEADER", "STACK_FRAME", "StackDumpFilter", "EXPECT_SECONDS"]
 
@@ -41,7 +41,7 @@ class StackDumpFilter:
             return list(lines)
         shown: list[str] = []
         for line in lines:
-            if STACK_HEADER.match(line):
+            if STACK_HEADER.match(line) or DUMP_MARKER.match(line):
                 self._in_dump.add(rank)
                 continue
             in_dump = rank in self._in_dump

@@ -22,7 +22,7 @@ from typing import Any
 
 from zlaunch.launcher.hang_suspect import find_suspect, group_records
 from zlaunch.rundir.records import REASON_HANG, Failure
-from zlaunch.stack_dumps import QUIET_AFTER, group_ranks, parse_dump
+from zlaunch.stack_dumps import FAULTHANDLER, QUIET_AFTER, group_ranks, parse_dump, parse_dump_by
 
 __all__ = ["EXIT_HANG", "STACKS_WAIT", "HangWatch", "StackCapture", "hang_failure"]
 
@@ -89,6 +89,11 @@ class StackCapture:
                 out[rank] = dump
         return out
 
+    def by_faulthandler(self) -> list[int]:
+        """The ranks whose dump faulthandler wrote (their stacks thread could not run)."""
+        found = {r: parse_dump_by("\n".join(lines)) for r, lines in self.text.items()}
+        return sorted(r for r, (dump, by) in found.items() if dump and by == FAULTHANDLER)
+
 
 def hang_failure(
     timeout: float,
@@ -99,10 +104,12 @@ def hang_failure(
     records: dict[int, list[dict]] | None = None,
     pids_of: dict[int, int | None] | None = None,
     headline: str | None = None,
+    by_faulthandler: list[int] | None = None,
 ) -> Failure:
     """The failure record of a hang: where every rank stands (stack groups, collective
     groups), who did not answer, and the suspect. ``silent``: running ranks that cannot dump
-    (not Python, or still starting)."""
+    (not Python, or still starting); ``by_faulthandler``: ranks whose dump faulthandler
+    wrote, their stacks thread held off by the GIL."""
     records = records or {}
     pids_of = pids_of or {}
     stack_groups = group_ranks(dumps)
@@ -154,5 +161,6 @@ def hang_failure(
             "collective_groups": group_records(records, hosts_of),
             "no_dump": no_dump,
             "cannot_dump": sorted(silent),
+            "dumped_by_faulthandler": sorted(by_faulthandler or ()),
         },
     )

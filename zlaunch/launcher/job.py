@@ -75,7 +75,7 @@ from zlaunch.launcher.state import (
 )
 from zlaunch.metrics_check import checked_metrics
 from zlaunch.options import LaunchOptions
-from zlaunch.plan import Plan, build_plan
+from zlaunch.plan import Plan, build_plan, dropped_pythonpath_entries
 from zlaunch.rundir.recorder import Recorder
 from zlaunch.rundir.records import FailureReport, RunStatus
 from zlaunch.spec import encode_spec, node_spec
@@ -224,6 +224,12 @@ class Attempt:
             api = self.options.deepspeed_api
             if api is not None:  # which runtime serves `import deepspeed` (--runtime)
                 self.console.note(api.describe())
+            if dropped_pythonpath_entries(self.options):
+                self.console.note(
+                    "PYTHONPATH has an empty entry, which Python reads as the working "
+                    "directory: the ranks get PYTHONPATH without it (write . to mean the "
+                    "working directory)"
+                )
         for index, spec in enumerate(specs):
             if not self.links.send(index, spec):
                 self._lose_agent(index, "connection closed before the spec was sent")
@@ -420,6 +426,7 @@ class Attempt:
             [s.rank for s in live if not s.stacks],
             capture.records,
             {s.rank: s.pid for s in live},
+            by_faulthandler=capture.by_faulthandler(),
         )
         self._handle(HangStacksIn(failure))
 

@@ -17,6 +17,7 @@ from typing import Any
 from zlaunch.errors import HostUnreachable, LaunchError
 from zlaunch.hostfile import Host
 from zlaunch.options import SshOptions
+from zlaunch.python_start import module_argv
 from zlaunch.transport.link import Link
 
 __all__ = ["Link", "open_link", "open_links", "agent_argv", "MAX_PARALLEL_CONNECTS"]
@@ -27,7 +28,9 @@ MAX_PARALLEL_CONNECTS = 32
 
 
 def agent_argv(python: str) -> list[str]:
-    return [python, "-u", "-m", "zlaunch.agent"]
+    """``python -u -m zlaunch.agent``, less the working directory on sys.path (wherever the
+    transport starts it: zlaunch/python_start.py)."""
+    return module_argv(python, "zlaunch.agent")
 
 
 def open_link(

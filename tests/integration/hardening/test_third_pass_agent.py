@@ -118,8 +118,8 @@ def test_a_setsid_child_does_not_outlive_the_job(group):
 
 ARMED_CHILD = (
     "import os, sys, time\n"
-    "from zlaunch.worker_boot import arm_stacks\n"
-    "arm_stacks()\n"
+    "from zlaunch.stack_dumper import arm\n"
+    "arm()\n"
     "print('armed', flush=True)\n"
     "time.sleep(30)\n"
 )
@@ -135,7 +135,7 @@ def test_a_wrapper_survives_zlaunch_stacks_and_the_armed_child_dumps(group, monk
     event = frames.decode(b'{"t":"event","r":0,"e":[' + os.read(events_fd, 4096).strip() + b"]}")
     (ready,) = event.events
     assert ready["kind"] == protocol.STACKS_READY and ready["pid"] != wrapper.pid
-    workers.note_armed(0, ready["pid"])
+    workers.note_armed(0, ready["pid"], ready.get("dumper"))
     workers.signal_processes(int(protocol.STACKS_SIGNAL), [0])
     time.sleep(0.5)
     assert wrapper.proc.poll() is None, "the stacks signal killed the wrapper"

@@ -168,11 +168,15 @@ def test_upstream_reports_a_closed_link_once_and_drops_later_frames():
     assert lost == ["controller connection closed"] and not upstream.ok
 
 
+# the boot as `-m zlaunch.worker_boot` would run it, less the working directory on sys.path
+BOOT = "import sys; sys.path[:1] == [''] and sys.path.pop(0); import runpy; runpy._run_module_as_main('zlaunch.worker_boot')"
+
+
 @pytest.mark.parametrize(
     ("argv", "booted"),
     [
-        (["python3", "-u", "train.py", "--x"], ["python3", "-u", "-m", "zlaunch.worker_boot", "train.py", "--x"]),
-        (["/v/bin/python", "-u", "-m", "pkg.main"], ["/v/bin/python", "-u", "-m", "zlaunch.worker_boot", "-m", "pkg.main"]),
+        (["python3", "-u", "train.py", "--x"], ["python3", "-u", "-c", BOOT, "train.py", "--x"]),
+        (["/v/bin/python", "-u", "-m", "pkg.main"], ["/v/bin/python", "-u", "-c", BOOT, "-m", "pkg.main"]),
         (["python3", "-u", "-c", "print(1)"], None),
         (["python3", "-u", "-m"], None),
         (["python3", "train.py"], None),

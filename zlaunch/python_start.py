@@ -24,7 +24,7 @@ from __future__ import annotations
 
 __all__ = ["SAFE_PATH", "module_argv", "module_code", "probe_code", "without_empty_entries"]
 
-SAFE_PATH = "import sys; sys.path[:1] == [''] and sys.path.pop(0)"
+SAFE_PATH = 'import sys; sys.path[:1] == [""] and sys.path.pop(0)'  # no ' : reads well quoted
 """Python that drops the working directory ``-c`` puts first on sys.path (nothing when
 ``PYTHONSAFEPATH`` kept it off). It imports nothing but the built-in ``sys``."""
 
@@ -34,7 +34,7 @@ def module_code(module: str) -> str:
     directory on sys.path."""
     if not all(part.isidentifier() for part in module.split(".")):
         raise ValueError(f"not a module name: {module!r}")
-    return f"{SAFE_PATH}; import runpy; runpy._run_module_as_main({module!r})"
+    return f'{SAFE_PATH}; import runpy; runpy._run_module_as_main("{module}")'
 
 
 def module_argv(

@@ -173,7 +173,8 @@ def test_dry_run_shows_the_srun_command_of_each_node(tmp_path):
     assert "agents start with (slurm, one per node):" in out.stdout
     for node in ("gpu-a001", "gpu-a002", "gpu-a003", "gpu-b12"):
         assert f"srun --jobid=12 --nodes=1 --ntasks=1 --nodelist={node} --overlap" in out.stdout
-    assert "--gres=gpu:2 -- " in out.stdout and "-m zlaunch.agent" in out.stdout
+    assert "--gres=gpu:2 -- " in out.stdout
+    assert 'runpy._run_module_as_main("zlaunch.agent")\'' in out.stdout  # -m, less the cwd
 
 
 def test_from_a_login_node_nodes_asks_salloc(tmp_path):
@@ -188,7 +189,8 @@ def test_from_a_login_node_nodes_asks_salloc(tmp_path):
         "salloc --nodes=3 --partition=gpu --time=1:00:00 --account=proj --ntasks-per-node=2 "
         in out.stdout
     )
-    assert "-m zlaunch --nodes 3" in out.stdout and "--dry-run" not in out.stdout
+    assert 'runpy._run_module_as_main("zlaunch")\' --nodes 3' in out.stdout, out.stdout
+    assert "--dry-run" not in out.stdout
     inside = subprocess.run(argv, env={**env, **ALLOC}, capture_output=True, text=True, timeout=60)
     assert inside.returncode == 2
     assert "--nodes asks Slurm for an allocation, but zlaunch runs inside one already (job 12)" in (

@@ -48,7 +48,7 @@ def test_every_interpreter_zlaunch_starts_runs_its_module_without_dash_m():
     agent = agent_argv("/opt/py/bin/python3")
     assert agent[:3] == ["/opt/py/bin/python3", "-u", "-c"] and "-m" not in agent
     assert agent[3].startswith(SAFE_PATH + ";") and agent[3].endswith(
-        "runpy._run_module_as_main('zlaunch.agent')"
+        'runpy._run_module_as_main("zlaunch.agent")'
     )
     assert module_argv("py", "zlaunch", "run", "x.py", flags=()) == [
         "py", "-c", module_code("zlaunch"), "run", "x.py",

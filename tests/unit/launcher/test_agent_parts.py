@@ -169,7 +169,7 @@ def test_upstream_reports_a_closed_link_once_and_drops_later_frames():
 
 
 # the boot as `-m zlaunch.worker_boot` would run it, less the working directory on sys.path
-BOOT = "import sys; sys.path[:1] == [''] and sys.path.pop(0); import runpy; runpy._run_module_as_main('zlaunch.worker_boot')"
+BOOT = 'import sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy._run_module_as_main("zlaunch.worker_boot")'
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,12 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; render any ZlaunchError once, without a traceback, and exit with its code."""
     try:
+        if argv is None:  # under salloc, run by zlaunch --nodes: the arguments it handed over
+            import os
+
+            from zlaunch.commands.allocation_args import take_back
+
+            argv = take_back(sys.argv[1:], os.environ)
         # Without standalone mode click returns ctx.exit()'s code instead of exiting.
         result = cli.main(args=argv, prog_name="zlaunch", standalone_mode=False)
     except ZlaunchError as err:

@@ -50,6 +50,8 @@ __all__ = [
     "JOB_TAG_ENV",
     "JOB_ENV_NAMES",
     "SALLOC_ENV",
+    "SALLOC_ARGS_ENV",
+    "WORKER_ARGS_ENV",
     "COLLECTIVE_TIMEOUT_ENV",
     "BATCH_ENV",
     "CAUSE_NO_HEARTBEAT",
@@ -130,6 +132,12 @@ CONNECT_TOKEN_ENV = "ZLAUNCH_CONNECT_TOKEN"
 # `zlaunch --nodes N` on a login node re-runs itself under salloc with this set to "1": inside
 # that allocation --nodes/--partition/--time/--account were already used (commands/run.py).
 SALLOC_ENV = "ZLAUNCH_SALLOC"
+# ... and with its whole arguments (a JSON list) here: salloc's command line, which every user
+# and Slurm's job record see, carries them redacted (zlaunch/commands/allocation_args.py).
+SALLOC_ARGS_ENV = "ZLAUNCH_SALLOC_ARGS"
+# A Python worker's script arguments (a JSON list) when some look secret: its command line shows
+# them redacted, the boot takes them from here (zlaunch/worker_args.py).
+WORKER_ARGS_ENV = "ZLAUNCH_WORKER_ARGS"
 
 # Every variable zlaunch sets for every worker (a user's value for one is overridden): the
 # launcher conventions scripts read (torchrun's and DeepSpeed's) and zlaunch's own.

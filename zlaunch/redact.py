@@ -20,6 +20,11 @@ Two rules, for two audiences:
 Program arguments get the same treatment in both places: ``--api-token=X``, ``--password X``
 (any flag whose name looks secret) and the value rules above. A script or config path
 (``hf_trainer.py``) is never taken for a secret.
+
+A command line zlaunch builds is seen by every user of its machine (``ps``) and by the
+scheduler's records (Slurm's ``SubmitLine``), so nothing on one may look secret: where
+:func:`redact_argv` would change an argument, the argument goes elsewhere, and zlaunch's own
+``--env NAME=VALUE`` values are never shown on one whatever their name (``env_flags``).
 """
 
 from __future__ import annotations
@@ -75,8 +80,11 @@ _TOKEN = re.compile(r"(?<![A-Za-z0-9_.-])(?:" + "|".join(_TOKEN_SHAPES) + r")(?!
 # scheme://user:password@host -> the password part; it may hold '/' or '@' itself, so it runs
 # to the last '@' of the argument (over-hiding a path with an '@' is the safe side).
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*:)[^\s]+(?=@)")
-# name=value inside a longer text: a connection string's AccountKey=...;, a URL's &sig=...
-_SECRET_PAIR = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_.-]*)=(?P<value>[^;&\s]+)")
+# name=value inside a longer text: a connection string's AccountKey=...;, a URL's &sig=..., a
+# list of them (srun's --export=ALL,HF_TOKEN=...: a comma ends a value where a name= follows)
+_SECRET_PAIR = re.compile(
+    r"(?P<name>[A-Za-z][A-Za-z0-9_.-]*)=(?P<value>(?:[^;&,\s]|,(?![A-Za-z_][A-Za-z0-9_.-]*=))+)"
+)
 # Webhook URLs carry their secret in the path.
 _WEBHOOK = re.compile(
     r"(?P<head>https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
@@ -118,16 +126,30 @@ def shown_env_value(name: str, value: str) -> str:
     return redact_text(value)
 
 
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """Arguments with secret-looking option values and URL passwords redacted."""
+def redact_argv(argv: Sequence[str], env_flags: Sequence[str] = ()) -> list[str]:
+    """Arguments with secret-looking option values and URL passwords redacted. The value of
+    a flag in ``env_flags`` (``--env NAME=VALUE`` or ``--env=NAME=VALUE``) is hidden whatever
+    its name: ``NAME=<redacted>``; a bare ``NAME`` (taken from the environment) is shown."""
     out: list[str] = []
     hide_next = False
+    env_next = False
     for arg in argv:
         if hide_next:
             out.append(REDACTED)
             hide_next = False
             continue
+        if env_next:
+            out.append(_env_setting(arg))
+            env_next = False
+            continue
+        if arg in env_flags:
+            out.append(arg)
+            env_next = True
+            continue
         flag, eq, value = arg.partition("=")
+        if eq and flag in env_flags:
+            out.append(f"{flag}={_env_setting(value)}")
+            continue
         is_flag = arg.startswith("-") and len(flag) > 1
         if is_flag and _SECRET_NAME.search(flag):
             if eq:
@@ -141,3 +163,8 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             continue
         out.append(redact_text(arg))
     return out
+
+
+def _env_setting(setting: str) -> str:
+    name, eq, _ = setting.partition("=")
+    return f"{name}={REDACTED}" if eq else setting

@@ -31,6 +31,7 @@ import types
 from zlaunch.collective_records import start_watch
 from zlaunch.protocol import EVENTS_FD_ENV
 from zlaunch.stack_dumper import arm
+from zlaunch.worker_args import ArgsMismatch, restore
 from zlaunch.worker_group import GroupWatch, leave_group, report_group
 
 
@@ -63,7 +64,10 @@ def _watch_group(environ: dict[str, str] | os._Environ = os.environ) -> GroupWat
 
 
 def main() -> None:
-    args = sys.argv[1:]
+    try:  # the script's arguments the agent kept off the command line (secret-looking)
+        args = restore(sys.argv[1:])
+    except ArgsMismatch as err:
+        sys.exit(f"zlaunch.worker_boot: {err}")
     if not args:
         sys.exit("usage: python -m zlaunch.worker_boot SCRIPT [ARGS] | -m MODULE [ARGS]")
     arm()  # `zlaunch stacks`: before any thread starts, so each one inherits the signal mask

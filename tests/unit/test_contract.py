@@ -95,6 +95,8 @@ AGENT_SIDE = [
             "python_start.py",
             "stack_dumper.py",
             "stack_dumps.py",
+            "worker_args.py",
+            "redact.py",
         )
     ),
 ]

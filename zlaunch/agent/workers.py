@@ -19,10 +19,10 @@ import os
 import selectors
 import signal
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from zlaunch import frames, protocol
+from zlaunch import frames, protocol, worker_args
 from zlaunch.agent.cgroup import JobCgroup
 from zlaunch.agent.procs import ProcessTable, boot_ticks, carries_tag, new_job_tag
 from zlaunch.python_start import module_argv, without_empty_entries
@@ -101,6 +101,12 @@ def _safe_pythonpath(env: dict[str, str]) -> None:
     says so; this catches what the node's own environment adds)."""
     if "PYTHONPATH" in env:
         env["PYTHONPATH"] = without_empty_entries(env["PYTHONPATH"], os.pathsep)[0]
+
+
+def _script_args(argv: Sequence[str]) -> int:
+    """How many of a booted worker's arguments (``python -u SCRIPT|-m MODULE ...``) are its
+    script's own."""
+    return len(argv) - (4 if argv[2] == "-m" else 3)
 
 
 def _child_setup(agent_pid: int, ignored_signal: int | None, cgroup: JobCgroup | None) -> None:
@@ -183,9 +189,12 @@ def start_worker(
         env[protocol.JOB_TAG_ENV] = tag
     agent_pid = os.getpid()
     ignored_signal = _save_signal(env)
+    argv = boot_argv(list(entry.argv))
+    if argv != list(entry.argv):  # behind the boot: secret-looking arguments wait in env
+        argv = worker_args.hide(argv, _script_args(entry.argv), env)
     try:
         proc = subprocess.Popen(
-            boot_argv(list(entry.argv)),
+            argv,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -18,6 +18,7 @@ import click
 
 from zlaunch import protocol
 from zlaunch.clip import brief, clip
+from zlaunch.commands.allocation_args import hand_over, shown
 from zlaunch.commands.familiar import host_selection_options
 from zlaunch.commands.run_options import (
     build_options,
@@ -95,8 +96,31 @@ def _allocation_request(values: dict, environ: Mapping[str, str]) -> list[str] |
             argv.append(f"{flag}={asked[flag]}")
     if values.get("num_gpus"):
         argv.append(f"--ntasks-per-node={values['num_gpus']}")
-    # zlaunch again inside the allocation, in this directory: not from a zlaunch/ found in it
-    return [*argv, *module_argv(sys.executable, "zlaunch", *sys.argv[1:], flags=())]
+    # zlaunch again inside the allocation, in this directory: not from a zlaunch/ found in it.
+    # salloc's command line shows its arguments redacted (every user sees it, and Slurm's job
+    # record), its environment carries them whole.
+    return [*argv, *module_argv(sys.executable, "zlaunch", *shown(sys.argv[1:]), flags=())]
+
+
+def _warn_of_visible_secrets(options: LaunchOptions) -> None:
+    """A program started as is (``--no-python``) reads its arguments from its command line, so
+    those that look secret cannot be kept off it (a Python worker's are: zlaunch/worker_args.py):
+    said once, with the way out."""
+    if not options.no_python:
+        return
+    import shlex
+
+    from zlaunch.redact import redact_argv
+
+    shown = redact_argv(options.program)
+    if shown != list(options.program):
+        click.echo(
+            f"warning: the workers' command line ({clip(shlex.join(shown))}) holds what looks "
+            "secret, and --no-python starts the program as is, so it stays there, where every "
+            "user of the nodes can read it; pass it in the environment instead (--env "
+            "NAME=VALUE reaches the nodes on the agent's stdin)",
+            err=True,
+        )
 
 
 def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
@@ -344,6 +368,7 @@ def command(**values) -> None:
             return
         # salloc holds the allocation for as long as zlaunch runs in it, in this terminal.
         env = {**os.environ, ALLOCATED_ENV: "1"}
+        hand_over(sys.argv[1:], env)
         try:
             os.execvpe(salloc[0], salloc, env)
         except OSError as err:
@@ -353,6 +378,7 @@ def command(**values) -> None:
             ) from None
     _reject_option_as_script(values["script"])
     options = build_options(**values)
+    _warn_of_visible_secrets(options)
     if options.dry_run:
         from zlaunch.plan import AUTO_PORT, build_plan, new_run_id, render_plan
 

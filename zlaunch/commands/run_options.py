@@ -19,6 +19,7 @@ import click
 from zlaunch.clip import clip
 from zlaunch.commands.familiar import refuse_config_as_script, resolve_nodes
 from zlaunch.errors import ConfigError, UsageError
+from zlaunch.redact import redact_argv
 
 if TYPE_CHECKING:
     from zlaunch.hostfile import Host
@@ -586,11 +587,21 @@ def _launcher(
             flag = "--slurm-args" if other == "slurm" else "--mpirun-args"
             raise UsageError(f"{flag} has no effect with --launcher {name}", hint="drop it")
     text = given.get(name) or ""
+    flag = "--slurm-args" if name == "slurm" else "--mpirun-args"
     try:
         extra = tuple(shlex.split(text))
     except ValueError as err:
-        flag = "--slurm-args" if name == "slurm" else "--mpirun-args"
         raise UsageError(f"{flag} {clip(text)}: {err}", hint="quote as in a shell") from None
+    shown = redact_argv(extra)
+    if shown != list(extra):
+        program = "srun" if name == "slurm" else "mpirun"
+        raise UsageError(
+            f"{flag} holds what looks like a secret ({clip(shlex.join(shown))}): it would be on "
+            f"{program}'s command line, which every user of this machine can read",
+            hint="give it to the workers with --env NAME=VALUE instead (it reaches the nodes on "
+            "the agent's stdin, never on a command line; for a value that is not secret it "
+            "works the same)",
+        )
     return name, extra
 
 

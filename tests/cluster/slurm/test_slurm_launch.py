@@ -253,9 +253,13 @@ def test_zlaunch_killed_leaves_no_task_on_any_node(idle_slurm, tmp_path, mode):
 
 def test_from_the_login_node_zlaunch_asks_slurm_for_the_nodes(idle_slurm, tmp_path):
     records = tmp_path / "records"
+    # secrets on zlaunch's command line reach the ranks (salloc's own line holds them redacted)
+    token, password = "ibsecret" + "7" * 8, "pa55" + "w" * 8
+    secret_args = ["--db", f"postgres://app:{password}@db/x"]
     out = idle_slurm.run(
         [*ZLAUNCH, "--nodes", "3", "--partition", idle_slurm.partition, "--num-gpus", "2",
-         "--log-dir", str(tmp_path / "runs"), FAKE, "--record-dir", str(records), "--allreduce"],
+         "--env", f"NCCL_IB_TOKEN={token}", "--log-dir", str(tmp_path / "runs"), FAKE,
+         "--record-dir", str(records), "--allreduce", *secret_args],
         env=_env(idle_slurm), timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
@@ -263,6 +267,10 @@ def test_from_the_login_node_zlaunch_asks_slurm_for_the_nodes(idle_slurm, tmp_pa
     assert len(ranks) == 6
     assert {r["hostname"] for r in ranks} == {"node1", "node2", "node3"}
     assert all(r["allreduce"] == 21 for r in ranks)  # 1 + 2 + ... + 6
+    assert all(r["env"]["NCCL_IB_TOKEN"] == token and r["argv"][-2:] == secret_args for r in ranks)
+    # salloc's command line held them redacted (tests/integration/hardening/test_secrets.py):
+    # the whole values came through its environment, which the zlaunch inside emptied
+    assert not any(name.startswith("ZLAUNCH_SALLOC_") for r in ranks for name in r["env"])
 
 
 @by_mode

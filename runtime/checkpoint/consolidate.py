@@ -12,6 +12,7 @@ import os
 import torch
 
 from .errors import CheckpointError
+from .held_dir import HeldDir
 from .reader import CheckpointReader
 from .storage import MANIFEST, resolve_checkpoint
 
@@ -56,23 +57,20 @@ def consolidate_state_dict(
 
 
 def write_state_dict(state: dict[str, torch.Tensor], output: str, metadata: dict) -> None:
-    """Save as safetensors: to a temp name, then rename (no half-written output)."""
-    from safetensors.torch import save_file
+    """Save as safetensors, streamed: a file of ours under a random temporary name in the
+    output's folder (never through a link planted there), renamed over ``output`` once
+    complete (no half-written output, an old file replaced whole)."""
+    from .export.safetensors_stream import SafetensorsStream
 
     output = os.path.abspath(output)
     parent = os.path.dirname(output)
     if not os.path.isdir(parent):
         raise CheckpointError(f"cannot write {output}: {parent} is not a directory")
-    tmp = f"{output}.tmp-{os.getpid()}"
+    plan = [(name, tuple(t.shape), t.dtype) for name, t in state.items()]
     try:
-        save_file(
-            {k: v.contiguous() for k, v in state.items()},
-            tmp,
-            metadata={k: str(v) for k, v in metadata.items()},
-        )
-        os.replace(tmp, output)
+        with HeldDir.open(parent) as folder:
+            with SafetensorsStream(folder, os.path.basename(output), plan, metadata) as out:
+                for name, t in state.items():
+                    out.write(name, t)
     except OSError as err:
         raise CheckpointError(f"cannot write {output}: {err.strerror or err}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

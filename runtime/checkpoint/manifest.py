@@ -1,9 +1,12 @@
 """A checkpoint's manifest, validated, and the index of which shard holds which range.
 
 Checked without reading tensor data: the structure, that every parameter's pieces tile it
-exactly once, and that every shard is a plain file inside the checkpoint folder with the size
-the manifest records (a file cut by one byte is caught here). Every failure, whatever the
-manifest holds, is a `CheckpointError` naming the file.
+exactly once, that a shard lists each parameter at most once (it stores one tensor per piece
+and kind: two pieces would read one stored tensor twice), that every shard is a plain file
+inside the checkpoint folder with the size the manifest records (a file cut by one byte is
+caught here), a different file from every other shard's, and large enough for the tensors
+listed in it, so nothing a read allocates exceeds what is stored. Every failure, whatever the
+manifest holds, is a `CheckpointError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import CheckpointError
-from .storage import FORMAT, MANIFEST, VERSION
+from .storage import _EXTRA_PREFIX, FORMAT, MANIFEST, VERSION
 
 __all__ = ["Manifest", "ITEM_BYTES", "numel"]
 
@@ -103,6 +106,11 @@ class Manifest:
         for kind, dtype in self.kinds.items():
             if dtype not in ITEM_BYTES:
                 raise self.bad(f"kind {kind!r} has an unknown dtype {dtype!r}")
+            if "/" in kind or not kind:
+                raise self.bad(f"kinds: {kind!r} is not a kind name (empty, or holds '/')")
+        # Bytes one element of a piece takes in its shard, over every kind stored.
+        self._element_bytes = sum(ITEM_BYTES[d] for d in self.kinds.values())
+        self._inodes: dict[tuple[int, int], int] = {}
         # name -> sorted list of (offset, end, shard index); one tiling per parameter.
         self._index: dict[str, list[tuple[int, int, int]]] = {n: [] for n in self.shapes}
         self.extra: dict[str, tuple[int, dict]] = {}
@@ -122,6 +130,9 @@ class Manifest:
             raise self.bad("'params' must map parameter names to their shapes")
         shapes = {}
         for name, info in params.items():
+            # Stored as "<name>/<kind>" beside "__full__/<extra>": a name must not blur that.
+            if not name or "/" in name or name == _EXTRA_PREFIX.rstrip("/"):
+                raise self.bad(f"params: {name!r} is not a parameter name (empty, or holds '/')")
             shape = info.get("shape") if isinstance(info, dict) else None
             if not isinstance(shape, list) or not all(_count(d) for d in shape):
                 raise self.bad(f"parameter {name}: shape must be a list of sizes, got {shape!r}")
@@ -129,23 +140,39 @@ class Manifest:
         return shapes
 
     def _index_shard(self, i: int, shard: Any) -> None:
-        """Check shard record ``i`` and its file, and index its pieces and extra tensors."""
+        """Check shard record ``i`` and its file, and index its pieces and extra tensors.
+
+        A shard stores each parameter's piece once, as one tensor per kind: a record listing
+        a parameter twice would read one stored tensor into two places (and let a small file
+        stand for a large parameter), so it is refused, as is a record whose pieces and extra
+        tensors need more bytes than its file holds."""
         if not isinstance(shard, dict) or shard.get("rank") != i:
             raise self.bad(f"shard record {i} is malformed")
         file = self._confined(i, shard.get("file"))
-        if not os.path.isfile(file):
+        try:
+            info = os.stat(file)
+        except FileNotFoundError:
+            info = None
+        if info is None or not stat.S_ISREG(info.st_mode):
             raise CheckpointError(
                 f"{file} is missing (listed in {self.manifest_path}); the checkpoint is incomplete"
             )
-        size = os.path.getsize(file)
-        if size != shard.get("bytes"):
+        if info.st_size != shard.get("bytes"):
             raise CheckpointError(
-                f"{file} has {size} bytes but {MANIFEST} records {shard.get('bytes')}: the "
-                "shard is truncated or was modified; use another checkpoint"
+                f"{file} has {info.st_size} bytes but {MANIFEST} records {shard.get('bytes')}: "
+                "the shard is truncated or was modified; use another checkpoint"
             )
-        if shard.get("pieces") and set(shard.get("kinds", {})) != set(self.kinds):
+        other = self._inodes.setdefault((info.st_dev, info.st_ino), i)
+        if other != i:
+            raise self.bad(f"shards {other} and {i} are one file (linked under two names)")
+        pieces = shard.get("pieces", [])
+        if not isinstance(pieces, list):
+            raise self.bad(f"shards[{i}].pieces must be a list of [name, offset, count]")
+        if pieces and set(shard.get("kinds", {})) != set(self.kinds):
             raise self.bad(f"shard {i} holds kinds {sorted(shard['kinds'])}")
-        for rec in shard.get("pieces", []):
+        seen: dict[str, int] = {}
+        needed = 0
+        for j, rec in enumerate(pieces):
             try:
                 name, offset, count = rec
             except (TypeError, ValueError):
@@ -154,14 +181,38 @@ class Manifest:
                 raise self.bad(f"shard {i}: piece {rec!r} needs element counts >= 0")
             if name not in self._index:
                 raise self.bad(f"shard {i} holds {name}, which 'params' does not list")
+            if name in seen:
+                raise self.bad(
+                    f"shards[{i}].pieces[{j}]: {name} is listed again (first at pieces"
+                    f"[{seen[name]}]); a shard stores one piece of each parameter"
+                )
+            seen[name] = j
             self._index[name].append((offset, offset + count, i))
-        for name, info in (shard.get("extra") or {}).items():
-            if not isinstance(info, dict):
+            needed += count * self._element_bytes
+        extra = shard.get("extra") or {}
+        if not isinstance(extra, dict):
+            raise self.bad(f"shards[{i}].extra must map names to shapes and dtypes")
+        for name, entry in extra.items():
+            if not isinstance(entry, dict):
                 raise self.bad(f"shard {i}: extra tensor {name!r} is malformed")
             if name in self.extra:
                 first = self.extra[name][0]
                 raise self.bad(f"extra tensor {name!r} is listed twice (shards {first} and {i})")
-            self.extra[name] = (i, info)
+            needed += self._extra_bytes(i, name, entry)
+            self.extra[name] = (i, entry)
+        if needed > info.st_size:
+            raise self.bad(
+                f"shards[{i}] lists {needed} bytes of tensors, but {file} holds {info.st_size}: "
+                "the manifest does not match the shard"
+            )
+
+    def _extra_bytes(self, i: int, name: str, entry: dict) -> int:
+        shape, dtype = entry.get("shape"), entry.get("dtype", "float32")
+        if not isinstance(shape, list) or not all(_count(d) for d in shape):
+            raise self.bad(f"shards[{i}].extra[{name!r}].shape must be a list of sizes")
+        if dtype not in ITEM_BYTES:
+            raise self.bad(f"shards[{i}].extra[{name!r}].dtype {dtype!r} is unknown")
+        return numel(shape) * ITEM_BYTES[dtype]
 
     def _check_tiling(self, name: str, ranges: list[tuple[int, int, int]]) -> None:
         ranges.sort()

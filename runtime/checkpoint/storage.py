@@ -34,17 +34,23 @@ doubles as a barrier, ``share(n)`` gives every rank rank 0's ``n``):
 
 A crash at any point leaves ``latest`` naming a complete checkpoint. Folders are 0700 and
 files 0600: a checkpoint holds the whole model.
+
+The save folder may be writable by others (a shared project folder): every write goes through
+a `held_dir.HeldDir` of it, so no link planted under any name the save uses is ever followed.
+The partial folder's token is random (62 bits: nobody can plant at its name beforehand), the
+folder is checked to be ours alone before a rank writes into it, files are created
+``O_EXCL|O_NOFOLLOW``, ``latest`` is written under a random temporary name and renamed over
+whatever stood there, and what crashed saves left is removed only when it is a folder of ours
+(never through a link).
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import fcntl
 import json
 import os
 import secrets
-import shutil
+import stat
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,6 +61,7 @@ import torch
 
 from . import jsonable
 from .errors import CheckpointError
+from .held_dir import PRIVATE_FILE, HeldDir
 
 __all__ = [
     "Piece",
@@ -66,6 +73,7 @@ __all__ = [
     "validate_tag",
     "write_checkpoint",
     "resolve_checkpoint",
+    "read_latest",
     "atomic_write_text",
 ]
 
@@ -79,9 +87,9 @@ that tag only), so that a test can kill a worker while a shard is half written."
 
 _EXTRA_PREFIX = "__full__/"
 LOCK_FILE = ".zlaunch-save.lock"
-PRIVATE_DIR = 0o700
-PRIVATE_FILE = 0o600
-_RENAME_EXCHANGE = 2
+MAX_LATEST_BYTES = 4096
+"""``latest`` holds one tag; anything larger is not a ``latest`` file."""
+MAX_SIDECAR_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, order=True)
@@ -116,28 +124,11 @@ def validate_tag(tag: str) -> str:
 
 
 # ---------------------------------------------------------------------------- file helpers
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _create(path: str) -> int:
-    """A new private file, opened for writing (an old one at ``path`` is replaced)."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE)
-
-
 def atomic_write_text(path: str, text: str) -> None:
-    """Write ``path`` so that readers see the old or the new content, never a mix."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(_create(tmp), "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    """Write ``path`` so that readers see the old or the new content, never a mix; a link
+    standing at ``path`` is replaced, never written through (see `HeldDir.replace`)."""
+    with HeldDir.open(os.path.dirname(os.path.abspath(path))) as folder:
+        folder.replace(os.path.basename(path), text.encode("utf-8"))
 
 
 def _slow_save_seconds(tag: str) -> float:
@@ -191,38 +182,50 @@ def _serialize(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) ->
     return data
 
 
-def _write_file(path: str, data: bytes, slow_s: float) -> None:
-    with open(_create(path), "wb") as f:
-        if slow_s > 0:
-            half = len(data) // 2
-            f.write(data[:half])
-            f.flush()
-            os.fsync(f.fileno())
-            time.sleep(slow_s)
-            f.write(data[half:])
-        else:
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+def _write_file(folder: HeldDir, name: str, data: bytes, slow_s: float) -> None:
+    fd = folder.create(name)
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            if slow_s > 0:
+                half = len(data) // 2
+                f.write(data[:half])
+                f.flush()
+                os.fsync(fd)
+                time.sleep(slow_s)
+                f.write(data[half:])
+            else:
+                f.write(data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- save
 class _SaveLock:
     """Rank 0's hold on a checkpoint directory for one save (flock: freed if it dies)."""
 
-    def __init__(self, save_dir: str):
-        self.path = os.path.join(save_dir, LOCK_FILE)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+    def __init__(self, root: HeldDir):
+        self.path = os.path.join(root.path, LOCK_FILE)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(LOCK_FILE, flags, PRIVATE_FILE, dir_fd=root.fd)
         try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                # A hard link to a file elsewhere, or a FIFO: not a lock any save made.
+                raise CheckpointError(
+                    f"{self.path} is not this runtime's lock file (a link to another file, or "
+                    "not a regular file); remove it, and keep others from writing into "
+                    f"{root.path}"
+                )
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise CheckpointError(
-                f"another save into {save_dir} is in progress ({self.path} is locked): two "
+                f"another save into {root.path} is in progress ({self.path} is locked): two "
                 "jobs saving into one directory would mix their shards; give each job its own "
                 "save_dir"
             ) from None
-        except OSError:
+        except BaseException:
             os.close(fd)
             raise
         self.fd = fd
@@ -231,54 +234,46 @@ class _SaveLock:
         os.close(self.fd)  # closing drops the flock
 
 
-def _remove_leftovers(save_dir: str) -> None:
+def _remove_leftovers(root: HeldDir) -> None:
     """What crashed or failed saves left (rank 0, holding the lock: no save is running).
 
-    Partial directories go. A ``.<tag>.old`` whose ``<tag>`` is missing is the only copy of
-    that tag (a crash between the two renames of a re-save): it is put back, not removed.
+    Partial directories and ``latest``'s temporary files go. A ``.<tag>.old`` whose ``<tag>``
+    is missing is the only copy of that tag (a crash between the two renames of a re-save):
+    it is put back, not removed. Only real folders and files of this user are touched: a link
+    or another user's entry under such a name was not left by a save.
     """
-    for name in os.listdir(save_dir):
-        path = os.path.join(save_dir, name)
-        if not name.startswith(".") or not os.path.isdir(path):
+    for name in root.names():
+        if not name.startswith("."):
             continue
-        if ".partial" in name:
-            shutil.rmtree(path, ignore_errors=True)
+        info = root.lstat(name)
+        if info is None or info.st_uid != os.geteuid():
+            continue
+        if stat.S_ISREG(info.st_mode) and name.startswith(f".{LATEST}.tmp-"):
+            root.remove(name)
+        elif not stat.S_ISDIR(info.st_mode):
+            continue
+        elif ".partial-" in name:
+            root.remove(name)
         elif name.endswith(".old"):
             tag = name[1 : -len(".old")]
-            if tag and not os.path.exists(os.path.join(save_dir, tag)):
-                os.rename(path, os.path.join(save_dir, tag))
+            if tag and root.lstat(tag) is None:
+                root.rename_new(name, tag)
             else:
-                shutil.rmtree(path, ignore_errors=True)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where unsupported."""
-    libc = _libc()
-    renameat2 = getattr(libc, "renameat2", None) if libc is not None else None
-    if renameat2 is None:
-        return False
-    at_fdcwd = -100
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
-        return False  # this file system cannot exchange: rename in two steps
-    raise OSError(err, os.strerror(err), a)
-
-
-def _libc():
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
+                root.remove(name)
 
 
 def _as_error(err: BaseException, what: str) -> CheckpointError:
     """Any failure as the one error type, so that every rank reaches the agreement."""
     if isinstance(err, CheckpointError):
         return err
-    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-    return CheckpointError(f"{what}: {text or type(err).__name__}")
+    return CheckpointError(f"{what}: {_reason(err)}")
+
+
+def _reason(err: BaseException) -> str:
+    """What went wrong, in words (an OSError with the file it concerns)."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    return str(err) or type(err).__name__
 
 
 def write_checkpoint(
@@ -301,68 +296,88 @@ def write_checkpoint(
     ``extra``: whole tensors stored as they are (rank 0: buffers, frozen parameters).
     ``rank_state``: JSON-able per-rank state (RNG). ``manifest_fields``: called on rank 0 only,
     returns the JSON-able global state merged into the manifest (must hold ``params``).
-    ``share``: a collective returning rank 0's argument on every rank; it names the partial
-    directory uniquely. Without it (one process) the token is fixed; the lock still holds.
+    ``share``: a collective returning rank 0's argument on every rank; it gives every rank the
+    partial folder's random name. It may be left out by a single rank only.
     """
+    assert share is not None or world_size == 1, "ranks need share() to agree on a name"
     tag = validate_tag(tag)
     save_dir = os.path.abspath(save_dir)
     final = os.path.join(save_dir, tag)
-    token = secrets.randbits(31) if rank == 0 and share is not None else 0
-    lock, error = _start(save_dir, tag, token, final) if rank == 0 else (None, None)
+    token = secrets.randbits(62) if rank == 0 else 0
+    root = partial = lock = error = None
+    if rank == 0:
+        root, lock, partial, error = _start(save_dir, tag, token, final)
     try:
         if not agree(error is None):
             raise error or CheckpointError(f"rank 0 could not start saving {final}")
         if share is not None:
             token = share(token)
-        partial = _partial_path(save_dir, tag, token)
         try:
+            if partial is None:  # another rank: hold the folder rank 0 made, checked ours
+                root = HeldDir.open(save_dir)
+                partial = root.subdir(_partial_name(tag, token), private=True)
             _write_rank(partial, tag, rank, world_size, pieces, extra or {}, rank_state)
         except Exception as err:  # noqa: BLE001 - every rank must reach agree()
-            text = err.strerror if isinstance(err, OSError) and err.strerror else err
-            error = CheckpointError(f"rank {rank}: writing its shard in {partial} failed: {text}")
+            where = partial.path if partial else os.path.join(save_dir, _partial_name(tag, token))
+            error = CheckpointError(
+                f"rank {rank}: writing its shard in {where} failed: {_reason(err)}"
+            )
         if not agree(error is None):
             if rank == 0:
-                shutil.rmtree(partial, ignore_errors=True)
+                _discard(root, _partial_name(tag, token))
             raise error or CheckpointError(
                 f"another rank failed to write its shard of {tag}; nothing was committed and "
                 f"{os.path.join(save_dir, LATEST)} is unchanged"
             )
         if rank == 0:
-            commit = (save_dir, tag, partial, final, world_size, manifest_fields, save_latest)
+            commit = (root, tag, partial, token, world_size, manifest_fields, save_latest)
             error = _try_commit(*commit)
         if not agree(error is None):
             raise error or CheckpointError(f"rank 0 failed to commit {final}")
         return final
     finally:
+        for held in (partial, root):
+            if held is not None:
+                held.close()
         if lock is not None:
             lock.release()
 
 
 def _start(save_dir: str, tag: str, token: int, final: str):
-    """Rank 0 (step 1): ``(lock, error)``; the lock, once taken, is released by the caller."""
-    lock: _SaveLock | None = None
+    """Rank 0 (step 1): ``(root, lock, partial, error)``; the caller closes and releases
+    what was opened, also when ``error`` is set."""
+    root = lock = None
     try:
-        os.makedirs(save_dir, mode=PRIVATE_DIR, exist_ok=True)
-        lock = _SaveLock(save_dir)
-        _remove_leftovers(save_dir)
-        os.mkdir(_partial_path(save_dir, tag, token), PRIVATE_DIR)
+        root = HeldDir.open(save_dir, create=True)
+        lock = _SaveLock(root)
+        _remove_leftovers(root)
+        return root, lock, root.make_private(_partial_name(tag, token)), None
     except Exception as err:  # noqa: BLE001 - every rank must reach agree()
-        return lock, _as_error(err, f"cannot start saving {final}")
-    return lock, None
+        return root, lock, None, _as_error(err, f"cannot start saving {final}")
 
 
-def _try_commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest):
+def _try_commit(root, tag, partial, token, world_size, manifest_fields, save_latest):
     """Rank 0 (step 3): the error committing met (the partial directory removed), or None."""
     try:
-        _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest)
+        _commit(root, tag, partial, token, world_size, manifest_fields, save_latest)
     except Exception as err:  # noqa: BLE001 - every rank must reach agree()
-        shutil.rmtree(partial, ignore_errors=True)
-        return _as_error(err, f"committing checkpoint {final} failed")
+        _discard(root, _partial_name(tag, token))
+        return _as_error(err, f"committing checkpoint {os.path.join(root.path, tag)} failed")
     return None
 
 
-def _partial_path(save_dir: str, tag: str, token: int) -> str:
-    return os.path.join(save_dir, f".{tag}.partial-{token:08x}")
+def _discard(root: HeldDir | None, name: str) -> None:
+    """Remove a save's own folder after a failure (a full disk stays no fuller)."""
+    if root is None:
+        return
+    try:
+        root.remove(name)
+    except OSError:
+        pass  # the next save's clean-up removes what is left
+
+
+def _partial_name(tag: str, token: int) -> str:
+    return f".{tag}.partial-{token:016x}"
 
 
 def _write_rank(partial, tag, rank, world_size, pieces, extra, rank_state) -> None:
@@ -392,7 +407,7 @@ def _write_rank(partial, tag, rank, world_size, pieces, extra, rank_state) -> No
         extra_meta[name] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
     data = _serialize(tensors, {"format": FORMAT, "rank": str(rank)})
     file_name = shard_file_name(rank, world_size)
-    _write_file(os.path.join(partial, file_name), data, _slow_save_seconds(tag))
+    _write_file(partial, file_name, data, _slow_save_seconds(tag))
     sidecar = {
         "rank": rank,
         "file": file_name,
@@ -403,18 +418,13 @@ def _write_rank(partial, tag, rank, world_size, pieces, extra, rank_state) -> No
         "extra": extra_meta,
         "state": jsonable.encode(rank_state, f"rank {rank} state"),
     }
-    with open(_create(os.path.join(partial, _sidecar_name(rank))), "w", encoding="utf-8") as f:
-        json.dump(sidecar, f)
-        f.flush()
-        os.fsync(f.fileno())
+    partial.write(_sidecar_name(rank), json.dumps(sidecar).encode())
 
 
-def _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_latest) -> None:
+def _commit(root, tag, partial, token, world_size, manifest_fields, save_latest) -> None:
     shards, states, kinds = [], [], {}
     for r in range(world_size):
-        path = os.path.join(partial, _sidecar_name(r))
-        with open(path, encoding="utf-8") as f:
-            sidecar = json.load(f)
+        sidecar = json.loads(partial.read(_sidecar_name(r), MAX_SIDECAR_BYTES))
         states.append(sidecar.pop("state"))
         for kind, dtype in sidecar["kinds"].items():
             if kinds.setdefault(kind, dtype) != dtype:
@@ -433,51 +443,76 @@ def _commit(save_dir, tag, partial, final, world_size, manifest_fields, save_lat
         shards=shards,
         rank_state=states,
     )
-    text = json.dumps(manifest, indent=1)
-    atomic_write_text(os.path.join(partial, MANIFEST), text)
+    # The folder is private and not yet a checkpoint: the manifest needs no temporary name.
+    partial.write(MANIFEST, json.dumps(manifest, indent=1).encode("utf-8"))
     for r in range(world_size):
-        os.remove(os.path.join(partial, _sidecar_name(r)))
-    fsync_dir(partial)
+        os.unlink(_sidecar_name(r), dir_fd=partial.fd)
+    partial.sync()
+    name = _partial_name(tag, token)
     old = None
-    if not os.path.exists(final):
-        os.rename(partial, final)
-    elif _exchange(partial, final):
-        old = partial  # now holds the previous checkpoint of this tag
+    if root.lstat(tag) is None:
+        root.rename_new(name, tag)
+    elif root.exchange(name, tag):
+        old = name  # now holds what stood at <tag>: the previous checkpoint of this tag
     else:
         # Two renames: a crash between them leaves only .<tag>.old, which resolve_checkpoint
         # reads and the next save puts back.
-        old = os.path.join(save_dir, f".{tag}.old")
-        if os.path.exists(old):
-            shutil.rmtree(old)
-        os.rename(final, old)
-        os.rename(partial, final)
-    fsync_dir(save_dir)
+        old = f".{tag}.old"
+        root.remove(old)
+        root.rename(tag, old)
+        root.rename_new(name, tag)
+    root.sync()
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(root, old)
     if save_latest:
-        atomic_write_text(os.path.join(save_dir, LATEST), tag + "\n")
+        root.replace(LATEST, (tag + "\n").encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------- load: locate
+def read_latest(load_dir: str) -> str | None:
+    """The tag ``load_dir/latest`` names, validated; None when there is no ``latest``.
+
+    ``latest`` must be a small regular file: a link, a FIFO, a device or a folder in its
+    place, or a file larger than `MAX_LATEST_BYTES`, is a CheckpointError naming it (never
+    a read that blocks or fills memory, never a file elsewhere read through a link).
+    """
+    latest = os.path.join(os.path.abspath(load_dir), LATEST)
+    try:
+        with HeldDir.open(load_dir) as folder:
+            info = folder.lstat(LATEST)
+            if info is None:
+                return None
+            if not stat.S_ISREG(info.st_mode):
+                kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+                raise CheckpointError(
+                    f"{latest} is {kind}; it should be a small text file holding the tag of a "
+                    "checkpoint: replace it with one (or load a checkpoint by its tag)"
+                )
+            text = folder.read(LATEST, MAX_LATEST_BYTES).decode("utf-8").strip()
+    except FileNotFoundError:
+        return None  # no folder: nothing saved there yet
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise CheckpointError(f"cannot read {latest}: {reason}") from None
+    if not text:
+        raise CheckpointError(f"{latest} is empty; it should hold the tag of a checkpoint")
+    return validate_tag(text)
+
+
 def resolve_checkpoint(load_dir: str, tag: str | None) -> str | None:
     """The directory of ``tag`` (default: the one ``latest`` names); None when no ``latest``.
 
     A ``latest`` naming a tag that does not exist, or a tag that is not a complete checkpoint,
-    is a CheckpointError naming the file.
+    is a CheckpointError naming the file; so is a ``latest`` that is not a small regular file
+    (`read_latest`).
     """
     load_dir = os.path.abspath(load_dir)
     if tag is None:
         latest = os.path.join(load_dir, LATEST)
-        if not os.path.isfile(latest):
+        tag = read_latest(load_dir)
+        if tag is None:
             return None
-        try:
-            with open(latest, encoding="utf-8") as f:
-                tag = f.read().strip()
-        except (OSError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"cannot read {latest}: {err}") from None
-        if not tag:
-            raise CheckpointError(f"{latest} is empty; it should hold the tag of a checkpoint")
-        path = _tag_dir(load_dir, validate_tag(tag))
+        path = _tag_dir(load_dir, tag)
         if not os.path.isdir(path):
             raise CheckpointError(
                 f"{latest} names the checkpoint {tag!r}, but {path} does not exist; write the "

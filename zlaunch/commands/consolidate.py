@@ -33,7 +33,10 @@ EXIT_BAD_CHECKPOINT = 1
     help="dtype of the floating-point tensors written.",
 )
 @click.option("--verify", is_flag=True, help="Check every shard's crc32 first (reads all).")
-def command(checkpoint_dir: str, tag: str | None, output: str, dtype: str, verify: bool) -> None:
+@click.option("--force", is_flag=True, help="Replace the output file if it exists.")
+def command(
+    checkpoint_dir: str, tag: str | None, output: str, dtype: str, verify: bool, force: bool
+) -> None:
     """Write the full model state dict of a sharded checkpoint to one file."""
     if not os.path.exists(checkpoint_dir):
         raise UsageError(f"{checkpoint_dir}: no such directory")
@@ -55,4 +58,4 @@ def command(checkpoint_dir: str, tag: str | None, output: str, dtype: str, verif
             raise ZlaunchError(str(err), exit_code=EXIT_BAD_CHECKPOINT) from None
     from zlaunch.commands.convert import run_convert
 
-    run_convert(checkpoint_dir, output, "safetensors", tag, dtype)
+    run_convert(checkpoint_dir, output, "safetensors", tag, dtype, force=force)

@@ -3,7 +3,9 @@
 SRC is a save folder (its ``latest``, or ``--tag``) or one checkpoint's folder, of this
 runtime or of DeepSpeed (ZeRO 1-3, any data-parallel size): the format is detected. No
 process group, no engine: tensors are read one at a time from the shards that hold them.
-A bad checkpoint is one line naming the file (exit 1), never a traceback.
+A bad checkpoint is one line naming the file (exit 1), never a traceback. An output that
+holds anything is replaced only with ``--force``, and never by a half-written one (see
+docs/checkpoint-files.md).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def run_convert(src: str, output: str, to: str, tag: str | None, dtype: str, **o
         f"{result.source} ({result.source_format} checkpoint) in "
         f"{time.perf_counter() - start:.2f}s"
     )
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     if result.excluded_frozen:
         click.echo(
             f"note: {len(result.excluded_frozen)} frozen parameter(s) are not in it (saved with "
@@ -83,11 +87,16 @@ def run_convert(src: str, output: str, to: str, tag: str | None, dtype: str, **o
     "(DeepSpeed checkpoints, models that are not a PreTrainedModel).",
 )
 @click.option("--max-shard-size", default="5GB", show_default=True, help="--to hf shard size.")
-def command(src, output, to, tag, dtype, hf_config, max_shard_size) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an output that holds anything (hf, dcp: files not the export's own are kept).",
+)
+def command(src, output, to, tag, dtype, hf_config, max_shard_size, force) -> None:
     """Convert a checkpoint (this runtime's or DeepSpeed's) to another format."""
-    options = {}
+    options = {"force": force}
     if to == "hf":
-        options = {"hf_config": hf_config, "max_shard_bytes": _size(max_shard_size)}
+        options.update(hf_config=hf_config, max_shard_bytes=_size(max_shard_size))
     elif hf_config:
         raise UsageError("--hf-config is for --to hf")
     if to == "safetensors" and os.path.isdir(output):

@@ -6,6 +6,11 @@
 * ``hf``: a Hugging Face model folder for ``from_pretrained`` (`hf`);
 * ``dcp``: torch distributed checkpoint files (`dcp`);
 * ``safetensors``: one safetensors state dict (what ``zlaunch consolidate`` writes).
+
+Nothing already there is lost and nothing half-written is ever seen (`target`): an output
+that holds anything is replaced only with ``force``; folders are built privately beside the
+output and switched in whole, a file is renamed over the old one once complete; an output that
+is, or holds, the checkpoint read is refused (writing it would remove the source).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..errors import CheckpointError
 from ..formats import detect_format, locate, open_checkpoint
 from .plan import export_plan, read_entry
 from .safetensors_stream import SafetensorsStream, tensor_bytes
+from .target import DCP_OWN, HF_OWN, file_output, folder_output
 
 __all__ = ["convert", "ConvertResult", "TARGETS", "DTYPES"]
 
@@ -39,6 +45,8 @@ class ConvertResult:
     tensors: int
     bytes: int
     excluded_frozen: list[str]
+    notes: tuple[str, ...] = ()
+    """What the user should know about the output (``latest`` left naming another tag)."""
 
 
 def _hf_config(reader, given: str | None) -> tuple[dict, dict | None]:
@@ -56,19 +64,32 @@ def _hf_config(reader, given: str | None) -> tuple[dict, dict | None]:
     )
 
 
-def _write_safetensors(reader, output: str, dtype, progress) -> list[str]:
-    if os.path.isdir(output):
-        raise CheckpointError(f"{output} is a directory; give a file name, e.g. model.safetensors")
-    parent = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(parent):
-        raise CheckpointError(f"cannot write {output}: {parent} is not a directory")
+def _write_safetensors(reader, output: str, dtype, progress, force: bool) -> list[str]:
     plan = export_plan(reader, dtype, with_aliases=True)
     meta = {"format": "pt", "source": reader.path, "dtype": str(dtype).removeprefix("torch.")}
-    with SafetensorsStream(output, [(e.name, e.shape, e.dtype) for e in plan], meta) as out:
+    spec = [(e.name, e.shape, e.dtype) for e in plan]
+    with (
+        file_output(output, force) as (folder, name),
+        SafetensorsStream(folder, name, spec, meta) as out,
+    ):
         for e in plan:
             out.write(e.name, read_entry(reader, e))
             progress(tensor_bytes(e.shape, e.dtype))
     return [os.path.abspath(output)]
+
+
+def refuse_overlap(sources: list[str], dst: str) -> None:
+    """An output that is the checkpoint read, or a folder holding it, would replace or remove
+    the source as it is written: refused. (An output inside the source folder is fine.)"""
+    out = os.path.realpath(dst)
+    for src in sources:
+        src = os.path.realpath(src)
+        if src == out or src.startswith(out.rstrip(os.sep) + os.sep):
+            raise CheckpointError(
+                f"-o {dst} is {'the checkpoint' if src == out else 'a folder holding the checkpoint'} "
+                f"being converted ({src}); writing it would replace the source: give an output "
+                "outside it"
+            )
 
 
 def convert(
@@ -80,28 +101,37 @@ def convert(
     dtype: str = "fp32",
     hf_config: str | None = None,
     max_shard_bytes: int = 5 * 2**30,
+    force: bool = False,
     progress: Progress = lambda total: lambda n: None,
 ) -> ConvertResult:
+    """Convert the checkpoint ``src`` (a save folder, or one checkpoint's) into ``dst``.
+    ``force`` replaces an output that holds anything (see the module's text)."""
     if to not in TARGETS:
         raise CheckpointError(f"--to must be one of {', '.join(TARGETS)}, got {to!r}")
     path = locate(src, tag)
+    refuse_overlap([src, path], dst)
+    notes: list[str] = []
     with open_checkpoint(path) as reader:
         fmt = detect_format(path) or "unknown"
         torch_dtype = DTYPES[dtype]
         plan = export_plan(reader, torch_dtype, with_aliases=to != "hf")
         total = sum(tensor_bytes(e.shape, e.dtype) for e in plan)
-        advance = progress(total)
         if to == "hf":
             from .hf import write_hf
 
             config, generation = _hf_config(reader, hf_config)
-            files = write_hf(reader, dst, config, generation, torch_dtype, max_shard_bytes, advance)
+            with folder_output(dst, HF_OWN, force) as folder:
+                args = (config, generation, torch_dtype, max_shard_bytes, progress(total))
+                files = write_hf(reader, folder, *args)
         elif to == "dcp":
             from .dcp import write_dcp
 
-            files = write_dcp(reader, dst, torch_dtype, advance)
+            with folder_output(dst, DCP_OWN, force) as folder:
+                files = write_dcp(
+                    reader, folder, os.path.abspath(dst), torch_dtype, progress(total)
+                )
         elif to == "safetensors":
-            files = _write_safetensors(reader, dst, torch_dtype, advance)
+            files = _write_safetensors(reader, dst, torch_dtype, progress(total), force)
         else:
             from .native import write_native
 
@@ -109,6 +139,8 @@ def convert(
                 raise CheckpointError(
                     "--to zlaunch keeps the fp32 master weights; leave --dtype out"
                 )
-            files = [write_native(reader, dst, os.path.basename(path), advance)]
+            out, notes = write_native(reader, dst, os.path.basename(path), progress(total), force)
+            files = [out]
         excluded = list(reader.state("excluded_frozen") or [])
-    return ConvertResult(path, fmt, os.path.abspath(dst), files, len(plan), total, excluded)
+    result = (path, fmt, os.path.abspath(dst), files, len(plan), total, excluded, tuple(notes))
+    return ConvertResult(*result)

@@ -6,7 +6,8 @@ there is one, ``generation_config.json``. Tied weights are written once, under t
 model owns (its ``aliases`` are left out, as transformers expects). The config comes from the
 checkpoint (the engine records a `PreTrainedModel`'s config at every save) or from the user
 (``--hf-config``); its ``dtype`` is set to the dtype written. Tensors are streamed: memory
-holds one tensor at a time.
+holds one tensor at a time. The folder is written privately and switched in whole
+(`target.folder_output`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import CheckpointError
+from ..held_dir import HeldDir
 from .plan import Entry, export_plan, read_entry
 from .safetensors_stream import SafetensorsStream, tensor_bytes
 
@@ -58,49 +60,43 @@ def _shards(plan: list[Entry], max_bytes: int) -> list[list[Entry]]:
     return shards
 
 
-def _write_json(path: str, value: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+def _json(value: dict) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
 def write_hf(
     reader,
-    dst: str,
+    folder: HeldDir,
     config: dict,
     generation: dict | None,
     dtype: torch.dtype,
     max_shard_bytes: int,
     progress: Callable[[int], None] = lambda n: None,
 ) -> list[str]:
-    """Write the folder; returns the files written. ``progress(bytes)`` after each tensor."""
+    """Write the model into ``folder`` (the private folder `target.folder_output` switches
+    in); returns the files written. ``progress(bytes)`` after each tensor."""
     plan = export_plan(reader, dtype, with_aliases=False)
     shards = _shards(plan, max_shard_bytes)
-    os.makedirs(dst, exist_ok=True)
     names, weight_map = [], {}
     for i, shard in enumerate(shards):
         name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         spec = [(e.name, e.shape, e.dtype) for e in shard]
-        with SafetensorsStream(os.path.join(dst, name), spec, {"format": "pt"}) as out:
+        with SafetensorsStream(folder, name, spec, {"format": "pt"}) as out:
             for e in shard:
                 out.write(e.name, read_entry(reader, e))
                 weight_map[e.name] = name
                 progress(tensor_bytes(e.shape, e.dtype))
         names.append(name)
     total = sum(tensor_bytes(e.shape, e.dtype) for e in plan)
-    _write_json(
-        os.path.join(dst, INDEX), {"metadata": {"total_size": total}, "weight_map": weight_map}
-    )
+    folder.write(INDEX, _json({"metadata": {"total_size": total}, "weight_map": weight_map}))
     config = dict(config)
     dtype_name = str(dtype).removeprefix("torch.")
     config["dtype"] = dtype_name
     if "torch_dtype" in config:
         config["torch_dtype"] = dtype_name
-    _write_json(os.path.join(dst, "config.json"), config)
+    folder.write("config.json", _json(config))
     names += [INDEX, "config.json"]
     if generation:
-        _write_json(os.path.join(dst, "generation_config.json"), generation)
+        folder.write("generation_config.json", _json(generation))
         names.append("generation_config.json")
     return names

@@ -12,7 +12,8 @@ import os
 from collections.abc import Callable
 
 from .. import jsonable
-from ..storage import Piece, write_checkpoint
+from ..storage import LATEST, Piece, read_latest, write_checkpoint
+from .target import check_output
 
 __all__ = ["write_native"]
 
@@ -34,9 +35,37 @@ def _optimizer_entry(saved: dict | None) -> dict | None:
     return {"class": saved.get("class"), "param_groups": groups, "scalar_state": scalars}
 
 
+def save_folder_policy(dst: str, tag: str, force: bool) -> tuple[bool, list[str]]:
+    """(whether ``latest`` moves to ``tag``, notes) for writing checkpoint ``tag`` into the
+    save folder ``dst``. A folder that holds anything needs ``force``; there, ``latest`` moves
+    only when it names nothing or ``tag`` already: a converted checkpoint never silently takes
+    the place of a newer one a resume would load."""
+    forced = f"add the checkpoint {tag} beside what is there (one of that name is replaced)"
+    held = check_output(dst, force, forced, follow=True)
+    if not held:
+        return True, []
+    latest = read_latest(dst)
+    notes = []
+    if tag in held:
+        notes.append(f"replaced the checkpoint {tag} that {dst} held")
+    if latest is None or latest == tag:
+        return True, notes
+    notes.append(
+        f"{os.path.join(dst, LATEST)} still names {latest}, not the converted {tag}; load it "
+        f"by its tag (load_checkpoint({dst!r}, tag={tag!r}), or --tag {tag})"
+    )
+    return False, notes
+
+
 def write_native(
-    reader, dst: str, tag: str, progress: Callable[[int], None] = lambda n: None
-) -> str:
+    reader,
+    dst: str,
+    tag: str,
+    progress: Callable[[int], None] = lambda n: None,
+    force: bool = False,
+) -> tuple[str, list[str]]:
+    """Write the checkpoint as ``dst/<tag>``; returns its path and the notes for the user."""
+    save_latest, notes = save_folder_policy(dst, tag, force)
     pieces = []
     kinds = sorted(reader.kinds)
     params = {}
@@ -64,7 +93,7 @@ def write_native(
             "hf_generation_config": reader.state("hf_generation_config"),
         }
 
-    return write_checkpoint(
+    path = write_checkpoint(
         os.path.abspath(dst),
         tag,
         rank=0,
@@ -74,7 +103,9 @@ def write_native(
         extra=extra,
         rank_state={},
         manifest_fields=fields,
+        save_latest=save_latest,
     )
+    return path, notes
 
 
 def reader_group(reader, name: str) -> int:

@@ -3,11 +3,18 @@
 The format is an 8-byte little-endian header length, a JSON header giving every tensor's
 dtype, shape and byte range, then the bytes. The header only needs shapes and dtypes, which a
 checkpoint reader knows before reading any data, so the file is written in one pass: header
-first, then each tensor as it is read. Written to a temporary name and renamed at the end.
+first, then each tensor as it is read.
+
+The file is created in a folder held by descriptor (`HeldDir`) under a random temporary name
+(``O_EXCL|O_NOFOLLOW``: never through a link someone planted), locked while it is written (so
+a later export tells a crashed one's leftover from a live one), fsync'd, and renamed to its
+name only once complete: a reader never sees half a file. Files are 0600, as checkpoints are:
+they hold the model.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -17,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import CheckpointError
+from ..held_dir import HeldDir, temp_name
 
 __all__ = ["SafetensorsStream", "ST_DTYPES", "tensor_bytes"]
 
@@ -39,25 +47,28 @@ def tensor_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:
 
 
 class SafetensorsStream:
-    """``with SafetensorsStream(path, plan, metadata) as f: f.write(name, tensor)`` for every
-    ``(name, shape, dtype)`` of ``plan``, in its order."""
+    """``with SafetensorsStream(folder, name, plan, metadata) as f: f.write(name, tensor)``
+    for every ``(name, shape, dtype)`` of ``plan``, in its order."""
 
     def __init__(
         self,
-        path: str,
+        folder: HeldDir,
+        name: str,
         plan: Sequence[tuple[str, tuple[int, ...], torch.dtype]],
         metadata: dict[str, str],
     ):
-        self.path = os.path.abspath(path)
+        self.folder = folder
+        self.name = name
+        self.path = os.path.join(folder.path, name)
         self.plan = list(plan)
         self._next = 0
         header: dict = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
         at = 0
-        for name, shape, dtype in self.plan:
+        for key, shape, dtype in self.plan:
             if dtype not in ST_DTYPES:
-                raise CheckpointError(f"cannot store {name}: dtype {dtype} is not supported")
+                raise CheckpointError(f"cannot store {key}: dtype {dtype} is not supported")
             size = tensor_bytes(shape, dtype)
-            header[name] = {
+            header[key] = {
                 "dtype": ST_DTYPES[dtype],
                 "shape": list(shape),
                 "data_offsets": [at, at + size],
@@ -67,14 +78,17 @@ class SafetensorsStream:
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
         self._header = struct.pack("<Q", len(raw)) + raw
         self.data_bytes = at
-        self._tmp = f"{self.path}.tmp-{os.getpid()}"
+        self._tmp = temp_name(name)
         self._file = None
 
     def __enter__(self) -> SafetensorsStream:
         try:
-            self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed in __exit__
+            fd = self.folder.create(self._tmp)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held until closed: this file is being written
+            self._file = open(fd, "wb")  # noqa: SIM115 - closed in __exit__
             self._file.write(self._header)
         except OSError as err:
+            self._discard()
             raise CheckpointError(f"cannot write {self.path}: {err.strerror or err}") from None
         return self
 
@@ -91,15 +105,26 @@ class SafetensorsStream:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self._file.close()
             if exc_type is None:
                 if self._next != len(self.plan):
                     raise CheckpointError(
                         f"{self.path}: {len(self.plan) - self._next} tensors were not written"
                     )
-                os.replace(self._tmp, self.path)
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self.folder.rename(self._tmp, self.name)
+                self._tmp = None
         except OSError as err:
             raise CheckpointError(f"cannot write {self.path}: {err.strerror or err}") from None
         finally:
-            if os.path.exists(self._tmp):
-                os.remove(self._tmp)
+            self._file.close()
+            self._discard()
+
+    def _discard(self) -> None:
+        """Remove the temporary file of a write that did not complete."""
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp, dir_fd=self.folder.fd)
+            except OSError:
+                pass
+            self._tmp = None

@@ -65,12 +65,10 @@ def save_16bit_model(
         return False
     state = consolidated_state_dict(engine.module, rank, exclude_frozen)
     if rank == 0:
-        from safetensors.torch import save_file
+        from runtime.checkpoint.consolidate import write_state_dict
 
         os.makedirs(save_dir, exist_ok=True)
-        path = os.path.join(os.fspath(save_dir), save_filename)
-        tmp = path + ".tmp"
-        save_file(state, tmp, metadata={"format": "pt"})
-        os.replace(tmp, path)
+        # A random temporary name, never through a link, renamed once complete.
+        write_state_dict(state, os.path.join(os.fspath(save_dir), save_filename), {"format": "pt"})
     engine.comm.barrier()
     return True

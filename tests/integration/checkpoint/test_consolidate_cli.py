@@ -33,12 +33,15 @@ def test_writes_every_parameter_whole(tmp_path):
     for name, shape in SHAPES.items():
         assert torch.equal(state[name], ref[name]["param"].view(shape))
     assert torch.equal(state["buf"], torch.arange(4))
-    # --dtype bf16 casts floating tensors only; --tag and the tag directory itself both work.
-    result = consolidate(str(tmp_path / "ck" / "global_step3"), "-o", str(out), "--dtype", "bf16")
+    # --dtype bf16 casts floating tensors only; --tag and the tag directory itself both work
+    # (--force: each replaces the file the one before wrote).
+    result = consolidate(
+        str(tmp_path / "ck" / "global_step3"), "-o", str(out), "--dtype", "bf16", "--force"
+    )
     assert result.returncode == 0, result.stderr
     state = load_file(out)
     assert state["a.weight"].dtype == torch.bfloat16 and state["buf"].dtype == torch.int64
-    result = consolidate(str(tmp_path / "ck"), "--tag", "global_step3", "-o", str(out))
+    result = consolidate(str(tmp_path / "ck"), "--tag", "global_step3", "-o", str(out), "--force")
     assert result.returncode == 0, result.stderr
 
 

@@ -50,11 +50,13 @@ def reference() -> dict[str, dict[str, torch.Tensor]]:
 
 
 class ThreadGroup:
-    """``agree`` for N thread-ranks: a barrier that returns whether every rank passed True."""
+    """``agree`` for N thread-ranks: a barrier that returns whether every rank passed True;
+    ``share``: rank 0's value on every rank."""
 
     def __init__(self, n: int):
         self.flags = [True] * n
         self.barrier = threading.Barrier(n)
+        self.value = 0
 
     def agree_for(self, rank: int):
         def agree(ok: bool) -> bool:
@@ -65,6 +67,17 @@ class ThreadGroup:
             return result
 
         return agree
+
+    def share_for(self, rank: int):
+        def share(value: int) -> int:
+            if rank == 0:
+                self.value = value
+            self.barrier.wait()
+            result = self.value
+            self.barrier.wait()
+            return result
+
+        return share
 
 
 def save_threads(save_dir, tag, *, fail_rank=None, client="hello", save_latest=True):
@@ -94,6 +107,7 @@ def save_threads(save_dir, tag, *, fail_rank=None, client="hello", save_latest=T
                 rank=rank,
                 world_size=world,
                 agree=group.agree_for(rank),
+                share=group.share_for(rank),
                 pieces=pieces,
                 extra={"buf": torch.arange(4)} if rank == 0 else None,
                 rank_state={"rng": random.Random(rank).getstate()},
@@ -280,3 +294,21 @@ def test_slow_save_hook_parses_seconds_and_tag(monkeypatch):
     monkeypatch.setenv(SLOW_SAVE_ENV, "soon")
     with pytest.raises(CheckpointError, match=SLOW_SAVE_ENV):
         _slow_save_seconds("x")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "large", "folder"])
+def test_latest_must_be_a_small_regular_file(tmp_path, kind):
+    save_threads(tmp_path, "t")
+    latest = tmp_path / LATEST
+    latest.unlink()
+    if kind == "fifo":
+        os.mkfifo(latest)  # a read would wait for a writer for ever
+    elif kind == "symlink":
+        (tmp_path / "elsewhere").write_text("t\n")
+        os.symlink(tmp_path / "elsewhere", latest)
+    elif kind == "large":
+        latest.write_text("t" + " " * 10**6)
+    else:
+        latest.mkdir()
+    with pytest.raises(CheckpointError, match=f"{latest}"):
+        resolve_checkpoint(str(tmp_path), None)

@@ -16,17 +16,17 @@ import pytest
 import torch
 
 from runtime.checkpoint import CheckpointError, engine_io, storage
+from runtime.checkpoint.held_dir import HeldDir
 from runtime.checkpoint.reader import CheckpointReader
 from runtime.checkpoint.storage import LATEST, MANIFEST, resolve_checkpoint, shard_file_name
 from tests.unit.checkpoint import test_storage as base
 
 
 class SharingGroup(base.ThreadGroup):
-    """Thread ranks with ``share`` too; ``pause_at`` holds every rank at that agree() call."""
+    """Thread ranks; ``pause_at`` holds every rank at that agree() call."""
 
     def __init__(self, n: int, pause_at: int | None = None):
         super().__init__(n)
-        self.value = 0
         self.calls = [0] * n
         self.pause_at = pause_at
         self.paused = threading.Event()
@@ -44,17 +44,6 @@ class SharingGroup(base.ThreadGroup):
             return inner(ok)
 
         return agree
-
-    def share_for(self, rank: int):
-        def share(value: int) -> int:
-            if rank == 0:
-                self.value = value
-            self.barrier.wait()
-            result = self.value
-            self.barrier.wait()
-            return result
-
-        return share
 
 
 def save(save_dir, tag, group=None, *, scale=1.0, background=False):
@@ -214,18 +203,19 @@ def test_a_load_failing_with_any_error_still_reaches_the_agreement(tmp_path, mon
 
 def test_a_crash_between_the_two_renames_of_a_resave_keeps_latest_loadable(tmp_path, monkeypatch):
     save(tmp_path, "t")
-    monkeypatch.setattr(storage, "_exchange", lambda a, b: False)  # a file system without it
-    real_rename = os.rename
+    # A file system without an atomic exchange: the re-save renames twice.
+    monkeypatch.setattr(HeldDir, "exchange", lambda self, a, b: False)
+    real_rename = HeldDir.rename_new
 
-    def crash_on_second(src, dst):
+    def crash_on_second(self, src, dst):
         if ".partial" in str(src):
             raise KeyboardInterrupt  # the process dies between the renames
-        real_rename(src, dst)
+        real_rename(self, src, dst)
 
-    monkeypatch.setattr(storage.os, "rename", crash_on_second)
+    monkeypatch.setattr(HeldDir, "rename_new", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
         save_one_rank(tmp_path, "t", scale=2.0)
-    monkeypatch.setattr(storage.os, "rename", real_rename)
+    monkeypatch.setattr(HeldDir, "rename_new", real_rename)
     assert not (tmp_path / "t").exists()
     path = resolve_checkpoint(str(tmp_path), None)  # latest names "t": the old copy serves
     assert path == str(tmp_path / ".t.old")

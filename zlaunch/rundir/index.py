@@ -12,6 +12,7 @@ dropped when read.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 
 __all__ = [
@@ -52,7 +53,7 @@ def register(run_id: str, path: str, environ: Mapping[str, str] | None = None) -
     root = index_dir(environ)
     os.makedirs(root, mode=0o700, exist_ok=True)
     link = os.path.join(root, run_id)
-    tmp = f"{link}.tmp.{os.getpid()}"
+    tmp = f"{link}.tmp.{secrets.token_hex(8)}"  # not guessable: nobody plants at it first
     try:
         os.symlink(os.path.abspath(path), tmp)
         os.replace(tmp, link)

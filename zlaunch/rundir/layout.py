@@ -40,6 +40,7 @@ from zlaunch.rundir.root import (
     open_log_root,
     open_private_file,
     read_json_at,
+    temp_name,
     write_json_atomic,
 )
 from zlaunch.rundir.run_record import RunRecordError, checked_run_record, writable_run_record
@@ -336,7 +337,7 @@ def _read_json_file(path: str, limit: int) -> Any:
 
 
 def _point_latest(root_fd: int, run_id: str) -> None:
-    tmp = f"{LATEST}.tmp.{os.getpid()}"
+    tmp = temp_name(LATEST)
     try:
         os.symlink(run_id, tmp, dir_fd=root_fd)
         os.replace(tmp, LATEST, src_dir_fd=root_fd, dst_dir_fd=root_fd)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import stat
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "write_text_atomic",
     "json_text",
     "read_json_at",
+    "temp_name",
     "PRIVATE_DIR",
     "PRIVATE_FILE",
 ]
@@ -129,13 +131,15 @@ def json_text(data: Any, levels: int = 3, depth: int = 0) -> str:
 
 def write_text_atomic(dir_fd: int, name: str, text: str) -> None:
     """``name`` under ``dir_fd`` replaced by ``text`` at once (see `write_json_atomic`)."""
-    tmp = f"{name}.tmp.{os.getpid()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, PRIVATE_FILE, dir_fd=dir_fd)
-    except FileExistsError:  # left by a crashed writer of the same pid, or planted
-        os.unlink(tmp, dir_fd=dir_fd)  # removes a link itself, never what it points to
-        fd = os.open(tmp, flags, PRIVATE_FILE, dir_fd=dir_fd)
+    for attempt in range(3):
+        tmp = temp_name(name)
+        try:
+            fd = os.open(tmp, flags, PRIVATE_FILE, dir_fd=dir_fd)
+            break
+        except FileExistsError:  # someone guessed it: never reused, another name is drawn
+            if attempt == 2:
+                raise
     try:
         with open(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -146,6 +150,12 @@ def write_text_atomic(dir_fd: int, name: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def temp_name(name: str) -> str:
+    """``<name>.tmp.<16 hex digits>``: a temporary name nobody can guess and plant at first
+    (a pid can be read from /proc), and that readers of the folder know to skip."""
+    return f"{name}.tmp.{secrets.token_hex(8)}"
 
 
 def read_json_at(dir_fd: int, name: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 
 import pytest
 
@@ -27,13 +28,16 @@ def test_a_missing_log_root_is_created_private(tmp_path):
     assert run.record()["run_id"] == "20260101-000000-aaaaaa"
 
 
-def test_planted_links_in_the_run_directory_never_redirect_a_write(tmp_path):
+def test_planted_links_in_the_run_directory_never_redirect_a_write(tmp_path, monkeypatch):
     victim = tmp_path / "victim"
     victim.write_text("the user's own file\n")
     victim.chmod(0o600)
     run = RunDir.create(str(tmp_path / "runs"), "20260101-000000-aaaaaa", {})
-    # a link where the next temporary run.json goes
-    os.symlink(victim, os.path.join(run.path, f"{RUN_FILE}.tmp.{os.getpid()}"))
+    # Temporary names are random; here the first is known, as if someone guessed it.
+    names = iter(["0" * 16, "1" * 16])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(names))
+    for guessed in (f"{RUN_FILE}.tmp.{'0' * 16}", f"{RUN_FILE}.tmp.{os.getpid()}"):
+        os.symlink(victim, os.path.join(run.path, guessed))
     run.update(status="running")
     assert victim.read_text() == "the user's own file\n"
     assert (

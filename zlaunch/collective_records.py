@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -66,6 +67,12 @@ MISMATCH_AFTER = 1.0
 """Seconds a collective waits before its rank compares positions with its peers."""
 PEERS_ASKED = 4
 """Peers whose position a waiting rank reads (the group's first rank and its next ones)."""
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""The most of a rank's records file its agent reads; the writer keeps fewer records per group
+to stay below it (a world group of 16k ranks names them in every record). With escaping the
+event still fits a frame (zlaunch/frames.py MAX_FRAME_BYTES)."""
+MAX_DEPTH = 6
+"""Nesting of the records list the agent forwards: records, a record, its sizes, a shape."""
 _FR_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 _STORE_PREFIX = "zlaunch_collective"
 
@@ -80,8 +87,10 @@ def enable_flight_recorder(environ: Any = os.environ) -> None:
 # ---- records: the flight recorder's entries in our terms (pure) ----------------------------
 
 
-def normalize(entries: list[dict], group_ranks: dict[str, list[int]]) -> list[dict]:
-    """The flight recorder's entries as records, the last `RING` of each group, oldest first:
+def normalize(
+    entries: list[dict], group_ranks: dict[str, list[int]], ring: int = RING
+) -> list[dict]:
+    """The flight recorder's entries as records, the last ``ring`` of each group, oldest first:
     ``group`` (name), ``ranks``, ``seq`` (per group), ``op``, ``sizes``, ``dtypes``, ``state``
     (``issued`` or ``completed``), ``time`` (seconds since the epoch, when issued)."""
     out: dict[str, list[dict]] = {}
@@ -107,7 +116,7 @@ def normalize(entries: list[dict], group_ranks: dict[str, list[int]]) -> list[di
     records = []
     for group in out.values():
         group.sort(key=lambda r: r["seq"])
-        records.extend(group[-RING:])
+        records.extend(group[-ring:])
     return records
 
 
@@ -193,8 +202,15 @@ class _Watch:
             for raw in map(json.loads, dumps):
                 entries.extend(raw.get("entries") or [])
                 config.update(raw.get("pg_config") or {})
-            records = normalize(entries, _group_ranks(dist, {"pg_config": config}))
-            _write_atomically(self.path, {"rank": self.rank, "records": records})
+            group_ranks = _group_ranks(dist, {"pg_config": config})
+            ring = RING
+            while True:  # fewer records per group rather than a file its agent refuses
+                records = normalize(entries, group_ranks, ring)
+                text = json.dumps({"rank": self.rank, "records": records})
+                if len(text) <= MAX_FILE_BYTES or ring == 1:
+                    break
+                ring //= 2
+            _write_atomically(self.path, text)
             self.latest = _latest_per_group(records)
         self.compare(dist)
 
@@ -302,10 +318,10 @@ def _group_ranks(dist: Any, raw: dict) -> dict[str, list[int]]:
     return out
 
 
-def _write_atomically(path: str, payload: dict) -> None:
+def _write_atomically(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(payload, f)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -336,14 +352,69 @@ class RecordFiles:
 
 
 def read_records(path: str) -> dict | None:
-    """The rank's file as a ``collectives`` event; None when missing or unreadable."""
+    """The rank's file as a ``collectives`` event; None when there is none yet.
+
+    The rank writes the file, and so may anything it runs: the agent reads at most
+    `MAX_FILE_BYTES` of a regular file (not a FIFO that never ends, not a link to
+    ``/dev/zero``), nested at most `MAX_DEPTH` deep (``[`` x 100,000 overflowed the decoder's
+    stack, and took the agent and its node with it). A file it refuses becomes an event with
+    no records and ``unreadable`` saying why, which the controller notes. What the records
+    hold is checked where they are used (zlaunch/launcher/hang_records.py).
+    """
     try:
-        with open(path) as f:
-            payload = json.load(f)
-        written = os.path.getmtime(path)
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
+    except OSError as err:  # a link (ELOOP), no permission
+        return _unreadable(f"cannot open it: {err.strerror}", 0.0)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _unreadable("not a regular file", st.st_mtime)
+        if st.st_size > MAX_FILE_BYTES:
+            return _unreadable(f"{st.st_size} bytes, over {MAX_FILE_BYTES}", st.st_mtime)
+        data = os.read(fd, MAX_FILE_BYTES + 1)
+    except OSError as err:
+        return _unreadable(f"cannot read it: {err.strerror}", 0.0)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        return _unreadable(f"over {MAX_FILE_BYTES} bytes", st.st_mtime)
+    try:
+        payload = json.loads(data)
+    except RecursionError:
+        return _unreadable(f"nested deeper than {MAX_DEPTH} levels", st.st_mtime)
+    except ValueError:
+        return _unreadable("not JSON", st.st_mtime)
     records = payload.get("records") if isinstance(payload, dict) else None
     if not isinstance(records, list):
-        return None
-    return {"kind": COLLECTIVES_EVENT, "records": records, "written": round(written, 3)}
+        return _unreadable('not an object with a "records" list', st.st_mtime)
+    if _deeper_than(records, MAX_DEPTH):
+        return _unreadable(f"nested deeper than {MAX_DEPTH} levels", st.st_mtime)
+    return {"kind": COLLECTIVES_EVENT, "records": records, "written": round(st.st_mtime, 3)}
+
+
+def _unreadable(why: str, written: float) -> dict:
+    return {
+        "kind": COLLECTIVES_EVENT,
+        "records": [],
+        "unreadable": f"its records file: {why}",
+        "written": round(written, 3),
+    }
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest more than ``limit`` deep; iterative, for any depth."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

@@ -145,12 +145,14 @@ def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool)
 def _fresh_records(rundir: Any, asked_at: float, wait: float = 1.0) -> dict[int, list[dict]]:
     """The ranks' collective records the controller received for this request (its agents
     send them with the signal, before the stacks are complete)."""
+    from zlaunch.launcher.hang_records import decode_records
+
     deadline = time.monotonic() + wait
     while True:
         fresh = {
-            r: v["records"]
+            r: decode_records(v.get("records")).records  # the controller checked them already
             for r, v in rundir.collectives().items()
-            if isinstance(v.get("records"), list) and v.get("received", 0) >= asked_at - 0.5
+            if isinstance(v.get("received"), (int, float)) and v["received"] >= asked_at - 0.5
         }
         if fresh or time.monotonic() >= deadline:
             return fresh

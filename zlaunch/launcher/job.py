@@ -40,6 +40,7 @@ from zlaunch.exhaustive import assert_never
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
+from zlaunch.launcher.hang_records import decode_records
 from zlaunch.launcher.open_files import ensure_open_files
 from zlaunch.launcher.rank_output import RankOutput
 from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
@@ -123,6 +124,7 @@ class Attempt:
         self.bad_metrics = 0
         """Metrics events with a field of a wrong type or range (named once, then counted)."""
         self.mismatches: set[tuple] = set()  # (group, seq) already said
+        self._bad_records_said: set[int] = set()  # ranks whose unreadable records were said
         self.ranks_dirty = False
         """ranks.json is behind the machine's rank states (written within a second)."""
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
@@ -310,6 +312,22 @@ class Attempt:
         tail = self.output.tail(frame.rank)
         self._handle(RankExited(frame.rank, frame.pid, frame.code, frame.signal, tail))
 
+    def _collectives(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's collective records (its agent sends them with a stacks request), checked
+        record by record: what is kept goes to the hang report and `zlaunch stacks`."""
+        decoded = decode_records(event.get("records"))
+        note = decoded.note(rank)
+        if isinstance(event.get("unreadable"), str):  # its agent refused the rank's file
+            note = f"rank {rank}'s collective records are left out: {event['unreadable'][:200]}"
+        if note is not None and rank not in self._bad_records_said:
+            self._bad_records_said.add(rank)
+            self.console.note(note, error=True)
+        if not decoded.records:
+            return  # nothing readable: the report says what it says of a rank without any
+        if self.output.capture is not None:
+            self.output.capture.collectives(rank, decoded.records)
+        self.recorder.collectives(rank, {**event, "records": decoded.records})
+
     def _on_events(self, rank: int, events: list[Any]) -> None:
         host = self.output.hosts.get(rank)
         for event in events:
@@ -331,10 +349,8 @@ class Attempt:
                 self.view.metrics(rank, host, row)
             elif kind == protocol.STACKS_READY:
                 self._handle(StacksReady(rank))
-            elif kind == protocol.COLLECTIVES_EVENT and isinstance(event.get("records"), list):
-                if self.output.capture is not None:
-                    self.output.capture.collectives(rank, event["records"])
-                self.recorder.collectives(rank, event)  # for `zlaunch stacks`
+            elif kind == protocol.COLLECTIVES_EVENT:
+                self._collectives(rank, event)
             elif kind == protocol.COLLECTIVE_MISMATCH:
                 self._mismatch(rank, event)
             elif kind == protocol.SAVE_ACK_EVENT:

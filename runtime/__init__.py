@@ -145,7 +145,7 @@ def _apply_launch_options(engine: Any) -> None:
     from .checkpoint.preempt import resume_from_env, save_on_signal_from_env
 
     engine.resumed_from, engine.resumed_client_state = resume_from_env(engine)
-    hook = save_on_signal_from_env()
+    hook = save_on_signal_from_env(engine.device)
     if hook is not None:
         engine.add_step_hook(hook)
 

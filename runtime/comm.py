@@ -40,10 +40,25 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommObserver", "CommStats", "Communicator", "Handle", "collectives_in_flight"]
+__all__ = [
+    "CommObserver",
+    "CommStats",
+    "Communicator",
+    "Handle",
+    "collectives_in_flight",
+    "device_of_backend",
+]
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def device_of_backend(backend: str) -> torch.device:
+    """The device a group of ``backend`` (as `torch.distributed.get_backend` names it) takes
+    small bookkeeping tensors on."""
+    if backend.lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class CommObserver:
@@ -272,6 +287,13 @@ class Communicator:
     @property
     def is_gloo(self) -> bool:
         return self.backend == "gloo"
+
+    @property
+    def device(self) -> torch.device:
+        """Where this group's collectives take their tensors: the current GPU on an NCCL
+        group (NCCL refuses host tensors), the host otherwise (gloo; a group of several
+        backends, ``cpu:gloo,cuda:nccl``, takes host tensors too)."""
+        return device_of_backend(self.backend)
 
     @property
     def needs_reduce_scatter_scratch(self) -> bool:

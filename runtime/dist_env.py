@@ -488,16 +488,22 @@ def init_distributed(
         except CollectiveTimeoutError as err:
             raise DistInitError(str(err)) from None
         timeout = datetime.timedelta(seconds=seconds)
+        # NCCL's rules: the device is chosen before the group exists, and named to it
+        # (``device_id``), so the communicator is created now, bound to this rank's GPU,
+        # instead of lazily at the first collective on whatever device is current then (and
+        # a barrier does not have to guess the device).
+        bound = {}
         if use_cuda:
             local_rank = cuda_index(local_rank, torch.cuda.device_count())
             torch.cuda.set_device(local_rank)
+            bound = {"device_id": torch.device("cuda", local_rank)}
         if world.master_addr is None:  # a world of one: no store to reach
             if world.launcher is Launcher.NONE:
                 log.warning("%s", world.note)
             else:
                 log.info("%s", world.note)
             dist.init_process_group(
-                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **bound
             )
         else:
             if world.launcher is not Launcher.ENV:
@@ -512,10 +518,12 @@ def init_distributed(
                     ("MASTER_PORT", world.master_port),
                 ):
                     os.environ.setdefault(name, str(value))
-            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+            dist.init_process_group(backend, init_method="env://", timeout=timeout, **bound)
     group_teardown.tear_down_at_exit()
     backend = str(dist.get_backend()).lower()
     if backend == "nccl":
+        # A group the script made itself: LOCAL_RANK's device, or the only one visible.
+        local_rank = cuda_index(local_rank, torch.cuda.device_count())
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:

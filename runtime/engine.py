@@ -29,7 +29,7 @@ from .dist_env import DistEnv
 from .engine_queries import EngineQueries, LiveLossScale
 from .errors import UnsupportedError
 from .precision import Precision, StepRiders
-from .step_hooks import CheckpointingProfile, StepHook
+from .step_hooks import CheckpointingProfile, RidingStepHook, StepHook
 from .torch_compile import CompiledModel, CompileWatch, compile_model, describe_regions, eager
 from .train_counters import TrainCounters
 from .zero.builder import build_strategy
@@ -156,12 +156,16 @@ class Engine(EngineQueries, torch.nn.Module):
         self.step_metrics = StepMetrics(self)
         self.insight = StepInsight(self)  # wall clock, comms logger, FLOPs/MFU
         self._step_hooks: list[StepHook] = [self.step_metrics]
+        self._riding_hooks: list[RidingStepHook] = [self.step_metrics]
         if self.config.activation_checkpointing.profile:
             self.add_step_hook(CheckpointingProfile())
 
     def add_step_hook(self, hook: StepHook) -> None:
-        """Run ``hook.after_step(engine, outcome)`` at the end of every `step()`."""
+        """Run ``hook.after_step(engine, outcome)`` at the end of every `step()` (and
+        ``hook.board(riders)`` before each optimizer step, for a `RidingStepHook`)."""
         self._step_hooks.append(hook)
+        if isinstance(hook, RidingStepHook):
+            self._riding_hooks.append(hook)
 
     def deepspeed_io(self, dataset, *, collate_fn=None, batch_size=None, shuffle=True):
         from .dataloader import build_dataloader
@@ -218,7 +222,8 @@ class Engine(EngineQueries, torch.nn.Module):
         outcome = None
         if self.is_gradient_accumulation_boundary():
             self.insight.step_begin()
-            self.step_metrics.board(self.step_riders)
+            for hook in self._riding_hooks:
+                hook.board(self.step_riders)
             outcome = self.sharding.step()
             self.precision.update(outcome.skipped, step=self.global_steps, rank=self.global_rank)
             self.accumulation.step_applied = not outcome.skipped

@@ -159,7 +159,7 @@ class StepRiders:
             return None
         self._layout = [(seat, t.numel()) for seat, t in self._local.items()]
         device = next(iter(self._local.values())).device
-        values = [t.to(device=device, dtype=torch.float64) for t in self._local.values()]
+        values = [_to_device(t, device) for t in self._local.values()]
         self._local = {}
         return torch.cat(values)
 
@@ -173,6 +173,15 @@ class StepRiders:
         """This seat's summed values of this step (once), or None when they did not ride."""
         self._local.pop(seat, None)
         return self._sums.pop(seat, None)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` in float64 on ``device``. A host tensor goes to a GPU from pinned memory without
+    blocking: a plain copy from pageable memory would make the host wait for the device."""
+    t = t.to(torch.float64)
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def global_grad_stats(
@@ -203,7 +212,7 @@ def global_grad_stats(
         values = local.tolist()
     else:
         carried = local if partitioned else torch.zeros_like(local)
-        wire = torch.cat([carried, extra.to(device=device, dtype=torch.float64).reshape(-1)])
+        wire = torch.cat([carried, _to_device(extra, torch.device(device)).reshape(-1)])
         comm.all_reduce(wire)
         values = (wire if partitioned else torch.cat([local, wire[2:]])).tolist()
         riders.set_sums(values[2:])

@@ -2,17 +2,19 @@
 
 Each is registered with `Engine.add_step_hook` and called in registration order after the
 micro-step is counted, with the optimizer step's outcome at an accumulation boundary and None
-between boundaries. Hooks that run collectives must run on every rank.
+between boundaries. Hooks that run collectives must run on every rank; a hook that only needs
+a few numbers summed over the ranks boards them on the step's all-reduce instead
+(`RidingStepHook`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .zero.optimizer import StepOutcome
 
-__all__ = ["StepEngine", "StepHook", "CheckpointingProfile"]
+__all__ = ["StepEngine", "StepHook", "RidingStepHook", "CheckpointingProfile"]
 
 
 class StepEngine(Protocol):
@@ -27,6 +29,15 @@ class StepEngine(Protocol):
 
 class StepHook(Protocol):
     def after_step(self, engine: StepEngine, outcome: StepOutcome | None) -> None: ...
+
+
+@runtime_checkable
+class RidingStepHook(StepHook, Protocol):
+    """A hook whose numbers are summed over the data-parallel ranks in the step's one
+    all-reduce (`runtime.precision.StepRiders`) instead of a collective and a host read of
+    its own: it boards them before the optimizer step and reads the sums in `after_step`."""
+
+    def board(self, riders: Any) -> None: ...
 
 
 class CheckpointingProfile:

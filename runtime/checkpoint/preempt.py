@@ -7,8 +7,10 @@ zlaunch exports (see ``zlaunch --checkpoint-dir/--resume/--save-on``):
 * ``ZLAUNCH_RESUME=1``: `runtime.initialize` loads the latest checkpoint there (none yet: a
   warning, and training starts fresh);
 * ``ZLAUNCH_SAVE_ON=SIGUSR1``: the signal sets a flag; at the next optimizer-step boundary the
-  ranks all-reduce the flag (so all of them decide at the same step, whichever got the signal
-  first), save, and exit with status 0.
+  ranks sum the flag (so all of them decide at the same step, whichever got the signal
+  first), save, and exit with status 0. The flag rides in the step's gradient all-reduce
+  (`runtime.precision.StepRiders`): zlaunch sets the variable for every job, so a collective
+  and a host read of its own would cost every step of every job.
 """
 
 from __future__ import annotations
@@ -44,13 +46,24 @@ SAVED_MARKER = "zlaunch: saved checkpoint"
 
 
 class SaveOnSignal:
-    """A step hook: sets a flag on ``signum``; `after_step` saves on every rank once any rank
-    saw it."""
+    """A step hook (`runtime.step_hooks.RidingStepHook`): sets a flag on ``signum``;
+    `after_step` saves on every rank once any rank saw it."""
 
-    def __init__(self, signum: int):
+    SEAT = "save_request"
+
+    def __init__(self, signum: int, device: torch.device | str = "cpu"):
         self.signum = signum
+        self.device = torch.device(device)
         self.requested = False
         signal.signal(signum, self._on_signal)
+
+    def board(self, riders) -> None:
+        """Before the optimizer step: this rank's flag, summed with the gradient norm."""
+        # A fill, not torch.tensor(...): a host-to-device copy would wait for the device.
+        riders.board(
+            torch.full((1,), float(self.requested), dtype=torch.float64, device=self.device),
+            self.SEAT,
+        )
 
     def _on_signal(self, _signum, _frame) -> None:
         if not self.requested:
@@ -61,9 +74,13 @@ class SaveOnSignal:
         """Called by `Engine.step` after every micro step; acts only at step boundaries."""
         if engine.micro_steps % engine.gradient_accumulation_steps() != 0:
             return
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=engine.device)
-        engine.comm.all_reduce(flag)
-        if float(flag.item()) == 0.0:
+        riders = getattr(engine, "step_riders", None)
+        sums = riders.take_sums(self.SEAT) if riders is not None else None
+        if sums is None:  # it did not ride (a model-parallel norm): agree on it here
+            flag = torch.tensor([1.0 if self.requested else 0.0], device=engine.device)
+            engine.comm.all_reduce(flag)
+            sums = flag.tolist()
+        if sums[0] == 0.0:
             return
         path = engine.save_checkpoint()
         if engine.global_rank == 0:
@@ -110,9 +127,10 @@ def resume_from_env(engine) -> tuple[str | None, dict | None]:
     return path, client
 
 
-def save_on_signal_from_env() -> SaveOnSignal | None:
-    """The hook ``ZLAUNCH_SAVE_ON`` asks for (its signal handler installed), or None."""
+def save_on_signal_from_env(device: torch.device | str = "cpu") -> SaveOnSignal | None:
+    """The hook ``ZLAUNCH_SAVE_ON`` asks for (its signal handler installed), or None;
+    ``device``: the engine's (where the flag boards the step's all-reduce)."""
     name = os.environ.get(SAVE_ON_ENV, "").strip()
     if name and name.lower() != "none":
-        return SaveOnSignal(_signal_number(name))
+        return SaveOnSignal(_signal_number(name), device)
     return None

@@ -20,7 +20,7 @@ from ..partition import FlatLayout
 from ..reduction import GradReduction
 from ..strategy import StrategyBase, StrategyInputs, single_dtype
 from .coordinator import Stage3Coordinator
-from .fetch import build_fetch
+from .fetch import build_fetch, exact_gathers_note
 from .optimizer import Stage3Optimizer
 from .units import Unit, param_shape, plan_frozen_units, plan_units
 
@@ -168,6 +168,9 @@ def build_stage3(inputs: StrategyInputs) -> Stage3Strategy:
     _unpartition_leftovers(module)
     wire = GradReduction.from_config(inputs.config, dtype, comm.world_size).wire_dtype
     fetch = build_fetch(zero, comm)
+    note = exact_gathers_note(units, fetch, int(zero.stage3_param_persistence_threshold))
+    if note is not None and comm.rank == 0:
+        log.log(note.level, "stage 3: %s", note.message)
     coordinator = Stage3Coordinator(
         module, units, layout, comm, zero, dtype, device, fetch, wire_dtype=wire
     )

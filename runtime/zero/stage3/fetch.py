@@ -21,26 +21,35 @@ secondary shards inside a small group of ranks (ZeRO++ hpZ).
   the pass that filled it and never past an optimizer step. Cost: 1/k of the unit per rank,
   kept between passes.
 
-Persistent units (gathered once, refreshed after each step) are always gathered plainly.
+Persistent units (gathered once, refreshed after each step) are always gathered plainly, as
+DeepSpeed gathers its persistent parameters: qwZ leaves them exact. When that makes qwZ quantize
+less than the user may think (a small model whose parameters are all below
+``stage3_param_persistence_threshold`` quantizes nothing), `exact_gathers_note` says so once,
+with the share that stays exact and the key that changes it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ...comm import Communicator, Handle
 from ...errors import InvalidValueError
 from ..quantize import BlockQuantizer
-from .units import Unit
+from .units import Unit, param_numel
 
 __all__ = [
     "GRAD_QUANTIZER",
     "WEIGHT_QUANTIZER",
+    "GatherNote",
     "SecondaryShards",
     "UnitFetch",
     "build_fetch",
+    "exact_gathers_note",
     "hpz_size",
 ]
 
@@ -194,4 +203,72 @@ def build_fetch(zero, comm: Communicator) -> UnitFetch:
             zero.zero_quantized_weights or zero.zero_quantized_nontrainable_weights
         ),
         secondary=SecondaryShards(comm, k) if k > 1 else None,
+    )
+
+
+@dataclass(frozen=True)
+class GatherNote:
+    """What the log says once about the quantized gathers: a `logging` level and a line."""
+
+    level: int
+    message: str
+
+
+def _elements(u: Unit) -> int:
+    return sum(s.numel for s in u.group.slots)
+
+
+def exact_gathers_note(
+    units: Sequence[Unit], fetch: UnitFetch, threshold: int
+) -> GatherNote | None:
+    """Which units qwZ leaves exact and why, or None when it quantizes every unit it covers
+    (or is off). A warning when it quantizes less than half of the elements it was asked to
+    (nothing at all, typically: every parameter at or below ``threshold``, the persistence
+    threshold); a plain note otherwise."""
+    if not (fetch.quantize_trained or fetch.quantize_frozen):
+        return None
+    key = "zero_quantized_weights"
+    if not fetch.quantize_trained:
+        key = "zero_quantized_nontrainable_weights"
+    covered = [u for u in units if (fetch.quantize_frozen if u.frozen else fetch.quantize_trained)]
+    total = sum(_elements(u) for u in covered)
+    if not covered:
+        return GatherNote(
+            logging.WARNING,
+            f"{key} quantizes nothing: no frozen parameter of more than "
+            f"stage3_param_persistence_threshold = {threshold:,} elements is partitioned "
+            "(frozen parameters at or below it stay whole on every rank and are never "
+            "gathered)",
+        )
+    if fetch.comm.world_size == 1:
+        return GatherNote(
+            logging.WARNING,
+            f"{key} quantizes nothing at 1 data-parallel rank: no gather leaves the rank, so "
+            "every unit is used exactly",
+        )
+    exact = [u for u in covered if u.persistent]
+    if not exact:
+        return None
+    kept = sum(_elements(u) for u in exact)
+    why = (
+        f"persistent parameters (each of at most stage3_param_persistence_threshold = "
+        f"{threshold:,} elements) are gathered once after every optimizer step and never "
+        "quantized, as DeepSpeed does"
+    )
+    if kept == total:
+        largest = max(param_numel(p) for u in exact for p in u.params)
+        return GatherNote(
+            logging.WARNING,
+            f"{key} quantizes nothing in this model: all {total:,} parameter elements are "
+            f"persistent; {why}. To quantize their gathers set "
+            f"stage3_param_persistence_threshold below {largest:,} (the largest parameter), "
+            "or to 0",
+        )
+    share = kept / total
+    quantized = len(covered) - len(exact)
+    return GatherNote(
+        logging.WARNING if share > 0.5 else logging.INFO,
+        f"{key}: {quantized} unit(s) quantized; {kept:,} of {total:,} parameter elements "
+        f"({share:.0%}) stay exact: {why}. A lower stage3_param_persistence_threshold "
+        "(0 partitions every parameter) quantizes them too",
     )

@@ -70,8 +70,10 @@ class CollectiveSequence:
         self.hash = (self.hash * 1_000_003 + code + 1) % _MOD
 
     def _gather(self, values: list[int]) -> torch.Tensor:
-        own = torch.tensor(values, dtype=torch.int64)
-        out = torch.empty(len(values) * self.comm.world_size, dtype=torch.int64)
+        # On the group's device: an NCCL group refuses host tensors.
+        device = self.comm.device
+        own = torch.tensor(values, dtype=torch.int64, device=device)
+        out = torch.empty(len(values) * self.comm.world_size, dtype=torch.int64, device=device)
         self.comm.all_gather(out, own)
         return out.view(self.comm.world_size, len(values))
 

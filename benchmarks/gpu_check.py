@@ -133,31 +133,80 @@ def install(site: Path, *, all_wheels: bool) -> dict:
                 shutil.copytree(src, build / name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy2(src, build / name)
-        reqs = build / "wheels.txt"
-        reqs.write_text("".join(text for _, _, text in missing))
-        base = [
-            python, "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation",
-            "--disable-pip-version-check", "--no-warn-script-location", "--target", str(site),
-        ]  # fmt: skip
-        steps = []
-        if missing:
-            steps.append(base + ["--find-links", str(WHEELS), "--require-hashes", "-r", str(reqs)])
-        steps.append(base + [str(build)])
-        log = []
-        for cmd in steps:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            log.append((done.stdout + done.stderr)[-2000:])
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd[2:5])} ... failed:\n{log[-1]}")
+        if _has_pip(python):
+            method = "pip"
+            _pip_install(python, site, build, missing)
+        else:  # an image without pip: a wheel is a zip laid out for site-packages
+            method = "unpacked (no pip here)"
+            _unpack_install(site, build, missing)
     finally:
         shutil.rmtree(build, ignore_errors=True)
     return {
         "seconds": round(time.monotonic() - began, 1),
         "torch": have.get("torch"),
+        "method": method,
         "wheels_installed": [f"{n}=={v}" for n, v, _ in missing],
         "already_there": {n: have[n] for n, _, _ in wanted if have.get(n) and not all_wheels},
         "site": str(site),
     }
+
+
+def _has_pip(python: str) -> bool:
+    done = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, timeout=60)
+    return done.returncode == 0
+
+
+def _pip_install(python: str, site: Path, build: Path, missing: list) -> None:
+    reqs = build / "wheels.txt"
+    reqs.write_text("".join(text for _, _, text in missing))
+    base = [
+        python, "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation",
+        "--disable-pip-version-check", "--no-warn-script-location", "--target", str(site),
+    ]  # fmt: skip
+    steps = []
+    if missing:
+        steps.append(base + ["--find-links", str(WHEELS), "--require-hashes", "-r", str(reqs)])
+    steps.append(base + [str(build)])
+    for cmd in steps:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr)[-2000:]
+            raise RuntimeError(f"pip install {cmd[-1]} failed:\n{tail}")
+
+
+def _wheel_fits(name: str) -> bool:
+    """The wheel's tags fit this interpreter (pure, abi3 from its floor, or this CPython)."""
+    py, abi, plat = name[:-4].split("-")[-3:]
+    if plat != "any" and "x86_64" not in plat:
+        return False
+    if abi == "none":
+        return py.startswith("py3") or "py3" in py.split(".")
+    here = sys.version_info[:2]
+    if abi == "abi3":
+        return (3, int(py[3:])) <= here
+    return py == f"cp{here[0]}{here[1]}"
+
+
+def _unpack_install(site: Path, build: Path, missing: list) -> None:
+    import hashlib
+    import zipfile
+
+    site.mkdir(parents=True, exist_ok=True)
+    for dist, version, text in missing:
+        hashes = {line.split("sha256:")[1].strip(" \\") for line in text.splitlines()[1:]}
+        prefix = f"{dist.lower()}-{version}-"
+        fits = [w for w in WHEELS.glob("*.whl") if w.name.lower().startswith(prefix)]
+        fits = [w for w in fits if _wheel_fits(w.name)]
+        if not fits:
+            raise RuntimeError(
+                f"no wheel of {dist}=={version} fits Python {platform.python_version()}"
+            )
+        if hashlib.sha256(fits[0].read_bytes()).hexdigest() not in hashes:
+            raise RuntimeError(f"{fits[0].name}: sha256 differs from requirements.txt")
+        with zipfile.ZipFile(fits[0]) as z:
+            z.extractall(site)
+    for package in ("zlaunch", "runtime"):
+        shutil.copytree(build / package, site / package, dirs_exist_ok=True)
 
 
 # ---------------------------------------------------------------------------- items

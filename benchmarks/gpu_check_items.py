@@ -214,7 +214,11 @@ def _has(path: str) -> bool:
 APIS = (
     ("all_gather_into_tensor", "torch.distributed.all_gather_into_tensor", "required"),
     ("reduce_scatter_tensor", "torch.distributed.reduce_scatter_tensor", "required"),
-    ("all_to_all_single", "torch.distributed.all_to_all_single", "qgZ and gloo's reduce-scatter"),
+    ("all_gather_single", "torch.distributed.all_gather_single",
+     "all_gather_into_tensor (the same collective, torch's older name)"),
+    ("reduce_scatter_single", "torch.distributed.reduce_scatter_single",
+     "reduce_scatter_tensor (the same collective, torch's older name)"),
+    ("all_to_all_single", "torch.distributed.all_to_all_single", "required: qgZ, gloo's reduce-scatter"),
     ("flight recorder (all backends)", "torch._C._distributed_c10d._dump_fr_trace_json",
      "zlaunch stacks shows no collective records"),
     ("flight recorder (NCCL)", "torch._C._distributed_c10d._dump_nccl_trace_json",
@@ -270,17 +274,16 @@ def torch_api(ctx: Ctx) -> dict:
         "missing": missing,
         "found": [f["api"] for f in found],
     }
-    required = [m for m in missing if m.get("without") == "required" or "required" in m["without"]]
+    required = [m for m in missing if m["without"].startswith("required")]
+    optional = [m for m in missing if m not in required]
     from_tree = Path(installed_from).resolve() == ctx.repo.resolve()
     status = "fail" if required or from_tree else "ok"
     figure = (
         f"torch {torch.__version__}, {device}"
         + (f", CUDA {torch.version.cuda}, NCCL {details['nccl']}" if cuda else "")
-        + (
-            f"; missing: {', '.join(m['api'] for m in missing)}"
-            if missing
-            else "; all APIs present"
-        )
+        + (f"; MISSING: {', '.join(m['api'] for m in required)}" if required else "")
+        + (f"; absent, fallback used: {', '.join(m['api'] for m in optional)}" if optional else "")
+        + ("" if missing else "; all APIs present")
         + ("; the project was imported from the tree, not the install" if from_tree else "")
     )
     return {"status": status, "figure": figure, "details": details}

@@ -1,7 +1,7 @@
 """The job the device check launches with zlaunch (gpu_check_launch.zlaunch_nccl): one rank
 that trains a few ZeRO-2 steps (NCCL on a GPU, gloo on a CPU), says it is ready, then keeps
-stepping until the stop file appears, so that `zlaunch stacks` finds it inside a step with
-collectives in its flight recorder."""
+stepping (and all-reducing its loss) until the stop file appears, so that `zlaunch stacks`
+finds it inside a step with collectives in its flight recorder."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import time
 
 import torch
+import torch.distributed
 
 import runtime
 
@@ -35,6 +36,9 @@ def main() -> None:
         loss = engine(x).pow(2).mean()
         engine.backward(loss)
         engine.step()
+        # At world 1 the runtime's own collectives are skipped (nothing to exchange): the
+        # script's own all-reduce is what the flight recorder has to show.
+        torch.distributed.all_reduce(loss.detach().reshape(1))
 
     for _ in range(3):
         step()

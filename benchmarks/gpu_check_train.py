@@ -202,7 +202,7 @@ def _seed_item(ctx: Ctx, name: str, what: str, pinned_keys: tuple[str, ...]) -> 
     figure = (
         f"{what}: loss {off['losses'][0]:.3f} -> {off['losses'][-1]:.3f} in {steps} steps "
         f"({off['skipped']} skipped, scale {off['loss_scale']:g}); vs no offload max rel. dev "
-        f"{d:.1e}; step {off['step_s'] * 1e3:.0f} ms vs {on_gpu['step_s'] * 1e3:.0f} ms on the GPU"
+        f"{d:.1e}; step {off['step_s'] * 1e3:.0f} ms vs {on_gpu['step_s'] * 1e3:.0f} ms without offload"
     )
     if ctx.cuda:
         figure += f"; pinned: {', '.join(f'{k}={off[k]}' for k in pinned_keys)}"

@@ -214,7 +214,11 @@ class ZeroOptimizer:
             for i, buf in zip(indices, master_grads, strict=True):
                 buf.copy_(grads[i], non_blocking=True)
             if master_grads and master_grads[0].is_pinned():
-                torch.cuda.synchronize()
+                # The CPU optimizer reads them next: wait for these copies (an event after
+                # them on this stream), not for every stream of the device.
+                copied = torch.cuda.Event()
+                copied.record()
+                copied.synchronize()
             return master_grads
         return [grads[i].float() for i in indices]
 

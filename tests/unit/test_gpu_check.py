@@ -121,3 +121,20 @@ def test_the_summary_names_what_did_not_run_and_why(check):
         "multi-rank paths unproven on one GPU: "
     )
     assert row["details"]["unproven_multi_rank"] == list(gpu_check.UNPROVEN_MULTI_RANK)
+
+
+def test_without_pip_the_wheels_that_fit_are_unpacked_after_their_hash_is_checked(check, tmp_path):
+    gpu_check, _ = check
+    build = tmp_path / "build"
+    for package in ("zlaunch", "runtime"):
+        (build / package).mkdir(parents=True)
+        (build / package / "__init__.py").write_text("")
+    blocks = [b for b in gpu_check.requirement_blocks() if b[0] in ("hjson", "cffi")]
+    gpu_check._unpack_install(tmp_path / "site", build, blocks)
+    found = sorted(p.name for p in (tmp_path / "site").iterdir())
+    tag = f"cpython-{sys.version_info[0]}{sys.version_info[1]}"
+    assert any(n.startswith("_cffi_backend") and tag in n for n in found), found
+    assert {"hjson", "cffi", "zlaunch", "runtime"} <= set(found)
+    forged = [("hjson", "3.1.0", "hjson==3.1.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")]
+    with pytest.raises(RuntimeError, match="sha256 differs"):
+        gpu_check._unpack_install(tmp_path / "site2", build, forged)

@@ -40,7 +40,10 @@ def main() -> None:
         # script's own all-reduce is what the flight recorder has to show.
         torch.distributed.all_reduce(loss.detach().reshape(1))
 
-    for _ in range(3):
+    # Step a little longer than zlaunch's records thread takes to copy the flight recorder
+    # (it looks every half second): `zlaunch stacks` then finds records to show.
+    warm = time.monotonic() + 2.0
+    while time.monotonic() < warm:
         step()
     info = {
         "backend": engine.comm.backend,

@@ -29,7 +29,7 @@ import secrets
 import shutil
 import stat
 
-__all__ = ["HeldDir", "PRIVATE_DIR", "PRIVATE_FILE", "temp_name"]
+__all__ = ["HeldDir", "PRIVATE_DIR", "PRIVATE_FILE", "owned_by_us", "temp_name"]
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -69,7 +69,7 @@ class HeldDir:
         fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.fd)
         if private:
             info = os.fstat(fd)
-            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            if not owned_by_us(info.st_uid) or info.st_mode & 0o077:
                 os.close(fd)
                 raise PermissionError(
                     errno.EPERM,
@@ -194,6 +194,17 @@ class HeldDir:
         else:
             os.unlink(name, dir_fd=self.fd)
 
+    def discard(self, name: str) -> None:
+        """Remove what stands at one of our own names (our temporary folder, or what a swap
+        put there), quietly: a link or file goes (the name only, never its target), a folder
+        only when it is ours, since its content is not someone else's to lose."""
+        try:
+            info = self.lstat(name)
+            if info is not None and (not stat.S_ISDIR(info.st_mode) or owned_by_us(info.st_uid)):
+                self.remove(name)
+        except OSError:
+            pass  # what is left, the next save or export's clean-up finds
+
     def chmod(self, name: str, mode: int) -> None:
         os.chmod(name, mode, dir_fd=self.fd, follow_symlinks=False)
 
@@ -202,6 +213,14 @@ class HeldDir:
         os.fsync(self.fd)
 
 
+def owned_by_us(uid: int) -> bool:
+    """Whether an entry owned by ``uid`` is one this process made. Root's files on an NFS
+    export with root_squash belong to the anonymous user (65534 by default): still ours."""
+    euid = os.geteuid()
+    return uid == euid or (euid == 0 and uid == _ANONYMOUS_UID)
+
+
+_ANONYMOUS_UID = 65534
 _RENAMEAT2: list = []
 
 

@@ -61,7 +61,7 @@ import torch
 
 from . import jsonable
 from .errors import CheckpointError
-from .held_dir import PRIVATE_FILE, HeldDir
+from .held_dir import PRIVATE_FILE, HeldDir, owned_by_us
 
 __all__ = [
     "Piece",
@@ -246,7 +246,7 @@ def _remove_leftovers(root: HeldDir) -> None:
         if not name.startswith("."):
             continue
         info = root.lstat(name)
-        if info is None or info.st_uid != os.geteuid():
+        if info is None or not owned_by_us(info.st_uid):
             continue
         if stat.S_ISREG(info.st_mode) and name.startswith(f".{LATEST}.tmp-"):
             root.remove(name)
@@ -367,13 +367,9 @@ def _try_commit(root, tag, partial, token, world_size, manifest_fields, save_lat
 
 
 def _discard(root: HeldDir | None, name: str) -> None:
-    """Remove a save's own folder after a failure (a full disk stays no fuller)."""
-    if root is None:
-        return
-    try:
-        root.remove(name)
-    except OSError:
-        pass  # the next save's clean-up removes what is left
+    """Remove a save's own folder (after a failure: a full disk stays no fuller)."""
+    if root is not None:
+        root.discard(name)
 
 
 def _partial_name(tag: str, token: int) -> str:

@@ -35,7 +35,7 @@ import stat
 from collections.abc import Iterator
 
 from ..errors import CheckpointError
-from ..held_dir import HeldDir, temp_name
+from ..held_dir import HeldDir, owned_by_us, temp_name
 
 __all__ = ["folder_output", "file_output", "check_output", "HF_OWN", "DCP_OWN"]
 
@@ -87,6 +87,8 @@ def folder_output(dst: str, own: re.Pattern, force: bool) -> Iterator[HeldDir]:
     match ``own`` carried over), on an error ``dst`` is left as it was."""
     dst = os.path.abspath(dst)
     check_output(dst, force, FOLDER_FORCED)
+    if os.path.lexists(dst) and not os.path.isdir(dst):
+        raise CheckpointError(f"-o {dst} is a file; this output is a folder: give a folder name")
     parent, name = os.path.dirname(dst), os.path.basename(dst)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -104,10 +106,8 @@ def folder_output(dst: str, own: re.Pattern, force: bool) -> Iterator[HeldDir]:
     except OSError as err:
         raise CheckpointError(f"cannot write {dst}: {os_reason(err)}") from None
     finally:
-        with contextlib.suppress(OSError):
-            if partial is not None:
-                root.remove(partial_name(partial))
         if partial is not None:
+            root.discard(partial_name(partial))  # an export that failed, or the old folder
             partial.close()
         root.close()
 
@@ -146,7 +146,7 @@ def _switch(root: HeldDir, partial: HeldDir, staging: str, name: str, own, force
         root.sync()
         with root.subdir(name) as new:
             _carry_late(old, new, own)  # what appeared in the old folder meanwhile
-    root.remove(swapped)
+    root.discard(swapped)
 
 
 def _carry(old: HeldDir, new: HeldDir, own: re.Pattern) -> None:
@@ -213,7 +213,7 @@ def _remove_stale(root: HeldDir, name: str) -> None:
         if not entry.startswith(f".{name}."):
             continue
         info = root.lstat(entry)
-        if info is None or info.st_uid != os.geteuid() or stat.S_ISLNK(info.st_mode):
+        if info is None or not owned_by_us(info.st_uid) or stat.S_ISLNK(info.st_mode):
             continue
         kind = entry[len(name) + 2 :].partition("-")[0]
         if kind == "old" and stat.S_ISDIR(info.st_mode) and root.lstat(name) is None:

@@ -71,12 +71,17 @@ def test_an_existing_file_output_is_replaced_only_with_force(tmp_path, capsys):
     assert "model.embed_tokens.weight" in load_file(out)
 
 
-def test_an_output_that_is_a_link_is_refused(tmp_path):
+def test_an_output_that_is_a_link_or_a_file_where_a_folder_goes_is_refused(tmp_path):
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real", tmp_path / "link")
     with pytest.raises(CheckpointError, match="is a symbolic link"):
-        convert(str(DS), str(tmp_path / "link"), "dcp")
+        convert(str(DS), str(tmp_path / "link"), "dcp", force=True)
     assert os.listdir(tmp_path / "real") == []
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(CheckpointError, match="is a file; this output is a folder"):
+        convert(str(DS), str(tmp_path / "file"), "dcp", force=True)
+    assert (tmp_path / "file").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == ["file", "link", "real"]  # nothing left behind
 
 
 @pytest.mark.parametrize(

@@ -197,3 +197,22 @@ def test_dcp_writes_only_into_its_own_private_folder(tmp_path):
     state = {"a.weight": torch.zeros(3, 5), "b.bias": torch.zeros(7)}
     dcp.load(state, checkpoint_id=str(out), no_dist=True)
     assert torch.equal(state["b.bias"], base.reference()["b.bias"]["param"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_partial_folder_swapped_for_another_users_is_not_written_into(tmp_path):
+    from tests.unit.hardening.test_checkpoints import SharingGroup, save
+
+    group = SharingGroup(3, pause_at=1)  # every rank held once rank 0 made the partial folder
+    threads, results = save(tmp_path, "t", group, background=True)
+    assert group.paused.wait(30)
+    (partial,) = [p for p in tmp_path.iterdir() if p.name.startswith(".t.partial-")]
+    partial.rename(tmp_path / "moved")
+    partial.mkdir(mode=0o700)  # someone else's folder under the name the ranks will open
+    os.chown(partial, 4321, 4321)
+    group.resume.set()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(r, CheckpointError) for r in results.values())
+    assert "not a private folder of this user (uid 4321" in str(results[1])
+    assert os.listdir(partial) == [] and not (tmp_path / LATEST).exists()

@@ -22,7 +22,9 @@ import click
 
 from zlaunch.commands.followed_log import FollowedLog
 from zlaunch.commands.runs_common import open_run, run_ended, run_options
+from zlaunch.console.safe_text import shown
 from zlaunch.errors import UsageError
+from zlaunch.frames import line_bytes, line_text
 from zlaunch.rundir.layout import RunDir, host_dirname
 
 __all__ = ["command", "parse_ranks"]
@@ -101,7 +103,8 @@ class _Printer:
         prefix = f"[{host}:{rank}] ".encode()
         lines = [_visible(ln) for ln in lines]  # a progress bar's line: its final state
         keep = [ln for ln in lines if self.pattern is None or self.pattern.search(ln)]
-        if keep:
+        if keep:  # control characters escaped, as on the job's console (the log has the bytes)
+            keep = [line_bytes(shown(line_text(ln))) for ln in keep]
             self.out.write(b"".join(prefix + ln + b"\n" for ln in keep))
 
 

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from runtime.metrics_format import human_bytes, number, rate
+from zlaunch.console.safe_text import shown
 from zlaunch.host_ranges import host_ranges
 from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import RunStatus
@@ -163,7 +164,7 @@ def progress_lines(bars: dict[int, tuple[str, str]]) -> list[Any]:
     for rank in sorted(bars)[:MAX_BARS_SHOWN]:
         host, text = bars[rank]
         row = Text(f"[{host}:{rank}] ", style="bold")
-        row.append(Text.from_ansi(text))
+        row.append(Text.from_ansi(shown(text, color=True)))  # its colours, nothing else
         row.no_wrap, row.overflow = True, "ellipsis"
         rows.append(row)
     if len(bars) > MAX_BARS_SHOWN:

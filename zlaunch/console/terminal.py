@@ -4,7 +4,9 @@ Rank output goes to stdout, one line per rank line, prefixed ``[host:rank]``; a 
 wrote to stderr carries ``!`` right after the prefix (``[node2:3]! Traceback ...``), so that
 stderr stays visible in a pipe or a file without colors. On a TTY the prefix is colored per
 rank and the ``!`` is red; with ``NO_COLOR``, ``--no-color`` or when stdout is not a TTY there
-are no escape codes at all. Lines are written whole by the single thread that owns the console,
+are no escape codes at all, and a rank's own control characters are shown escaped
+(console/safe_text.py: a rank cannot move the cursor or erase another rank's line; its colours
+stay on a colour console). Lines are written whole by the single thread that owns the console,
 a batch of lines per ``write``, so they are never broken or merged. Plain escape codes do the
 coloring here: rendering 100k+ lines through rich would cost more than the job's own output.
 rich is imported only for tables (``zlaunch check``).
@@ -21,6 +23,8 @@ from typing import IO, Any
 
 from zlaunch import frames, protocol
 from zlaunch.console.collapse import Shown
+from zlaunch.console.safe_text import shown as safe
+from zlaunch.console.safe_text import shown_block as safe_block
 from zlaunch.console.writer import BackgroundWriter, TextWriter
 from zlaunch.host_ranges import host_ranges
 from zlaunch.rank_ranges import rank_ranges
@@ -149,8 +153,9 @@ class Console:
             return
         prefix = self._prefix(host, rank, stream)
         # One encode and one replace for the batch; a line holds no newline (the agent cut
-        # the stream at them), so each one gets its prefix.
-        text = frames.line_bytes("\n".join(lines))
+        # the stream at them), so each one gets its prefix. Control characters escaped: no
+        # rank drives the terminal (console/safe_text.py).
+        text = frames.line_bytes("\n".join(safe(line, self.color) for line in lines))
         self._write_out(prefix + text.replace(b"\n", b"\n" + prefix) + b"\n")
 
     def collapsed(self, shown: Sequence[Shown], hosts: Mapping[int, str]) -> None:
@@ -165,7 +170,7 @@ class Console:
                 prefix = self._shared_prefix(ranks, line.stream)
             else:
                 continue
-            data.append(prefix + frames.line_bytes(line.text) + b"\n")
+            data.append(prefix + frames.line_bytes(safe(line.text, self.color)) + b"\n")
         if data:
             self._write_out(b"".join(data))
 
@@ -188,7 +193,8 @@ class Console:
             self.ranks = frozenset()
 
     def note(self, text: str, *, error: bool = False) -> None:
-        """A message from zlaunch itself (stderr)."""
+        """A message from zlaunch itself (stderr); what it quotes of a rank is escaped."""
+        text = safe_block(text)
         if self.err_color:
             text = f"{_BOLD_RED if error else _DIM}{text}{_RESET}"
         try:
@@ -242,13 +248,14 @@ def format_failure(report: FailureReport, *, color: bool = False) -> str:
         out.append(f"      exit      : {_exit_text(failure)}")
         if failure.time:
             out.append(f"      time      : {failure.time}")
+        # what a rank wrote (its last lines, what its records and stacks say): escaped
         if failure.message:
-            out.append(f"      message   : {failure.message}")
+            out.append(f"      message   : {safe_block(failure.message)}")
         if failure.hang:  # a hang: where every rank stands (zlaunch/launcher/hang.py)
-            out.extend(format_hang(failure, max_groups=REPORT_STACK_GROUPS))
+            out.extend(map(safe, format_hang(failure, max_groups=REPORT_STACK_GROUPS)))
         if failure.last_lines:
             out.append(f"      last {len(failure.last_lines)} lines of rank {rank} output:")
-            out.extend(f"        | {line}" for line in failure.last_lines)
+            out.extend(f"        | {safe(line, color)}" for line in failure.last_lines)
     if report.stopped_ranks:
         out.append(f"Stopped by zlaunch: ranks {rank_ranges(report.stopped_ranks, limit=200)}")
     if report.log_dir:

@@ -1,6 +1,7 @@
 """A job whose ranks write hostile collective-records files (the file is the rank's to write):
 `zlaunch stacks` and the hang report both go on, the agents live, failure.json is written, and
-the console says what was left out."""
+the console says what was left out. On the way, a rank's escape sequences reach the console
+escaped and its log as they were."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ else:
                                                     "state": "issued", "ranks": [0, 1, 2, 3]}]}))
 os.write(int(os.environ["ZLAUNCH_EVENTS_FD"]), b'{"kind": "runtime_ready"}\\n')  # arms the watch
 print("rank", rank, "waits", flush=True)
+if rank == "3":  # erase the line above and print a line of another rank's making
+    print("\x1b[1A\x1b[2K[localhost:0] loss 0.01", flush=True)
 time.sleep(3600)
 """
 
@@ -62,6 +65,11 @@ def test_hostile_records_files_cost_neither_an_agent_nor_the_hang_report(tmp_pat
         console
     )
     assert "rank 2 sent 2 collective record(s) zlaunch cannot read" in console
+    # the console shows the rank's escape sequence, the rank log keeps its bytes
+    assert "[localhost:3] \\x1b[1A\\x1b[2K[localhost:0] loss 0.01" in console
+    assert "\x1b" not in console
+    (log,) = (runs / "latest").glob("attempt-0/*/rank-3.log")
+    assert b"\x1b[1A\x1b[2K[localhost:0] loss 0.01" in log.read_bytes()
     failure = json.loads((runs / "latest" / "failure.json").read_text())
     assert failure["root_cause"]["reason"] == "hang"
     records = failure["root_cause"]["hang"]["collective_groups"]

@@ -6,6 +6,7 @@ fixture and a small checkpoint of this runtime's own."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -17,10 +18,19 @@ from runtime.checkpoint import CheckpointError
 from runtime.checkpoint.export import convert
 from runtime.checkpoint.reader import CheckpointReader
 from runtime.checkpoint.storage import LATEST, read_latest
-from tests.unit.checkpoint.test_convert import FIXTURE, config_dir  # noqa: F401 - a fixture
+from tests.unit.checkpoint.test_convert import FIXTURE
 from zlaunch.cli import main
 
 DS = FIXTURE / "zero2_fp32"
+
+
+@pytest.fixture
+def config_dir(tmp_path):
+    """A config.json --to hf takes (the output is not loaded here: no model is built)."""
+    folder = tmp_path / "config"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return folder
 
 
 def zlaunch(capsys, *args) -> tuple[int, str]:

@@ -1,14 +1,26 @@
-"""Fixtures shared by the whole test suite."""
+"""Fixtures shared by the whole test suite, and the machine set up for it.
+
+Before anything else (the cluster modules look for sshd and friends when they are imported):
+the system packages the test clusters need, installed as root (tests/system_packages.py). For
+the whole session: a ``TORCH_EXTENSIONS_DIR`` of its own, so no C++ build lock left in
+``~/.cache/torch_extensions`` by a killed build can hang a test, and a check at the end that no
+test built anything there (tests/fixtures/deepspeed/no_jit.py).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import Cluster, unavailable_reason
+from tests import system_packages
+
+# Once, in the process that starts the workers; a failed install stops the run (pytest_configure).
+_SETUP_FAILED = None if os.environ.get("PYTEST_XDIST_WORKER") else system_packages.ensure()
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "cluster")
@@ -28,7 +40,17 @@ def xdist_group(parts: tuple[str, ...]) -> str:
     return "/".join(parts)
 
 
+_EXTENSIONS: list[str] = []
+"""The session's TORCH_EXTENSIONS_DIR (made by the process that starts the workers, which
+inherit it)."""
+
+
 def pytest_configure(config):
+    if _SETUP_FAILED:
+        raise pytest.UsageError(_SETUP_FAILED)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _EXTENSIONS.append(tempfile.mkdtemp(prefix="zlaunch-tests-torch-extensions-"))
+        os.environ["TORCH_EXTENSIONS_DIR"] = _EXTENSIONS[0]
     workers = getattr(config.option, "numprocesses", None)
     if workers and config.getoption("dist", "no") != "loadgroup":
         raise pytest.UsageError(
@@ -57,6 +79,32 @@ def pytest_collection_modifyitems(config, items):
             )
     if misplaced:
         raise pytest.UsageError("tests outside their tier:\n  " + "\n  ".join(misplaced))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that made torch build a C++ extension depends on a compiler and on a build that
+    can be killed half-way, leaving a lock every later build waits on: the run fails, naming
+    what was built."""
+    if not _EXTENSIONS:
+        return
+    built = sorted(os.listdir(_EXTENSIONS[0]))
+    if built:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            f"C++ extensions were built during the tests ({', '.join(built)} in "
+            f"{_EXTENSIONS[0]}): a comparison with DeepSpeed must not build its ops "
+            "(tests/fixtures/deepspeed/no_jit.py)"
+        )
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True)
+        else:
+            print(f"ERROR: {message}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config):
+    if _EXTENSIONS:
+        shutil.rmtree(_EXTENSIONS.pop(), ignore_errors=True)
 
 
 def pytest_collection_finish(session):
@@ -91,6 +139,8 @@ def cluster():
     Skips where the machine cannot host it (not root, no sshd/ip/unshare); any other bring-up
     failure is an error, not a skip, so CI (root) always runs cluster tests.
     """
+    from tests.cluster import Cluster, unavailable_reason
+
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)

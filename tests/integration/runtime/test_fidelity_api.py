@@ -129,6 +129,8 @@ EXPECTED = {
 DS_SCRIPT = r"""
 import json, os, logging
 import torch, deepspeed
+from tests.fixtures.deepspeed.no_jit import without_jit_ops
+without_jit_ops()
 logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
 def make_engine(stage=0, gas=2, optimizer=None):
     torch.manual_seed(0)

@@ -152,6 +152,8 @@ DS_SCRIPT = r"""
 import json, os, sys, logging
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch, deepspeed
+from tests.fixtures.deepspeed.no_jit import without_jit_ops
+without_jit_ops()
 logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
 cases, out = json.loads(sys.argv[1]), {}
 for stage, precision, check in cases:

@@ -32,14 +32,14 @@ def churn():
         t = threading.Thread(target=sum, args=(range(100),))
         t.start()
         t.join()
-        time.sleep(0.002)
+        time.sleep(0.02)
 def idle():
     while True:
         time.sleep(0.5)
 threading.Thread(target=churn, daemon=True).start()
 threading.Thread(target=idle, daemon=True).start()
 while True:
-    time.sleep(0.05)
+    time.sleep(0.2)
 """
 
 

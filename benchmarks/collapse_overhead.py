@@ -19,10 +19,10 @@ import argparse
 import io
 import time
 
-from zlaunch import protocol
 from zlaunch.console.job_view import JobView
 from zlaunch.console.terminal import Console
 from zlaunch.launcher.rank_output import RankOutput
+from zlaunch.wire import protocol
 
 
 class _Discard:

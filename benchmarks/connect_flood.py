@@ -31,14 +31,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from zlaunch import protocol  # noqa: E402
 from zlaunch.agent import connect  # noqa: E402
+from zlaunch.wire import protocol  # noqa: E402
 
 TOKEN = "5" * 64
 
 CONTROLLER = """
 import json, os, resource, sys, time
-from zlaunch.hostfile import Host
+from zlaunch.job.hostfile import Host
 from zlaunch.transport.connect_back import Listener
 from zlaunch.transport.roster import HostRoster
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

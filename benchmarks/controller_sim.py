@@ -130,7 +130,7 @@ def _out_frame(rank: int, stream: str, lines: list[bytes], partial: bool) -> byt
 
 
 def farm_main(config_path: str) -> int:
-    from zlaunch import frames
+    from zlaunch.wire import frames
 
     with open(config_path) as f:
         config = json.load(f)
@@ -341,9 +341,9 @@ def controller_main(config_path: str) -> int:
     with open(config_path) as f:
         config = json.load(f)
     load = Load(**config["load"])
-    from zlaunch.hostfile import Host
+    from zlaunch.job.hostfile import Host
+    from zlaunch.job.options import LaunchOptions
     from zlaunch.launcher import agent_links, launch
-    from zlaunch.options import LaunchOptions
 
     agent_links.open_links = _sim_transport(load, config["farm_result"])
     if config.get("console_limit"):  # a console that holds this much before it drops lines
@@ -382,9 +382,9 @@ def controller_main(config_path: str) -> int:
 
     job.Attempt._send_specs = send_specs
     if config.get("agent_silence"):  # see --agent-silence
-        job.AGENT_SILENCE_TIMEOUT = config["agent_silence"]  # trees before zlaunch/liveness.py
+        job.AGENT_SILENCE_TIMEOUT = config["agent_silence"]  # trees before zlaunch/wire/liveness.py
         try:
-            from zlaunch import liveness
+            from zlaunch.wire import liveness
 
             liveness.agent_silence_timeout = lambda _ranks: config["agent_silence"]
         except ImportError:

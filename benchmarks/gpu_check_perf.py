@@ -93,7 +93,7 @@ def activation_ckpt(ctx: Ctx) -> dict:
 # ---------------------------------------------------------------------------- compile
 def _run_compiled(ctx: Ctx, stage: int, compiled: dict | None, steps: int):
     import runtime
-    from runtime.torch_compile import CompileCounts
+    from runtime.engine.torch_compile import CompileCounts
 
     cfg = engine_config(stage, "bf16", 8)
     if compiled is not None:
@@ -199,7 +199,7 @@ def _engine_step(engine, x, y):
 @item("step_time")
 def step_time(ctx: Ctx) -> dict:
     import runtime
-    from runtime.profiling.peak import resolve_peak
+    from runtime.observe.profiling.peak import resolve_peak
 
     g = gpt(ctx.repo)
     batch = 32 if ctx.cuda else 2

@@ -237,7 +237,7 @@ def memory(ctx: Ctx) -> dict:
     from gpu_check_items import gpt
 
     import runtime
-    from runtime.estimator import model_state_bytes
+    from runtime.zero.estimator import model_state_bytes
 
     g = gpt(ctx.repo)
     psi = g.count_parameters(g.bench_model().config)

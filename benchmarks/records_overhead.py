@@ -2,7 +2,7 @@
 
 Under zlaunch every Python worker runs with torch's flight recorder on (``TORCH_FR_BUFFER_SIZE``)
 and a thread that copies the recent records to a file every half second
-(zlaunch/collective_records.py). This runs ``train_bench.py --frameworks zlaunch`` with and
+(zlaunch/worker/collective_records.py). This runs ``train_bench.py --frameworks zlaunch`` with and
 without that, alternately (off, on, off, on, ...: load on the host hits both alike), and prints
 the median step time of each and the ratio on/off::
 

@@ -393,7 +393,7 @@ class CompiledRuntimeAdapter(RuntimeAdapter):
 
 
 def _runtime_sent_bytes(engine) -> float | None:
-    """Total bytes sent so far according to the runtime's own counters (``runtime.comm``)."""
+    """Total bytes sent so far according to the runtime's own counters (``runtime.distributed.comm``)."""
     stats = getattr(getattr(engine, "comm", None), "stats", None)
     total = getattr(stats, "total_bytes", None)
     return None if total is None else float(total)
@@ -439,9 +439,9 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
 
     pin_threads()
     records = os.environ.get(RECORDS_DIR_ENV)
-    if records:  # as zlaunch.worker_boot does for every worker (records_overhead.py)
-        from zlaunch.collective_records import start_watch
-        from zlaunch.protocol import COLLECTIVES_FILE_ENV
+    if records:  # as zlaunch.worker.boot does for every worker (records_overhead.py)
+        from zlaunch.wire.protocol import COLLECTIVES_FILE_ENV
+        from zlaunch.worker.collective_records import start_watch
 
         os.environ[COLLECTIVES_FILE_ENV] = os.path.join(records, f"rank-{os.environ['RANK']}.json")
         start_watch()
@@ -537,7 +537,7 @@ def run_worker(framework: str, spec: BenchSpec, out: Path) -> None:
     dist.barrier()
     # Leave without interpreter teardown: the record is written, and a gloo group that some
     # framework object still holds can abort the process at interpreter exit (SIGABRT), which
-    # would fail a run that measured everything (runtime/group_teardown.py explains why).
+    # would fail a run that measured everything (runtime/distributed/teardown.py explains why).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

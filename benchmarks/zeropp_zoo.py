@@ -9,7 +9,7 @@ qgZ, all three) on the same batches, everything partitioned and every unit gathe
 for backward. Printed per model and variant: whether the losses equal plain stage 3's bit for
 bit on every rank, and the largest relative deviation of a step's mean loss from plain's.
 The bound docs/zeropp.md states comes from these numbers and from
-tests/integration/runtime/test_zeropp.py.
+tests/integration/zero/test_zeropp.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm import Communicator
+from runtime.distributed.comm import Communicator
+
 from ..errors import UsageError
 
 __all__ = ["Arena", "ArenaFull", "Stash", "Stashed"]

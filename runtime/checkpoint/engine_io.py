@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ..train_counters import TrainCounters
+from runtime.engine.train_counters import TrainCounters
+
 from . import jsonable
 from .async_save import snapshot
 from .errors import CheckpointError
@@ -38,7 +39,7 @@ __all__ = ["save_engine", "load_engine", "SaveRequest", "LoadRequest", "CHECKPOI
 
 log = logging.getLogger("runtime.checkpoint")
 
-from zlaunch.protocol import CHECKPOINT_DIR_ENV  # noqa: E402 - the shared name
+from zlaunch.wire.protocol import CHECKPOINT_DIR_ENV  # noqa: E402 - the shared name
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ zlaunch exports (see ``zlaunch --checkpoint-dir/--resume/--save-on``):
 * ``ZLAUNCH_SAVE_ON=SIGUSR1``: the signal sets a flag; at the next optimizer-step boundary the
   ranks sum the flag (so all of them decide at the same step, whichever got the signal
   first), save, and exit with status 0. The flag rides in the step's gradient all-reduce
-  (`runtime.precision.StepRiders`): zlaunch sets the variable for every job, so a collective
+  (`runtime.optim.precision.StepRiders`): zlaunch sets the variable for every job, so a collective
   and a host read of its own would cost every step of every job.
 """
 
@@ -35,7 +35,7 @@ __all__ = [
 
 log = logging.getLogger("runtime.checkpoint")
 
-from zlaunch.protocol import (  # noqa: E402 - the shared names
+from zlaunch.wire.protocol import (  # noqa: E402 - the shared names
     EVENTS_FD_ENV,
     RESUME_ENV,
     SAVE_ACK_EVENT,
@@ -46,7 +46,7 @@ SAVED_MARKER = "zlaunch: saved checkpoint"
 
 
 class SaveOnSignal:
-    """A step hook (`runtime.step_hooks.RidingStepHook`): sets a flag on ``signum``;
+    """A step hook (`runtime.engine.step_hooks.RidingStepHook`): sets a flag on ``signum``;
     `after_step` saves on every rank once any rank saw it."""
 
     SEAT = "save_request"
@@ -89,7 +89,7 @@ class SaveOnSignal:
                 f"{SAVED_MARKER} {path} at step {engine.global_steps} on {name}; exiting",
                 flush=True,
             )
-        from ..dist_env import shutdown_distributed
+        from runtime.distributed.launch_env import shutdown_distributed
 
         shutdown_distributed()
         raise SystemExit(0)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..optimizer_names import check_optimizer
+from .optimizer_names import check_optimizer
 from .values import (
     ConfigError,
     IntOrAuto,

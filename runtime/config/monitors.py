@@ -1,6 +1,6 @@
 """The observability blocks of the config: TensorBoard, the collective log, the FLOPs profiler,
 CSV and Weights & Biases. Each says what to record and where; the recording lives in
-runtime.monitors and runtime.profiling. No torch.
+runtime.observe.monitors and runtime.observe.profiling. No torch.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class TensorboardConfig:
         check_field(self, "job_name", as_str)
 
 
-# DeepSpeed's collective names (deepspeed.comm) -> the kinds runtime.comm counts.
+# DeepSpeed's collective names (deepspeed.comm) -> the kinds runtime.distributed.comm counts.
 COMM_OP_NAMES = {
     "all_reduce": "all_reduce",
     "all_reduce_coalesced": "all_reduce",
@@ -67,7 +67,7 @@ class CommsLoggerConfig:
     """`comms_logger`: count, bytes, latency and bandwidth per collective kind and size."""
 
     enabled: bool = False
-    """Record every collective (runtime.profiling.comms)."""
+    """Record every collective (runtime.observe.profiling.comms)."""
     verbose: bool = False
     """Log each collective as it completes (rank 0)."""
     prof_all: bool = True
@@ -97,7 +97,7 @@ class CommsLoggerConfig:
 
     @property
     def kinds(self) -> frozenset[str] | None:
-        """The runtime.comm kinds to record; None = all."""
+        """The runtime.distributed.comm kinds to record; None = all."""
         if self.prof_all:
             return None
         return frozenset(COMM_OP_NAMES[o] for o in self.prof_ops)

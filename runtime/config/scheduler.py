@@ -1,6 +1,6 @@
 """`scheduler`: DeepSpeed's learning-rate schedules, their parameters and defaults.
 
-runtime.lr_schedules implements the schedules; this module only says which names and
+runtime.optim.lr_schedules implements the schedules; this module only says which names and
 parameters a config may use, so that a config is checked before any rank starts. No torch.
 """
 

@@ -22,7 +22,7 @@ Modes:
   the reduce-scatter still runs in the background until the buffer is needed again).
 
 On gloo each in-flight reduce-scatter also needs a receive buffer of the bucket's size (see
-runtime.comm), so the bucket memory is ``buffers x max group bytes`` for staging plus the same
+runtime.distributed.comm), so the bucket memory is ``buffers x max group bytes`` for staging plus the same
 again for receiving (stage 2), or just the receive buffers (stage 1).
 
 With a wire dtype other than the gradients' (``communication_data_type``, see
@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm import Communicator, Handle
+from runtime.distributed.comm import Communicator, Handle
+
 from .flat import FlatBuffer, group_shard_views
 from .partition import FlatLayout
 

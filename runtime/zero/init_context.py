@@ -34,7 +34,8 @@ from collections.abc import Iterable
 
 import torch
 
-from ..comm import Communicator
+from runtime.distributed.comm import Communicator
+
 from .param_status import ZeroParamStatus
 
 __all__ = ["Init", "GatheredParameters", "ParamPartition", "is_partitioned"]
@@ -175,7 +176,7 @@ class Init:
             import torch.distributed as dist
 
             if not dist.is_initialized():
-                from ..dist_env import init_distributed
+                from runtime.distributed.launch_env import init_distributed
 
                 init_distributed()
             self._comm = Communicator(self._group)

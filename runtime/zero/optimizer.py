@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm import Communicator
-from ..precision import GradStats, Precision, StepRiders, global_grad_stats
+from runtime.distributed.comm import Communicator
+from runtime.optim.precision import GradStats, Precision, StepRiders, global_grad_stats
+
 from .buckets import GradReducer
 from .flat import FlatBuffer
 from .partition import FlatGroup
@@ -50,7 +51,7 @@ class OwnedRange:
 
 @dataclass(frozen=True)
 class NormScope:
-    """The gradient norm of a model-parallel layout (runtime.model_parallel): per owned
+    """The gradient norm of a model-parallel layout (runtime.engine.model_parallel): per owned
     gradient tensor, the (offset, numel) ranges this rank counts, and the group whose ranks'
     counted squares add up to the whole model's."""
 

@@ -14,7 +14,7 @@ into the buffer's dtype:
   the buffer's dtype (NCCL and gloo both accumulate in the tensor's dtype).
 
 Bytes on the wire scale with the wire dtype's size: fp16/bf16 halve an fp32 run's reduction
-traffic (`runtime.comm` counts them).
+traffic (`runtime.distributed.comm` counts them).
 
 Scaling: the engine divides the loss by ``pre_divisor`` before backward (no extra pass over the
 gradients) and the reducer multiplies the reduced gradients by ``post_factor`` at the

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 import torch
 
-from ..comm import Communicator
+from runtime.distributed.comm import Communicator
+from runtime.optim.precision import Precision, StepRiders
+
 from ..errors import InvalidTypeError
-from ..precision import Precision, StepRiders
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
 from .partition import FlatLayout
 
@@ -38,7 +39,7 @@ class StrategyInputs:
     make_optimizer: Callable[[list[dict]], torch.optim.Optimizer]
     """Builds the torch optimizer over this rank's master weights."""
     model_parallel: Any
-    """runtime.model_parallel.ModelParallel: the gradient norm's scope with an mpu."""
+    """runtime.engine.model_parallel.ModelParallel: the gradient norm's scope with an mpu."""
     global_rank: int
     step_riders: StepRiders | None = None
     """The step metrics' numbers that ride with the gradient-norm all-reduce."""

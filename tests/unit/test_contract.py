@@ -1,6 +1,6 @@
 """The contract between controller, agent and workers lives in one stdlib-only module.
 
-* ``zlaunch/protocol.py`` (the shared names) and ``zlaunch/frames.py`` (the frames between
+* ``zlaunch/wire/protocol.py`` (the shared names) and ``zlaunch/wire/frames.py`` (the frames between
   controller and agents) import only the standard library and each other, so workers and agents
   can import them anywhere;
 * the runtime imports nothing of zlaunch but that module (the Slurm hostlist grammar lives in
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ALLOWED_IN_RUNTIME = {"zlaunch.protocol"}
+ALLOWED_IN_RUNTIME = {"zlaunch.wire.protocol"}
 CONTROLLER_LOCAL = {"ZLAUNCH_TRACE", "ZLAUNCH_LIVE", "ZLAUNCH_LOG_DIR", "ZLAUNCH_TEST_SLOW_SAVE"}
 
 
@@ -39,7 +39,7 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "module,allowed",
-    [("protocol", set()), ("frames", {"zlaunch.protocol"}), ("gloo_idle", set())],
+    [("protocol", set()), ("frames", {"zlaunch.wire.protocol"}), ("gloo_idle", set())],
 )
 def test_the_contract_imports_only_the_standard_library(module, allowed):
     third_party = {

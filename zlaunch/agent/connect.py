@@ -1,6 +1,6 @@
 """The agent's end of ``--connect HOST:PORT``: instead of speaking frames on its stdin and
 stdout (ssh, one srun step per node), the agent dials the controller, proves it holds the job's
-token (zlaunch/connect_handshake.py) and speaks frames on that socket. This is how the agents
+token (zlaunch/wire/handshake.py) and speaks frames on that socket. This is how the agents
 of one ``srun`` step for the whole allocation (``--slurm-mode one-step``) reach the controller:
 one step has one stdin, shared by every task.
 
@@ -17,7 +17,8 @@ import socket
 import sys
 import time
 
-from zlaunch import connect_handshake, protocol
+from zlaunch.wire import handshake as connect_handshake
+from zlaunch.wire import protocol
 
 __all__ = ["ConnectFailed", "agent_fds", "connect_back", "parse_address"]
 

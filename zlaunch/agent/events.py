@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from zlaunch import frames, protocol
+from zlaunch.wire import frames, protocol
 
 __all__ = ["parse_event", "MAX_EVENT_DEPTH", "INVALID_TEXT_CHARS"]
 

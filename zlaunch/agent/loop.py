@@ -1,7 +1,7 @@
 """The per-node agent: ``python -m zlaunch.agent`` (stdlib only: it runs on every node).
 
 It talks to the controller over its own stdin/stdout, or over the socket of ``--connect``
-(frames from :mod:`zlaunch.protocol`):
+(frames from :mod:`zlaunch.wire.protocol`):
 it says hello, waits for the spec, starts one worker per entry, forwards every output line,
 event and exit upstream, and kills its workers when told to stop, when the controller goes
 away (EOF on stdin) or when the heartbeat stops. It exits once its workers are gone.
@@ -24,14 +24,14 @@ import sys
 import time
 from typing import Any
 
-from zlaunch import frames, protocol
 from zlaunch.agent.netinfo import interface_for
 from zlaunch.agent.output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
 from zlaunch.agent.stack_requests import StackRequests, fallback_marker
 from zlaunch.agent.upstream import Upstream
 from zlaunch.agent.workers import StartFailed, Worker, WorkerGroup, start_worker
-from zlaunch.collective_records import RecordFiles
-from zlaunch.liveness import BASE_HEARTBEAT_TIMEOUT, SilenceClock
+from zlaunch.wire import frames, protocol
+from zlaunch.wire.liveness import BASE_HEARTBEAT_TIMEOUT, SilenceClock
+from zlaunch.worker.collective_records import RecordFiles
 
 __all__ = ["Agent", "AgentPhase", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
 

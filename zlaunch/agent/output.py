@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zlaunch import frames, protocol
 from zlaunch.agent.events import parse_event
 from zlaunch.agent.workers import EVENTS, Worker
+from zlaunch.wire import frames, protocol
 
 __all__ = ["OutputPump", "READ_SIZE", "PROGRESS_INTERVAL", "MAX_EVENT_BYTES"]
 

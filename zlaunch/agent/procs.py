@@ -25,7 +25,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from zlaunch import protocol
+from zlaunch.wire import protocol
 
 __all__ = ["ProcessTable", "Member", "new_job_tag", "boot_ticks", "carries_tag", "PROC"]
 

@@ -1,7 +1,7 @@
 """The stacks requests a node's workers have not answered yet, and when faulthandler stands in.
 
 A worker armed by its boot dumps its stacks from a thread of its own under the GIL
-(zlaunch/stack_dumper.py) and says so with a ``stacks_dumped`` event. One that has not after
+(zlaunch/worker/stack_dumper.py) and says so with a ``stacks_dumped`` event. One that has not after
 `FALLBACK_AFTER` seconds has its GIL held in C code: the agent then writes a marker line on
 its stderr (who dumps, and why) and sends the fallback signal, on which faulthandler dumps
 without the GIL. Pure bookkeeping: the caller gives the clock and does the signalling.
@@ -9,8 +9,8 @@ without the GIL. Pure bookkeeping: the caller gives the clock and does the signa
 
 from __future__ import annotations
 
-from zlaunch.stack_dumper import FALLBACK_AFTER
-from zlaunch.stack_dumps import FAULTHANDLER, dump_marker
+from zlaunch.text.stack_dumps import FAULTHANDLER, dump_marker
+from zlaunch.worker.stack_dumper import FALLBACK_AFTER
 
 __all__ = ["StackRequests", "fallback_marker"]
 

@@ -15,7 +15,7 @@ import selectors
 import time
 from collections.abc import Callable
 
-from zlaunch import frames
+from zlaunch.wire import frames
 
 __all__ = ["Upstream", "MAX_PENDING_OUTPUT"]
 

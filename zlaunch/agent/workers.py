@@ -22,10 +22,11 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from zlaunch import frames, protocol, worker_args
 from zlaunch.agent.cgroup import JobCgroup
 from zlaunch.agent.procs import ProcessTable, boot_ticks, carries_tag, new_job_tag
-from zlaunch.python_start import module_argv, without_empty_entries
+from zlaunch.wire import frames, protocol
+from zlaunch.worker import argv as worker_args
+from zlaunch.worker.python_start import module_argv, without_empty_entries
 
 __all__ = ["Worker", "WorkerGroup", "StartFailed", "start_worker", "boot_argv", "EVENTS"]
 
@@ -81,9 +82,9 @@ def _save_signal(env: Mapping[str, str]) -> int | None:
 
 def boot_argv(argv: list[str]) -> list[str]:
     """A Python worker (``python -u SCRIPT|-m MODULE ...``, as the plan writes it) starts
-    behind zlaunch.worker_boot, which arms `zlaunch stacks` first; anything else as it is.
+    behind zlaunch.worker.boot, which arms `zlaunch stacks` first; anything else as it is.
     The boot runs as ``-m`` would run it, but never from the job's working directory
-    (zlaunch/python_start.py): there, sys.path gets what ``python SCRIPT`` gives it."""
+    (zlaunch/worker/python_start.py): there, sys.path gets what ``python SCRIPT`` gives it."""
     if (
         len(argv) >= 3
         and argv[1] == "-u"
@@ -91,7 +92,7 @@ def boot_argv(argv: list[str]) -> list[str]:
         and argv[2] not in ("-c", "-")
         and not (argv[2] == "-m" and len(argv) < 4)
     ):
-        return module_argv(argv[0], "zlaunch.worker_boot", *argv[2:])
+        return module_argv(argv[0], "zlaunch.worker.boot", *argv[2:])
     return argv
 
 
@@ -145,7 +146,7 @@ class Worker:
         self.armed_pid: int | None = None
         """The process that armed `zlaunch stacks` (a wrapper's Python child, or the worker)."""
         self.stacks_thread = False
-        """It dumps from a thread of its own (zlaunch/stack_dumper.py), which takes the
+        """It dumps from a thread of its own (zlaunch/worker/stack_dumper.py), which takes the
         stacks signal sent to the process; else faulthandler in its main thread does."""
 
     @property

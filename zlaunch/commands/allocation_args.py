@@ -4,7 +4,7 @@ node, zlaunch/commands/run.py).
 zlaunch re-runs itself under ``salloc``. salloc's command line is seen by every user of the
 login node (``ps``) and kept by Slurm's accounting (``sacct -o SubmitLine``), so it carries
 the arguments redacted (:func:`shown`: every ``--env`` value hidden, and whatever else looks
-secret, zlaunch/redact.py). The whole arguments travel in salloc's environment (``ZLAUNCH_SALLOC_ARGS``, a JSON list), which only the user and root can
+secret, zlaunch/text/redact.py). The whole arguments travel in salloc's environment (``ZLAUNCH_SALLOC_ARGS``, a JSON list), which only the user and root can
 read; the zlaunch inside takes them out of its environment before anything starts (srun
 would pass it on to every node) and runs with them, once it has checked that they are the
 ones its own command line shows.
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from collections.abc import MutableMapping, Sequence
 
-from zlaunch import protocol
 from zlaunch.errors import UsageError
-from zlaunch.redact import REDACTED, redact_argv
+from zlaunch.text.redact import REDACTED, redact_argv
+from zlaunch.wire import protocol
 
 __all__ = ["ARGS_ENV", "hand_over", "shown", "take_back"]
 

@@ -82,7 +82,7 @@ def _count_model(spec: str) -> int:
 
 
 def _count_weights_file(path: str) -> int:
-    from runtime.estimator import count_safetensors_parameters
+    from runtime.zero.estimator import count_safetensors_parameters
 
     if path.endswith(".safetensors"):
         try:
@@ -209,7 +209,7 @@ def command(
     as_json: bool,
     no_color: bool,
 ) -> None:
-    from runtime.estimator import estimate_all
+    from runtime.zero.estimator import estimate_all
 
     params = _parameter_count(params_text, model_file, factory)
     sizes, precision = _config_settings(config_path, hidden_size, precision)
@@ -242,7 +242,7 @@ def _config_settings(config_path: str | None, hidden_size: int | None, precision
         return None, precision or "fp16"
     from runtime.config import ConfigError as RuntimeConfigError
     from runtime.config import load_config
-    from runtime.estimator import BufferSizes
+    from runtime.zero.estimator import BufferSizes
 
     try:
         config = load_config(config_path)

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from zlaunch.clip import clip
 from zlaunch.errors import UsageError
+from zlaunch.text.shorten import clip
 
 __all__ = ["host_selection_options", "resolve_nodes", "CONFIG_SUFFIXES", "refuse_config_as_script"]
 

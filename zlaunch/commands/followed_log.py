@@ -10,7 +10,7 @@ state on its own line and the other line follows on its own, as the console show
 from __future__ import annotations
 
 from zlaunch.console.progress import Redraw, visible
-from zlaunch.frames import line_bytes, line_text
+from zlaunch.wire.frames import line_bytes, line_text
 
 __all__ = ["FollowedLog"]
 

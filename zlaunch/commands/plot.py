@@ -3,7 +3,7 @@ run without dynamic loss scaling) of a run, against step.
 
 When the run has them, two more panels: the wall-clock split of a step (rank 0's forward,
 backward, reduction wait, optimizer step and all-gather wait, from ``wall_clock_breakdown``;
-the slowest rank's total dashed) and MFU / TFLOP/s per device (runtime.profiling).
+the slowest rank's total dashed) and MFU / TFLOP/s per device (runtime.observe.profiling).
 
 Reads metrics.jsonl (works while the job runs). matplotlib comes from the ``plot`` extra and
 is imported only here, with the Agg backend (no display needed).

@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from zlaunch import protocol
-from zlaunch.clip import brief, clip
 from zlaunch.commands.allocation_args import hand_over, shown
 from zlaunch.commands.familiar import host_selection_options
 from zlaunch.commands.run_options import (
@@ -27,10 +25,12 @@ from zlaunch.commands.run_options import (
     validate_config,
 )
 from zlaunch.errors import UsageError
-from zlaunch.python_start import module_argv
+from zlaunch.text.shorten import brief, clip
+from zlaunch.wire import protocol
+from zlaunch.worker.python_start import module_argv
 
 if TYPE_CHECKING:
-    from zlaunch.options import LaunchOptions
+    from zlaunch.job.options import LaunchOptions
 
 __all__ = ["command", "build_options", "find_config_in_args", "validate_config", "parse_ranks"]
 
@@ -104,13 +104,13 @@ def _allocation_request(values: dict, environ: Mapping[str, str]) -> list[str] |
 
 def _warn_of_visible_secrets(options: LaunchOptions) -> None:
     """A program started as is (``--no-python``) reads its arguments from its command line, so
-    those that look secret cannot be kept off it (a Python worker's are: zlaunch/worker_args.py):
+    those that look secret cannot be kept off it (a Python worker's are: zlaunch/worker/argv.py):
     said once, with the way out."""
     if not options.no_python:
         return
     import shlex
 
-    from zlaunch.redact import redact_argv
+    from zlaunch.text.redact import redact_argv
 
     shown = redact_argv(options.program)
     if shown != list(options.program):
@@ -380,7 +380,7 @@ def command(**values) -> None:
     options = build_options(**values)
     _warn_of_visible_secrets(options)
     if options.dry_run:
-        from zlaunch.plan import AUTO_PORT, build_plan, new_run_id, render_plan
+        from zlaunch.job.plan import AUTO_PORT, build_plan, new_run_id, render_plan
 
         plan = build_plan(
             options,

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from zlaunch.clip import clip
 from zlaunch.commands.familiar import refuse_config_as_script, resolve_nodes
 from zlaunch.errors import ConfigError, UsageError
-from zlaunch.redact import redact_argv
+from zlaunch.text.redact import redact_argv
+from zlaunch.text.shorten import clip
 
 if TYPE_CHECKING:
-    from zlaunch.hostfile import Host
-    from zlaunch.options import LaunchOptions
+    from zlaunch.job.hostfile import Host
+    from zlaunch.job.options import LaunchOptions
 
 __all__ = [
     "RunArguments",
@@ -157,8 +157,8 @@ def _working_directory(args: RunArguments) -> str:
 
 def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     """The selected hosts, and the spares that may replace lost ones (with --min-nodes)."""
-    from zlaunch.hostfile import default_hosts, load_hostfile
-    from zlaunch.selectors import select_hosts
+    from zlaunch.job.hostfile import default_hosts, load_hostfile
+    from zlaunch.job.selectors import select_hosts
 
     if args.hostfile is not None:
         hosts = load_hostfile(os.path.expanduser(args.hostfile))
@@ -199,8 +199,8 @@ def _config_path(args: RunArguments, cwd: str) -> str | None:
 def _worker_env(args: RunArguments) -> dict[str, str]:
     """Forwarded variables, env files and --env, merged; --peak-tflops and --mfu for the
     ranks."""
-    from zlaunch.envfile import collect_env
-    from zlaunch.plan import RESERVED_ENV
+    from zlaunch.job.envfile import collect_env
+    from zlaunch.job.plan import RESERVED_ENV
 
     worker_env = collect_env(args.environ, cwd=os.getcwd(), home=args.home, env_options=args.env)
     for item in args.env:
@@ -211,13 +211,13 @@ def _worker_env(args: RunArguments) -> dict[str, str]:
                 hint="leave it out; see `zlaunch run --help` for how ranks are assigned",
             )
     if args.peak_tflops is not None:
-        from zlaunch.protocol import PEAK_TFLOPS_ENV
+        from zlaunch.wire.protocol import PEAK_TFLOPS_ENV
 
         if not 0 < args.peak_tflops < float("inf"):
             raise UsageError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
         worker_env[PEAK_TFLOPS_ENV] = repr(float(args.peak_tflops))
     if args.mfu or args.peak_tflops is not None:
-        from zlaunch.protocol import MFU_ENV
+        from zlaunch.wire.protocol import MFU_ENV
 
         worker_env[MFU_ENV] = "1"
     return worker_env
@@ -237,7 +237,7 @@ def _launch_options(
 ) -> LaunchOptions:
     """The checked pieces (`launch_with`: the launcher and its extra arguments), the worker
     environment and the remaining flags, as one LaunchOptions."""
-    from zlaunch.options import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
+    from zlaunch.job.options import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
     from zlaunch.rundir.index import default_log_dir
 
     worker_env = _worker_env(args)
@@ -287,8 +287,8 @@ def _launch_options(
 
 def _deepspeed_api(args: RunArguments, worker_env: Mapping[str, str]):
     """Which runtime serves ``import deepspeed`` in the workers (--runtime; see
-    zlaunch.deepspeed_api). None for a program that is not run by Python (--no-python)."""
-    from zlaunch.deepspeed_api import bundled_path, choose, find_installed
+    zlaunch.job.deepspeed_api). None for a program that is not run by Python (--no-python)."""
+    from zlaunch.job.deepspeed_api import bundled_path, choose, find_installed
 
     if args.no_python:
         if args.runtime == "bundled":
@@ -565,7 +565,7 @@ def _launcher(
     """
     import shlex
 
-    from zlaunch.options import LAUNCHERS
+    from zlaunch.job.options import LAUNCHERS
     from zlaunch.transport.slurm import in_allocation
 
     name = (name or "auto").strip().lower()
@@ -610,7 +610,7 @@ def _slurm_mode(name: str, launcher: str, nodes: int, controller_addr: str | Non
 
     auto: one srun for all nodes above ONE_STEP_ABOVE_NODES nodes (or with --controller-addr,
     which only one-step uses), one srun step per node up to it."""
-    from zlaunch.options import SLURM_MODES
+    from zlaunch.job.options import SLURM_MODES
     from zlaunch.transport.slurm_one_step import ONE_STEP_ABOVE_NODES
 
     name = (name or "auto").strip().lower()

@@ -1,8 +1,8 @@
 """``zlaunch stacks``: where is every rank right now? For a job that hangs.
 
 Signals the controller (on the machine that started the job), which asks every rank whose
-worker listens (every Python worker: zlaunch.worker_boot arms its stacks thread before the
-script starts, zlaunch/stack_dumper.py; `runtime/stacks.py` arms faulthandler elsewhere) to
+worker listens (every Python worker: zlaunch.worker.boot arms its stacks thread before the
+script starts, zlaunch/worker/stack_dumper.py; `runtime/observe/stacks.py` arms faulthandler elsewhere) to
 write each thread's
 Python stack to stderr. The dumps land in the rank logs; this command reads what each log grew
 by, keeps the stack lines, and prints the ranks grouped by identical stacks: a rank stuck
@@ -26,9 +26,9 @@ from zlaunch.commands.runs_common import (
     run_options,
 )
 from zlaunch.errors import ZlaunchError
-from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
-from zlaunch.stack_dumps import (
+from zlaunch.text.ranks import rank_ranges
+from zlaunch.text.stack_dumps import (
     FAULTHANDLER,
     QUIET_AFTER,
     group_ranks,
@@ -66,7 +66,7 @@ def _read_from(path: str, offset: int) -> bytes:
 def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool) -> None:
     """Print every rank's Python stacks and recent collectives, grouped: where RUN (default:
     the latest) is stuck, and which rank the others wait for."""
-    from zlaunch import protocol
+    from zlaunch.wire import protocol
 
     rundir = open_run(log_dir, run, "stacks")
     record = rundir.record()

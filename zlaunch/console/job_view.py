@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runtime.metrics_format import META_KEYS
 from zlaunch.console.live_breakdown import BreakdownPanel
 from zlaunch.console.terminal import Console
 from zlaunch.rundir.records import RunStatus
+from zlaunch.wire.metrics_format import META_KEYS
 
 __all__ = ["JobView", "SILENT_AFTER"]
 

@@ -1,10 +1,10 @@
 """The wall-clock split and MFU of a metrics event, drawn: a coloured bar for the live panel.
 
-The runtime (runtime.profiling) reports per optimizer step: ``time_forward``,
+The runtime (runtime.observe.profiling) reports per optimizer step: ``time_forward``,
 ``time_backward``, ``time_reduce_wait`` (inside backward), ``time_allgather_wait`` (inside
 forward and backward), ``time_step``, the same for the slowest rank, the ``straggler``, and
 ``tflops`` / ``mfu`` / ``peak_source``. The split into parts that add up to the measured step,
-and its text, are `runtime.metrics_format`'s (re-exported here for the plot and the views);
+and its text, are `zlaunch.wire.metrics_format`'s (re-exported here for the plot and the views);
 this module gives each part a colour. rich is imported only by `renderables`.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.metrics_format import PARTS as LABELS
-from runtime.metrics_format import breakdown_text, mfu_text, split
+from zlaunch.wire.metrics_format import PARTS as LABELS
+from zlaunch.wire.metrics_format import breakdown_text, mfu_text, split
 
 __all__ = ["PARTS", "BreakdownPanel", "split", "breakdown_text", "renderables"]
 

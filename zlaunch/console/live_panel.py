@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from runtime.metrics_format import human_bytes, number, rate
 from zlaunch.console.safe_text import shown
-from zlaunch.host_ranges import host_ranges
-from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import RunStatus
+from zlaunch.text.hosts import host_ranges
+from zlaunch.text.ranks import rank_ranges
+from zlaunch.wire.metrics_format import human_bytes, number, rate
 
 if TYPE_CHECKING:
     from zlaunch.console.job_view import JobView

@@ -12,7 +12,7 @@
 - ``PlainView`` otherwise (pipes, files, ``TERM=dumb``, ``ZLAUNCH_LIVE=0``): no panel, no
   cursor movement; each metrics event becomes one plain ``zlaunch: step ...`` line on stderr
   (escape-free when stderr is not a terminal, like every note), the line ranks log too
-  (`runtime.metrics_format`).
+  (`zlaunch.wire.metrics_format`).
 
 The launcher calls ``start(run_id, expected)`` once the plan is known, ``rank_started`` /
 ``rank_exited`` / ``metrics`` as frames arrive, ``tick()`` from its loop, and ``close()``
@@ -27,12 +27,12 @@ import sys
 import time
 from typing import IO, Any
 
-from runtime.metrics_format import format_line
 from zlaunch.console.job_view import JobView
 from zlaunch.console.live_panel import MAX_BARS_SHOWN, progress_lines, render_panel
 from zlaunch.console.terminal import Console, is_terminal
-from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import RunStatus
+from zlaunch.text.ranks import rank_ranges
+from zlaunch.wire.metrics_format import format_line
 
 __all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
 

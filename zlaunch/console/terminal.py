@@ -21,14 +21,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from zlaunch import frames, protocol
 from zlaunch.console.collapse import Shown
 from zlaunch.console.safe_text import shown as safe
 from zlaunch.console.safe_text import shown_block as safe_block
 from zlaunch.console.writer import BackgroundWriter, TextWriter
-from zlaunch.host_ranges import host_ranges
-from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import Failure, FailureReport
+from zlaunch.text.hosts import host_ranges
+from zlaunch.text.ranks import rank_ranges
+from zlaunch.wire import frames, protocol
 
 __all__ = [
     "Console",

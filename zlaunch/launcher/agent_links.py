@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from zlaunch import frames
-from zlaunch.hostfile import Host
-from zlaunch.liveness import SilenceClock
-from zlaunch.options import LaunchOptions
+from zlaunch.job.hostfile import Host
+from zlaunch.job.options import LaunchOptions
 from zlaunch.transport import Link, agent_argv, open_links
+from zlaunch.wire import frames
+from zlaunch.wire.liveness import SilenceClock
 
 __all__ = [
     "AgentLinks",
@@ -245,7 +245,7 @@ class AgentLinks:
 
     def awake(self, now: float) -> None:
         """The controller's loop runs: the time it did not (a loaded machine) is nobody's
-        silence (zlaunch/liveness.py)."""
+        silence (zlaunch/wire/liveness.py)."""
         self.heard.awake(now)
 
     def silent_for(self, index: int, now: float) -> float:

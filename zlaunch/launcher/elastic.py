@@ -5,7 +5,7 @@ crashed, its link went down, every process on it was killed) is dropped for the 
 job: the next attempt runs on the remaining hosts plus spares (hosts listed beyond
 ``--num-nodes``, in hostfile order), as long as at least M hosts are left. A host that comes
 back is not re-added (restart the job for that). The global batch is kept: the ranks get the
-batch triple for the new world size (`runtime.elastic_batch`) and resume from the latest
+batch triple for the new world size (`zlaunch.wire.batch`) and resume from the latest
 checkpoint, which loads at any world size.
 """
 
@@ -15,8 +15,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from zlaunch.errors import LaunchError
-from zlaunch.hostfile import Host
-from zlaunch.options import LaunchOptions
+from zlaunch.job.hostfile import Host
+from zlaunch.job.options import LaunchOptions
 
 __all__ = ["next_hosts", "options_after_loss"]
 
@@ -42,7 +42,7 @@ def _batch_for(options: LaunchOptions, world: int, new_world: int) -> str | None
     if options.config_path is None or world == new_world:
         return options.batch
     from runtime.config import ConfigError, load_config
-    from runtime.elastic_batch import batch_for_world
+    from zlaunch.wire.batch import batch_for_world
 
     try:
         return batch_for_world(load_config(options.config_path), world, new_world).encode()

@@ -8,7 +8,7 @@ When the watch fires, the controller asks every rank that can for its Python sta
 ``zlaunch stacks`` does) and gathers them from the rank output for up to `STACKS_WAIT`
 seconds: a rank stopped with SIGSTOP, or stuck in C code that never returns to Python, does not
 answer, and the report says so. With the same request each agent sends its ranks' recent
-collectives (zlaunch/collective_records.py). The report (reason ``hang``) groups the ranks by
+collectives (zlaunch/worker/collective_records.py). The report (reason ``hang``) groups the ranks by
 identical stack and by identical collective records, and names the suspect in the failure's
 own fields (``rank``, ``host``, ``pid``): zlaunch/launcher/hang_suspect.py reads who waits for
 whom.
@@ -22,7 +22,13 @@ from typing import Any
 
 from zlaunch.launcher.hang_suspect import find_suspect, group_records
 from zlaunch.rundir.records import REASON_HANG, Failure
-from zlaunch.stack_dumps import FAULTHANDLER, QUIET_AFTER, group_ranks, parse_dump, parse_dump_by
+from zlaunch.text.stack_dumps import (
+    FAULTHANDLER,
+    QUIET_AFTER,
+    group_ranks,
+    parse_dump,
+    parse_dump_by,
+)
 
 __all__ = ["EXIT_HANG", "STACKS_WAIT", "HangWatch", "StackCapture", "hang_failure"]
 

@@ -1,7 +1,7 @@
 """A rank's collective records as the controller takes them: each one checked, a bad one dropped
 and said (pure).
 
-The records come from a file the rank itself writes (zlaunch/collective_records.py), so they
+The records come from a file the rank itself writes (zlaunch/worker/collective_records.py), so they
 are whatever the rank, or anything it runs, put there: ``{"records": [1]}`` crashed the hang
 report with a raw TypeError and no failure.json was written. `decode_records` keeps each record
 whose every field has its type and bound and drops the others, saying which and why; the hang

@@ -1,6 +1,6 @@
 """Which rank a hung job waits for, read from the ranks' collective records and stacks (pure).
 
-Every rank's recent collectives (zlaunch/collective_records.py: group, per-group sequence
+Every rank's recent collectives (zlaunch/worker/collective_records.py: group, per-group sequence
 number, operation, sizes, issued or completed) and whether it answered the stacks request
 go in; the suspect ranks and a sentence saying why come out. No clock, no I/O: the table of
 cases is in tests/survive/test_hang_suspect.py.
@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zlaunch.collective_records import collective_key
-from zlaunch.host_ranges import host_ranges
-from zlaunch.rank_ranges import rank_ranges
+from zlaunch.text.hosts import host_ranges
+from zlaunch.text.ranks import rank_ranges
+from zlaunch.worker.collective_records import collective_key
 
 __all__ = ["Suspect", "find_suspect", "group_records", "position_words"]
 

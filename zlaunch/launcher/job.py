@@ -32,11 +32,14 @@ import threading
 import time
 from typing import Any
 
-from zlaunch import frames, liveness, protocol
 from zlaunch.console.live_view import JobView, PlainView, open_view
 from zlaunch.console.terminal import Console
 from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed
-from zlaunch.exhaustive import assert_never
+from zlaunch.errors.exhaustive import assert_never
+from zlaunch.job.options import LaunchOptions
+from zlaunch.job.plan import Plan, build_plan, dropped_pythonpath_entries
+from zlaunch.job.spec import encode_spec, node_spec
+from zlaunch.job.threads import THREADS_ENV, threads_words
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
@@ -74,13 +77,10 @@ from zlaunch.launcher.state import (
     StopRanks,
     Tick,
 )
-from zlaunch.metrics_check import checked_metrics
-from zlaunch.options import LaunchOptions
-from zlaunch.plan import Plan, build_plan, dropped_pythonpath_entries
 from zlaunch.rundir.recorder import Recorder
 from zlaunch.rundir.records import FailureReport, RunStatus
-from zlaunch.spec import encode_spec, node_spec
-from zlaunch.threads import THREADS_ENV, threads_words
+from zlaunch.wire import frames, liveness, protocol
+from zlaunch.wire.metrics_check import checked_metrics
 
 __all__ = ["launch", "Job", "Attempt", "HEARTBEAT_TIMEOUT", "AGENT_SILENCE_TIMEOUT"]
 
@@ -89,7 +89,7 @@ AGENT_SILENCE_TIMEOUT = liveness.agent_silence_timeout(1)
 """Seconds without a byte from an agent (it sends a heartbeat every second) before the
 controller takes its node as lost: a link down, a partition, a host that stopped. Longer than
 the agent's own heartbeat timeout, so by then that agent has already stopped its workers if it
-still runs. Both grow with the job's ranks (zlaunch/liveness.py); these are a small job's."""
+still runs. Both grow with the job's ranks (zlaunch/wire/liveness.py); these are a small job's."""
 POLL = 0.25
 WATCH_INTERVAL = 0.05
 """Seconds between two looks at the timers (silent agents, a hang, a stop's grace) while
@@ -367,7 +367,7 @@ class Attempt:
                 )
 
     def _checked_metrics(self, rank: int, event: dict[str, Any]) -> dict[str, Any] | None:
-        """The event with its bad fields dropped (zlaunch/metrics_check.py); the first bad one
+        """The event with its bad fields dropped (zlaunch/wire/metrics_check.py); the first bad one
         is named once, the count at the end of the attempt."""
         verdict = checked_metrics(event)
         if verdict.problems:

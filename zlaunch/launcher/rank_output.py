@@ -10,7 +10,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from zlaunch import frames, protocol
 from zlaunch.console.collapse import LineCollapser, Shown, collapse_wanted
 from zlaunch.console.job_view import JobView
 from zlaunch.console.noise import NoiseFilter
@@ -19,6 +18,7 @@ from zlaunch.console.stacks import StackDumpFilter
 from zlaunch.console.terminal import Console
 from zlaunch.launcher.hang import StackCapture
 from zlaunch.launcher.rank_tail import RankTail, tail_chars
+from zlaunch.wire import frames, protocol
 
 __all__ = ["LogSink", "RankOutput", "TAIL_LINES"]
 

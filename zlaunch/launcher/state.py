@@ -26,11 +26,11 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zlaunch import frames, protocol
-from zlaunch.exhaustive import assert_never
+from zlaunch.errors.exhaustive import assert_never
 from zlaunch.launcher.world_check import GroupReport, alone_warning
-from zlaunch.rank_ranges import rank_ranges
 from zlaunch.rundir.records import Failure, RankPhase, RankRow, RunStatus
+from zlaunch.text.ranks import rank_ranges
+from zlaunch.wire import frames, protocol
 
 __all__ = [
     "EXIT_LOST_AGENT",

@@ -1,7 +1,7 @@
 """Ranks of a multi-rank job that never joined it: what they reported, in words (pure).
 
-zlaunch.worker_boot reports, as each rank's script ends, the largest default process group it
-joined (zlaunch/worker_group.py). A rank of an N-rank job that joined none, or a smaller one,
+zlaunch.worker.boot reports, as each rank's script ends, the largest default process group it
+joined (zlaunch/worker/group.py). A rank of an N-rank job that joined none, or a smaller one,
 trained on its own: the job "succeeds" N times over while nobody averaged a gradient. That is
 said in the job's last lines and recorded in run.json and failure.json, with the fix where one
 is known: accelerate on a machine without GPUs forms a process group only when told to use
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from zlaunch.rank_ranges import rank_ranges
+from zlaunch.text.ranks import rank_ranges
 
 __all__ = ["GroupReport", "ACCELERATE_CPU_FIX", "alone_warning"]
 

@@ -12,7 +12,7 @@ Layout (``<log_dir>`` defaults to ``./zlaunch_runs``)::
 
 The directory and everything in it is private to the user (0700 folders, 0600 files): rank
 logs hold whatever the workers print. Environment values are recorded only for an allow-list
-of names (zlaunch/redact.py), secret-looking arguments are redacted.
+of names (zlaunch/text/redact.py), secret-looking arguments are redacted.
 
 Rank logs hold the raw lines (no prefix), stdout and stderr in the order they arrived, and are
 never filtered by ``--ranks``. Run ids sort by start time. ``run.json`` is rewritten atomically
@@ -32,8 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from zlaunch.plan import Plan, new_run_id
-from zlaunch.redact import recorded_env_value, redact_argv
+from zlaunch.job.plan import Plan, new_run_id
 from zlaunch.rundir.records import FailureReport, RanksFile, RunStatus
 from zlaunch.rundir.root import (
     make_private_dir,
@@ -44,6 +43,7 @@ from zlaunch.rundir.root import (
     write_json_atomic,
 )
 from zlaunch.rundir.run_record import RunRecordError, checked_run_record, writable_run_record
+from zlaunch.text.redact import recorded_env_value, redact_argv
 
 __all__ = [
     "RunDir",

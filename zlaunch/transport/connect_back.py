@@ -1,6 +1,6 @@
 """Agents that connect back: the controller listens on a TCP port, each agent it started
 (``python -m zlaunch.agent --connect HOST:PORT``) dials in, the two prove they hold the job's
-token (zlaunch/connect_handshake.py), and the connection becomes the node's :class:`Link`.
+token (zlaunch/wire/handshake.py), and the connection becomes the node's :class:`Link`.
 
 What started the agents (one ``srun`` for the whole allocation: transport/slurm_one_step.py) is
 a :class:`Starter`: the links ask it for the stderr of their task and hand it back when they are
@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from zlaunch import connect_handshake
-from zlaunch.connect_handshake import Answer, HandshakeError, TokenMismatch
 from zlaunch.errors import LaunchError
-from zlaunch.hostfile import Host
+from zlaunch.job.hostfile import Host
 from zlaunch.transport.link import Link
 from zlaunch.transport.preauth import Pending, PendingPeers, Refusal, RefusalTally
 from zlaunch.transport.roster import Roster
+from zlaunch.wire import handshake as connect_handshake
+from zlaunch.wire.handshake import Answer, HandshakeError, TokenMismatch
 
 __all__ = ["ConnectBackLink", "Listener", "Starter", "HANDSHAKE_TIMEOUT"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from zlaunch.connect_handshake import Answer
-from zlaunch.hostfile import Host
+from zlaunch.job.hostfile import Host
 from zlaunch.transport.preauth import Refusal
+from zlaunch.wire.handshake import Answer
 
 __all__ = ["HostRoster", "Roster"]
 

@@ -28,14 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from zlaunch import protocol
-from zlaunch.connect_handshake import Answer
 from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, UsageError
-from zlaunch.hostfile import Host
+from zlaunch.job.hostfile import Host
 from zlaunch.transport.connect_back import ConnectBackLink, Listener
 from zlaunch.transport.local import require_program
 from zlaunch.transport.roster import HostRoster
 from zlaunch.transport.slurm import ended_by_slurm, job_id
+from zlaunch.wire import protocol
+from zlaunch.wire.handshake import Answer
 
 __all__ = [
     "CONNECT_TIMEOUT",

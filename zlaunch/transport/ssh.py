@@ -22,8 +22,8 @@ import threading
 from collections.abc import Sequence
 
 from zlaunch.errors import HostUnreachable
-from zlaunch.hostfile import Host
-from zlaunch.options import SshOptions
+from zlaunch.job.hostfile import Host
+from zlaunch.job.options import SshOptions
 from zlaunch.transport.link import Link
 
 __all__ = ["SshLink", "remote_command"]

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from ...comm import Communicator
+from runtime.distributed.comm import Communicator
+
 from ..leaf_modules import leaf_modules, z3_leaf_module
 from ..param_offload import ShardStore
 from ..partition import FlatLayout

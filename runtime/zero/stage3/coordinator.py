@@ -38,7 +38,8 @@ from collections.abc import Callable
 
 import torch
 
-from ...comm import Communicator
+from runtime.distributed.comm import Communicator
+
 from ..partition import FlatLayout
 from . import access as stage3_access
 from .fetch import GRAD_QUANTIZER, UnitFetch
@@ -330,7 +331,7 @@ class Stage3Coordinator:
     def fetch_whole(self, names: list[str]) -> None:
         """Make each named module fetch its whole subtree's units before it runs (and release
         them after), with no hook or parameter-read check inside it: the regions torch.compile
-        compiles (`runtime.torch_compile.compile_regions`), whose code must not call back into Python."""
+        compiles (`runtime.engine.torch_compile.compile_regions`), whose code must not call back into Python."""
         self.remove_hooks()
         self._hooks = install_hooks(self.module, self.units, self, whole=names)
         stage3_access.install(self.module, self._on_read)

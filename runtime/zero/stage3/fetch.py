@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...comm import Communicator, Handle
+from runtime.distributed.comm import Communicator, Handle
+
 from ...errors import InvalidValueError
 from ..quantize import BlockQuantizer
 from .units import Unit, param_numel

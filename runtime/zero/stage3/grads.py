@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from ...comm import Communicator, Handle
+from runtime.distributed.comm import Communicator, Handle
+
 from ..flat import group_shard_views
 from ..partition import FlatLayout
 from ..quantize import BlockQuantizer

@@ -3,7 +3,7 @@
 A module fetches the units of the parameters it holds directly (a tied weight: every module
 holding it); a leaf module (`leaf_modules`) fetches its whole subtree's units, and the modules
 inside a leaf fetch nothing of their own (the leaf did). A module fetched *whole* (a region
-compiled with torch.compile, `runtime.torch_compile.compile_regions`) likewise fetches every unit of its
+compiled with torch.compile, `runtime.engine.torch_compile.compile_regions`) likewise fetches every unit of its
 subtree, so that no hook runs inside the compiled code. Persistent units are always gathered,
 so no hook fetches them.
 """

@@ -17,7 +17,8 @@ import logging
 
 import torch
 
-from ...comm import Communicator
+from runtime.distributed.comm import Communicator
+
 from .fetch import UnitFetch
 from .prefetch import FetchPlanner
 from .sequence import CollectiveSequence

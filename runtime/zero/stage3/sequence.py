@@ -16,7 +16,7 @@ pass and checks the sequences agree:
 
 Where the comparison runs: after a pass that is not verified and ends an accumulation (the
 common steady state), the hash rides in the step's gradient-norm all-reduce
-(`runtime.precision.StepRiders`) and is settled before the optimizer applies anything: no
+(`runtime.optim.precision.StepRiders`) and is settled before the optimizer applies anything: no
 collective and no host read of its own. A sum can still tell equal values from different ones:
 all N values are equal exactly when N * sum(h^2) == sum(h)^2, computed in Python integers from
 float64 sums that stay exact (two 20-bit pieces of the hash, up to 4096 ranks). Other passes
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from ...comm import Communicator
+from runtime.distributed.comm import Communicator
+
 from ...errors import UsageError
 from .units import Unit
 

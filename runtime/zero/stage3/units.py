@@ -31,7 +31,8 @@ from typing import Protocol
 
 import torch
 
-from ...comm import Communicator, Handle
+from runtime.distributed.comm import Communicator, Handle
+
 from ...errors import InvalidValueError
 from ..param_offload import ShardStore
 from ..param_status import ZeroParamStatus, mark

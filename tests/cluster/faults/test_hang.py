@@ -192,7 +192,7 @@ def test_collective_timeout_reaches_the_workers(tmp_path):
 
 
 def test_timeouts_from_the_environment():
-    from runtime.collective_timeout import (
+    from runtime.distributed.collective_timeout import (
         DEFAULT_SECONDS,
         CollectiveTimeoutError,
         collective_timeout_seconds,

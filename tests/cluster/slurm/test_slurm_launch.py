@@ -268,7 +268,7 @@ def test_from_the_login_node_zlaunch_asks_slurm_for_the_nodes(idle_slurm, tmp_pa
     assert {r["hostname"] for r in ranks} == {"node1", "node2", "node3"}
     assert all(r["allreduce"] == 21 for r in ranks)  # 1 + 2 + ... + 6
     assert all(r["env"]["NCCL_IB_TOKEN"] == token and r["argv"][-2:] == secret_args for r in ranks)
-    # salloc's command line held them redacted (tests/integration/hardening/test_secrets.py):
+    # salloc's command line held them redacted (tests/integration/text/test_secrets.py):
     # the whole values came through its environment, which the zlaunch inside emptied
     assert not any(name.startswith("ZLAUNCH_SALLOC_") for r in ranks for name in r["env"])
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from zlaunch.errors import UsageError
-from zlaunch.hostfile import Host
+from zlaunch.job.hostfile import Host
 from zlaunch.transport.mpi import mpirun_argv
 from zlaunch.transport.slurm import (
     allocation_hosts,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.hardening.helpers import write_script, zlaunch
+from tests.integration.commands.hostile_input import write_script, zlaunch
 from tests.integration.launcher import helpers
 
 pytestmark = pytest.mark.cluster

@@ -34,7 +34,7 @@ import torch
 
 from tests.cluster.zoo.models import ZOO
 from tests.cluster.zoo.training import LR, STEPS, reference, step_losses
-from tests.integration.runtime.mp_utils import run_ranks
+from tests.integration.engine.mp_utils import run_ranks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.zoo]
 

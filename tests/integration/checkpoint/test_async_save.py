@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runtime.checkpoint.reader import CheckpointReader
-from tests.integration.runtime.mp_utils import RankFailed, run_ranks
+from tests.integration.engine.mp_utils import RankFailed, run_ranks
 
 pytestmark = pytest.mark.multirank
 

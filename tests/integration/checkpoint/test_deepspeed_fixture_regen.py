@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.checkpoint.formats.deepspeed import DeepSpeedReader
-from tests.integration.runtime.mp_utils import run_ranks
+from tests.integration.engine.mp_utils import run_ranks
 
 pytestmark = [
     pytest.mark.multirank,
@@ -52,7 +52,7 @@ def test_deepspeeds_dynamic_loss_scaler_becomes_the_runtimes(tmp_path):
     import torch
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
 
-    from runtime.loss_scaler import DynamicLossScaler as Ours
+    from runtime.optim.loss_scaler import DynamicLossScaler as Ours
 
     d = tmp_path / "ck"
     shutil.copytree(FIXTURE / "zero2_fp32" / "global_step3", d)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runtime.mp_utils import RankFailed, run_ranks
+from tests.integration.engine.mp_utils import RankFailed, run_ranks
 
 pytestmark = pytest.mark.multirank
 

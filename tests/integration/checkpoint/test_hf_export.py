@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.integration.runtime.mp_utils import run_ranks
+from tests.integration.engine.mp_utils import run_ranks
 
 pytestmark = pytest.mark.multirank
 

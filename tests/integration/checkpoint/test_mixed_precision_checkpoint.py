@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.integration.runtime.mp_utils import run_ranks
+from tests.integration.engine.mp_utils import run_ranks
 
 WORKER = "tests/integration/checkpoint/ckpt_worker.py"
 SAVE_AT, TOTAL = 4, 8

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from tests.integration.visibility.helpers import ranks_state, wait_for, zlaunch
+from tests.integration.commands.helpers import ranks_state, wait_for, zlaunch
 
 HOSTILE_RECORDS = """
 import json, os, time

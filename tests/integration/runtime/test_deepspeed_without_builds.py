@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runtime.mp_utils import free_port
+from tests.integration.engine.mp_utils import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,6 +1,6 @@
 """Engine checkpoints across world sizes and stages, consolidation, and loads that must fail.
 
-Real gloo ranks in fresh processes (tests/integration/runtime/mp_utils.py). The reference run trains 4
+Real gloo ranks in fresh processes (tests/integration/engine/mp_utils.py). The reference run trains 4
 ranks at stage 2 and saves at step 4; other world sizes and stages load that checkpoint and
 continue. The global batch of each step is the same at every world size, so continuations
 must match the reference within float reduction-order noise.

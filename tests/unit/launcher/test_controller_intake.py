@@ -13,12 +13,11 @@ import threading
 
 import pytest
 
-from zlaunch import frames
 from zlaunch.console import writer as writer_module
 from zlaunch.console.terminal import Console
 from zlaunch.console.writer import BackgroundWriter
 from zlaunch.errors import LaunchError
-from zlaunch.hostfile import Host
+from zlaunch.job.hostfile import Host
 from zlaunch.launcher import agent_links, open_files
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, LinkClosed
 from zlaunch.launcher.rank_tail import (
@@ -33,6 +32,7 @@ from zlaunch.rundir.recorder import Recorder
 from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
 from zlaunch.rundir.root import json_text
 from zlaunch.transport.link import Link
+from zlaunch.wire import frames
 
 # ---- the OUT frame's fast decode ----------------------------------------------------------
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import ConfigError, load_config
-from runtime.elastic_batch import BatchOverride, batch_for_world, override_from_env
 from zlaunch.errors import LaunchError
-from zlaunch.hostfile import Host
+from zlaunch.job.hostfile import Host
 from zlaunch.launcher.elastic import next_hosts
+from zlaunch.wire.batch import BatchOverride, batch_for_world, override_from_env
 
 
 def _hosts(*names):

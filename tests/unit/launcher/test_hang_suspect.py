@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from zlaunch.collective_records import RING, collective_mismatch, normalize, peers_to_ask
 from zlaunch.launcher.hang import hang_failure
 from zlaunch.launcher.hang_suspect import find_suspect, group_records
+from zlaunch.worker.collective_records import RING, collective_mismatch, normalize, peers_to_ask
 
 HOSTS3 = {0: "node1", 1: "node2", 2: "node3"}
 

@@ -7,7 +7,6 @@ import signal
 
 import pytest
 
-from zlaunch import protocol
 from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
 from zlaunch.launcher.state import (
     SAVE_ACK_WAIT,
@@ -39,6 +38,7 @@ from zlaunch.launcher.state import (
     Tick,
 )
 from zlaunch.rundir.records import REASON_HANG, Failure, RankPhase, RunStatus
+from zlaunch.wire import protocol
 
 HOSTS = ("node1", "node2")
 SLOTS = tuple(RankSlot(rank=r, local_rank=r % 2, host=HOSTS[r // 2], node=r // 2) for r in range(4))

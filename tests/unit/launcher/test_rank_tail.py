@@ -6,9 +6,9 @@ import traceback
 
 from tqdm import tqdm
 
-from zlaunch import frames
 from zlaunch.console.progress import ProgressTracker
 from zlaunch.launcher.rank_tail import TRACEBACK_START, RankTail
+from zlaunch.wire import frames
 
 
 class Chunks:

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runtime import dist_env
 from runtime.checkpoint.preempt import SaveOnSignal
-from runtime.precision import StepRiders
+from runtime.distributed import launch_env as dist_env
+from runtime.optim.precision import StepRiders
 from runtime.zero.stage3.sequence import CollectiveSequence
 
 

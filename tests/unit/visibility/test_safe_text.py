@@ -11,8 +11,8 @@ import pytest
 from zlaunch.commands.logs import _Printer
 from zlaunch.console.safe_text import shown, shown_block
 from zlaunch.console.terminal import Console, format_failure
-from zlaunch.frames import line_text
 from zlaunch.rundir.records import Failure, FailureReport
+from zlaunch.wire.frames import line_text
 
 ERASE_AND_FORGE = "\x1b[1A\x1b[2K[node1:0] loss 0.01"
 

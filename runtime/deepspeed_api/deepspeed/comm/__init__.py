@@ -1,9 +1,9 @@
-"""``deepspeed.comm``: the runtime's script-facing collectives (`runtime.dist`)."""
+"""``deepspeed.comm``: the runtime's script-facing collectives (`runtime.distributed.script_comm`)."""
 
 from __future__ import annotations
 
-from runtime.dist import *  # noqa: F403 - this module is runtime.dist under DeepSpeed's name
-from runtime.dist import __all__ as _dist_all
+from runtime.distributed.script_comm import *  # noqa: F403 - this module is runtime.distributed.script_comm under DeepSpeed's name
+from runtime.distributed.script_comm import __all__ as _dist_all
 
 from .._missing import module_getattr
 

@@ -1,8 +1,8 @@
-"""``deepspeed.runtime.lr_schedules``: DeepSpeed's schedules (`runtime.lr_schedules`)."""
+"""``deepspeed.runtime.lr_schedules``: DeepSpeed's schedules (`runtime.optim.lr_schedules`)."""
 
 from __future__ import annotations
 
-from runtime.lr_schedules import (
+from runtime.optim.lr_schedules import (
     SCHEDULERS,
     LRRangeTest,
     OneCycle,

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from runtime.dist import is_initialized
+from runtime.distributed.script_comm import is_initialized
 from runtime.zero import (
     GatheredParameters,
     get_z3_leaf_modules,

@@ -1,0 +1,127 @@
+"""How a process is started on a host and talked to: local subprocess, SSH channel, or a
+Slurm step / mpirun process relaying its stdin and stdout (``--launcher slurm|mpi``), or an
+agent that connects back over TCP (one srun for the whole allocation: ``--slurm-mode one-step``).
+
+A :class:`Link` is a running remote (or local) process with a byte stream each way plus its
+stderr: the agent runs over one, ``zlaunch check`` runs its probe over one. Both transports
+return the same kind of object, so the launcher has one code path for every host.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from zlaunch.errors import HostUnreachable, LaunchError
+from zlaunch.job.hostfile import Host
+from zlaunch.job.options import SshOptions
+from zlaunch.transport.link import Link
+from zlaunch.worker.python_start import module_argv
+
+__all__ = ["Link", "open_link", "open_links", "agent_argv", "MAX_PARALLEL_CONNECTS"]
+
+# Parallel SSH handshakes at once: enough for fast fan-out, few enough not to trip sshd's
+# MaxStartups (10 by default) on a shared bastion.
+MAX_PARALLEL_CONNECTS = 32
+
+
+def agent_argv(python: str) -> list[str]:
+    """``python -u -m zlaunch.agent``, less the working directory on sys.path (wherever the
+    transport starts it: zlaunch/worker/python_start.py)."""
+    return module_argv(python, "zlaunch.agent")
+
+
+def open_link(
+    host: Host,
+    argv: Sequence[str],
+    ssh: SshOptions,
+    launcher: str = "ssh",
+    launcher_args: Sequence[str] = (),
+) -> Link:
+    """Start ``argv`` on ``host``: through srun or mpirun when the launcher says so, else a
+    subprocess for a local host and an SSH channel otherwise."""
+    if launcher == "slurm":
+        from zlaunch.transport.slurm import SlurmLink
+
+        return SlurmLink.start_on(host, argv, extra=launcher_args)
+    if launcher == "mpi":
+        from zlaunch.transport.mpi import MpiLink
+
+        return MpiLink.start_on(host, argv, extra=launcher_args)
+    if host.is_local:
+        from zlaunch.transport.local import LocalLink
+
+        return LocalLink.start(host, argv)
+    from zlaunch.transport.ssh import SshLink
+
+    return SshLink.start(host, argv, ssh)
+
+
+def open_links(
+    hosts: Sequence[Host],
+    argv_for: Callable[[Host], Sequence[str]],
+    ssh: SshOptions,
+    *,
+    on_open: Callable[[int, Link], Any] | None = None,
+    launcher: str = "ssh",
+    launcher_args: Sequence[str] = (),
+    slurm_mode: str = "step-per-node",
+    controller_addr: str | None = None,
+    on_refused: Callable[[str], None] = lambda _why: None,
+    interrupted: Callable[[], int | None] = lambda: None,
+) -> list[Link]:
+    """Start on every host in parallel (bounded). If any host fails, the ones that did start
+    are terminated and the first failure (in host order) is raised, naming its host.
+
+    ``--launcher slurm`` with ``slurm_mode="one-step"``: one srun starts every host's agent,
+    each connecting back to ``controller_addr`` (None: chosen from the route to the nodes);
+    ``on_refused`` hears of each connection that failed the handshake, and ``interrupted()``
+    (a signal number, or None) ends the wait for them (transport/slurm_one_step.py).
+    """
+    if launcher == "slurm" and slurm_mode == "one-step":
+        from zlaunch.transport.slurm_one_step import open_one_step
+
+        argvs = {tuple(argv_for(host)) for host in hosts}
+        if len(argvs) != 1:
+            raise LaunchError("one srun step starts the same agent command on every node")
+        return open_one_step(
+            hosts,
+            argvs.pop(),
+            on_open=on_open,
+            extra=launcher_args,
+            controller_addr=controller_addr,
+            on_refused=on_refused,
+            interrupted=interrupted,
+        )
+    links: list[Link | None] = [None] * len(hosts)
+    errors: list[tuple[int, Exception]] = []
+    lock = threading.Lock()
+
+    def start(index: int) -> None:
+        try:
+            link = open_link(hosts[index], argv_for(hosts[index]), ssh, launcher, launcher_args)
+        except Exception as err:  # noqa: BLE001 - reported below, naming the host
+            with lock:
+                errors.append((index, err))
+            return
+        links[index] = link
+        if on_open is not None:
+            on_open(index, link)
+
+    workers = max(1, min(MAX_PARALLEL_CONNECTS, len(hosts)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="connect") as pool:
+        list(pool.map(start, range(len(hosts))))
+    if errors:
+        for link in links:
+            if link is not None:
+                link.terminate()
+        errors.sort(key=lambda item: item[0])
+        index, err = errors[0]
+        if not isinstance(err, LaunchError):
+            err = HostUnreachable(f"cannot start on {hosts[index].display}: {err}")
+        # Every host that could not be reached, by name (a restart may go on without them).
+        err.hosts = [hosts[i].name for i, e in errors if isinstance(e, (HostUnreachable, OSError))]
+        raise err
+    return [link for link in links if link is not None]

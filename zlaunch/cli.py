@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         if argv is None:  # under salloc, run by zlaunch --nodes: the arguments it handed over
             import os
 
-            from zlaunch.commands.allocation_args import take_back
+            from zlaunch.commands import take_back
 
             argv = take_back(sys.argv[1:], os.environ)
         # Without standalone mode click returns ctx.exit()'s code instead of exiting.

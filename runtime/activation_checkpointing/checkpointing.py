@@ -1,26 +1,4 @@
-"""Activation checkpointing with DeepSpeed's API (``deepspeed.checkpointing``).
-
-Megatron-style models call ``checkpoint(block, hidden, mask)`` around each transformer block:
-the block's activations are dropped after forward and recomputed in backward, so only the
-block inputs are held in between. ``runtime.initialize`` configures this module from the
-config's ``activation_checkpointing`` block (and the ``mpu`` it is given); a script may call
-`configure` itself, as Megatron-DeepSpeed does. The options (see `CheckpointOptions`):
-
-* ``partition_activations``: each model-parallel rank keeps 1/N of every block input
-  (tensor-parallel ranks compute identical ones), all-gathered before recomputation;
-* ``cpu_checkpointing``: block inputs wait in host memory (pinned, async copies on CUDA);
-* ``contiguous_memory_optimization`` + ``number_checkpoints``: they wait in one preallocated
-  buffer of ``number_checkpoints`` slots, reused every step;
-* ``synchronize_checkpoint_boundary``: the device is synchronized at every checkpoint's
-  forward and backward boundaries;
-* ``profile``: forward and recomputation times are summed and reported with the step
-  metrics (`take_profile`).
-
-Recomputation replays the CPU, device and tracker RNG states of the forward
-(`rng.RNGSnapshot`): with dropout, gradients equal those of the model run without
-checkpointing. The tracker (`get_cuda_rng_tracker`, `model_parallel_cuda_manual_seed`) is
-device-neutral: without CUDA it tracks CPU generator states.
-"""
+"""DeepSpeed's ``deepspeed.checkpointing`` functions: `configure`, `checkpoint` and the options and profile they share."""
 
 from __future__ import annotations
 
@@ -31,7 +9,7 @@ from typing import Any
 
 import torch
 
-from runtime.config.blocks import ActivationCheckpointingConfig
+from runtime.config import ActivationCheckpointingConfig
 
 from .function import Hooks, run_non_reentrant, run_reentrant
 from .rng_tracker import (
@@ -130,7 +108,7 @@ def _model_parallel(mpu: Any):
     """(rank, communicator) of the tensor-parallel group of a Megatron-style ``mpu``."""
     if mpu is None:
         return 0, None
-    from runtime.distributed.comm import Communicator
+    from runtime.distributed import Communicator
 
     if hasattr(mpu, "get_tensor_model_parallel_group"):
         group = mpu.get_tensor_model_parallel_group()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.distributed.comm import Communicator
+from runtime.distributed import Communicator
 
 from ..errors import UsageError
 

@@ -15,24 +15,46 @@ torch is imported by the submodules, on first use.
 
 from __future__ import annotations
 
-from .errors import CheckpointError
-
 __all__ = [
+    "AsyncSaver",
     "CheckpointError",
-    "consolidate_state_dict",
     "CheckpointReader",
+    "LoadRequest",
+    "SaveRequest",
+    "consolidate_state_dict",
+    "load_engine",
+    "resume_from_env",
+    "save_engine",
+    "save_on_signal_from_env",
+    "write_state_dict",
 ]
 
 
-def consolidate_state_dict(checkpoint_dir, tag=None, dtype=None):
-    from .consolidate import consolidate_state_dict as run
-
-    return run(checkpoint_dir, tag, dtype)
-
-
 def __getattr__(name: str):
-    if name == "CheckpointReader":
-        from .reader import CheckpointReader
+    # Each name loads with its module on first use: importing this folder (and
+    # `import runtime`, which the controller does to check a config) stays light.
+    if name in ("AsyncSaver",):
+        from runtime.checkpoint import async_save
 
-        return CheckpointReader
-    raise AttributeError(f"module 'runtime.checkpoint' has no attribute {name!r}")
+        return getattr(async_save, name)
+    if name in ("consolidate_state_dict", "write_state_dict"):
+        from runtime.checkpoint import consolidate
+
+        return getattr(consolidate, name)
+    if name in ("LoadRequest", "SaveRequest", "load_engine", "save_engine"):
+        from runtime.checkpoint import engine_io
+
+        return getattr(engine_io, name)
+    if name in ("CheckpointError",):
+        from runtime.checkpoint import errors
+
+        return getattr(errors, name)
+    if name in ("resume_from_env", "save_on_signal_from_env"):
+        from runtime.checkpoint import preempt
+
+        return getattr(preempt, name)
+    if name in ("CheckpointReader",):
+        from runtime.checkpoint import reader
+
+        return getattr(reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

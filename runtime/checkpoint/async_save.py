@@ -51,7 +51,7 @@ class AsyncSaver:
                 )
             import torch.distributed as dist
 
-            from runtime.distributed.comm import Communicator
+            from runtime.distributed import Communicator
 
             self._comm = Communicator(dist.new_group(backend="gloo"))
         return self._comm

@@ -60,7 +60,7 @@ def write_state_dict(state: dict[str, torch.Tensor], output: str, metadata: dict
     """Save as safetensors, streamed: a file of ours under a random temporary name in the
     output's folder (never through a link planted there), renamed over ``output`` once
     complete (no half-written output, an old file replaced whole)."""
-    from .export.safetensors_stream import SafetensorsStream
+    from .export import SafetensorsStream
 
     output = os.path.abspath(output)
     parent = os.path.dirname(output)

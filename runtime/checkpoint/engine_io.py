@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from runtime.engine.train_counters import TrainCounters
+from runtime.engine import TrainCounters
 
 from . import jsonable
 from .async_save import snapshot
@@ -39,7 +39,7 @@ __all__ = ["save_engine", "load_engine", "SaveRequest", "LoadRequest", "CHECKPOI
 
 log = logging.getLogger("runtime.checkpoint")
 
-from zlaunch.wire.protocol import CHECKPOINT_DIR_ENV  # noqa: E402 - the shared name
+from zlaunch.wire import CHECKPOINT_DIR_ENV  # noqa: E402 - the shared name
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def is_frozen_parameter(t: torch.Tensor) -> bool:
 
 def _frozen_unit(t: torch.Tensor):
     """The stage-3 unit holding ``t`` partitioned (a frozen parameter), or None."""
-    from ..zero.stage3.units import Unit
+    from runtime.zero.stage3 import Unit
 
     owner = getattr(t, "_zero_owner", None)
     return owner if isinstance(owner, Unit) else None

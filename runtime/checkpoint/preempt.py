@@ -35,7 +35,7 @@ __all__ = [
 
 log = logging.getLogger("runtime.checkpoint")
 
-from zlaunch.wire.protocol import (  # noqa: E402 - the shared names
+from zlaunch.wire import (  # noqa: E402 - the shared names
     EVENTS_FD_ENV,
     RESUME_ENV,
     SAVE_ACK_EVENT,
@@ -89,7 +89,7 @@ class SaveOnSignal:
                 f"{SAVED_MARKER} {path} at step {engine.global_steps} on {name}; exiting",
                 flush=True,
             )
-        from runtime.distributed.launch_env import shutdown_distributed
+        from runtime.distributed import shutdown_distributed
 
         shutdown_distributed()
         raise SystemExit(0)

@@ -26,6 +26,10 @@ contacts any host, and `zlaunch estimate` runs on machines without torch.
 
 from __future__ import annotations
 
+from runtime.config.blocks import check_compile_kwargs
+from runtime.config.files import read_file
+from runtime.config.schema import BATCH_KEYS
+
 # Each part lists its public names in __all__; these are the names users import from here.
 from . import blocks, monitors, scheduler
 from .blocks import *  # noqa: F403
@@ -37,6 +41,13 @@ from .schema import Config
 from .values import AUTO, ConfigError, ConfigWarning
 
 __all__ = [
+    "BATCH_KEYS",
+    "blocks",
+    "check_compile_kwargs",
+    "monitors",
+    "read_file",
+    "scheduler",
+
     "AUTO",
     "Config",
     "ConfigError",

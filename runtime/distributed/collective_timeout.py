@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 
 from runtime.errors import InvalidValueError
-from zlaunch.wire.protocol import COLLECTIVE_TIMEOUT_ENV
+from zlaunch.wire import COLLECTIVE_TIMEOUT_ENV
 
 __all__ = ["DEFAULT_SECONDS", "CollectiveTimeoutError", "collective_timeout_seconds"]
 

@@ -318,7 +318,7 @@ def _slurm_master_addr(env: Mapping[str, str], what: str, task: str) -> tuple[st
             f"{what}: {task}, but SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are not set, so "
             "rank 0's host is unknown; set MASTER_ADDR"
         )
-    from zlaunch.wire.hostlist import HostlistError, first_host
+    from zlaunch.wire import HostlistError, first_host
 
     try:
         return first_host(env[list_var]), f"first host of {list_var}"

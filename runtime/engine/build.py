@@ -1,8 +1,4 @@
-"""zlaunch runtime: a DeepSpeed-compatible training engine with ZeRO stages 0-3.
-
-Workers import this package; it never imports `zlaunch`. ``import runtime`` stays light: the
-engine (and torch) load on first use of `initialize` or `Engine`.
-"""
+"""`initialize`: a model, a config and the launcher's environment in, an `Engine` out."""
 
 from __future__ import annotations
 
@@ -10,9 +6,9 @@ import logging
 import os
 from typing import Any
 
-from zlaunch.wire.protocol import CONFIG_ENV
+from zlaunch.wire import CONFIG_ENV
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "Engine"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments"]
 
 
 def _config_source(args: Any, config: Any) -> Any:
@@ -88,7 +84,7 @@ def initialize(
     The config's ``activation_checkpointing`` block configures runtime.activation_checkpointing, with the
     mpu's group for ``partition_activations``.
     """
-    from runtime.distributed.launch_env import init_distributed
+    from runtime.distributed import init_distributed
     from runtime.errors import InvalidValueError
     from runtime.observe import stacks
 
@@ -125,7 +121,7 @@ def _data_parallel_size(mpu: Any, env: Any) -> int:
     """The ranks batch sizes count: the mpu's data-parallel group (checked first), or all."""
     if mpu is None:
         return env.world_size
-    from runtime.distributed.parallel_groups import check_mpu
+    from runtime.distributed import check_mpu
 
     check_mpu(mpu, env.world_size)
     return mpu.get_data_parallel_world_size()
@@ -143,7 +139,7 @@ def _configure_activation_checkpointing(loaded: Any, resolved: Any, mpu: Any) ->
 def _apply_launch_options(engine: Any) -> None:
     """zlaunch --resume / --save-on (ZLAUNCH_RESUME, ZLAUNCH_SAVE_ON): load the latest
     checkpoint, and save at the step boundary after the signal."""
-    from runtime.checkpoint.preempt import resume_from_env, save_on_signal_from_env
+    from runtime.checkpoint import resume_from_env, save_on_signal_from_env
 
     engine.resumed_from, engine.resumed_client_state = resume_from_env(engine)
     hook = save_on_signal_from_env(engine.device)
@@ -153,8 +149,8 @@ def _apply_launch_options(engine: Any) -> None:
 
 def _announce_ready() -> None:
     """Tell zlaunch this rank finished setting up: its hang watch counts from here."""
-    from runtime.observe.metrics import EventSink
-    from zlaunch.wire.protocol import RUNTIME_READY
+    from runtime.observe import EventSink
+    from zlaunch.wire import RUNTIME_READY
 
     sink = EventSink(os.environ)
     if sink.fd is not None:
@@ -164,7 +160,7 @@ def _announce_ready() -> None:
 def _keep_global_batch(config, rank: int):
     """After zlaunch restarted the job on another world size (a host was lost), its batch
     triple (ZLAUNCH_BATCH) replaces the config's: the global batch stays what it was."""
-    from zlaunch.wire.batch import override_from_env
+    from zlaunch.wire import override_from_env
 
     override = override_from_env(os.environ)
     if override is None:
@@ -227,7 +223,7 @@ def init_distributed(
     import torch
     import torch.distributed as dist
 
-    from runtime.distributed.launch_env import init_distributed as init
+    from runtime.distributed import init_distributed as init
     from runtime.errors import InvalidValueError
 
     if dist.is_initialized():

@@ -22,14 +22,16 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from runtime.distributed.comm import Communicator
-from runtime.distributed.launch_env import DistEnv
+from runtime.distributed import Communicator, DistEnv
 from runtime.errors import UnsupportedError
-from runtime.optim.client_optimizer import build_lr_scheduler, optimizer_factory, param_groups_of
-from runtime.optim.precision import Precision, StepRiders
-from runtime.zero.builder import build_strategy
-from runtime.zero.reduction import GradReduction
-from runtime.zero.strategy import ShardingStrategy, StrategyInputs
+from runtime.optim import (
+    Precision,
+    StepRiders,
+    build_lr_scheduler,
+    optimizer_factory,
+    param_groups_of,
+)
+from runtime.zero import GradReduction, ShardingStrategy, StrategyInputs, build_strategy
 
 from .accumulation import Accumulation, AccumulationError
 from .queries import EngineQueries, LiveLossScale
@@ -71,7 +73,7 @@ class Engine(EngineQueries, torch.nn.Module):
             config, self.precision.param_dtype, self.dp_world_size
         ).pre_divisor
         self.counters = TrainCounters()
-        from runtime.checkpoint.async_save import AsyncSaver
+        from runtime.checkpoint import AsyncSaver
 
         self.checkpoint_saver = AsyncSaver()
         self._async_save_default = config.checkpoint.async_save
@@ -151,7 +153,7 @@ class Engine(EngineQueries, torch.nn.Module):
         return build_strategy(inputs)
 
     def _build_observers(self) -> None:
-        from runtime.observe.metrics import StepMetrics
+        from runtime.observe import StepMetrics
         from runtime.observe.profiling import StepInsight
 
         self.step_metrics = StepMetrics(self)
@@ -354,7 +356,7 @@ class Engine(EngineQueries, torch.nn.Module):
         the state is copied; the files are written in the background (``latest`` last), and
         the next save, a load or `wait_for_checkpoint` waits for them.
         """
-        from runtime.checkpoint.engine_io import SaveRequest, save_engine
+        from runtime.checkpoint import SaveRequest, save_engine
 
         if async_save is None:
             async_save = self._async_save_default
@@ -379,7 +381,7 @@ class Engine(EngineQueries, torch.nn.Module):
     ):
         """Load a checkpoint saved at any world size and stage: ``(path, client_state)``, or
         ``(None, None)`` with a warning when ``load_dir`` has no ``latest``."""
-        from runtime.checkpoint.engine_io import LoadRequest, load_engine
+        from runtime.checkpoint import LoadRequest, load_engine
 
         request = LoadRequest(
             load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only
@@ -404,6 +406,6 @@ class Engine(EngineQueries, torch.nn.Module):
                 "of the weights and there is no merge of tensor-parallel shards here; use "
                 "save_checkpoint (one part per model-parallel rank, mp_rank_NN/)"
             )
-        from runtime.zero.stage3.save import save_16bit_model
+        from runtime.zero.stage3 import save_16bit_model
 
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)

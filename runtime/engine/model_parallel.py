@@ -27,10 +27,8 @@ from typing import Any
 import torch
 
 from runtime.config import ConfigError
-from runtime.distributed.comm import Communicator
-from runtime.distributed.parallel_groups import check_mpu
-from runtime.zero.optimizer import NormScope
-from runtime.zero.partition import FlatLayout
+from runtime.distributed import Communicator, check_mpu
+from runtime.zero import FlatLayout, NormScope
 
 __all__ = ["ModelParallel", "is_model_parallel_parameter"]
 
@@ -113,7 +111,7 @@ class ModelParallel:
         """This model-parallel rank's part of a checkpoint directory (as given without mpu)."""
         if self.mpu is None:
             return directory
-        from runtime.checkpoint.engine_io import CHECKPOINT_DIR_ENV
+        from zlaunch.wire import CHECKPOINT_DIR_ENV
 
         base = directory or os.environ.get(CHECKPOINT_DIR_ENV)
         if not base:

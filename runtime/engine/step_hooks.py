@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from runtime.zero.optimizer import StepOutcome
+    from runtime.zero import StepOutcome
 
 __all__ = ["StepEngine", "StepHook", "RidingStepHook", "CheckpointingProfile"]
 

@@ -42,8 +42,7 @@ from typing import Any
 
 import torch
 
-from runtime.config.blocks import check_compile_kwargs
-from runtime.config.values import ConfigError
+from runtime.config import ConfigError, check_compile_kwargs
 from runtime.errors import InvalidValueError, UnsupportedError
 
 __all__ = [

@@ -50,7 +50,7 @@ __all__ = ["StepMetrics", "EventSink", "EVENTS_FD_ENV", "TOTAL_STEPS_ENV", "METR
 
 log = logging.getLogger("runtime.observe.metrics")
 
-from zlaunch.wire.protocol import EVENTS_FD_ENV, TOTAL_STEPS_ENV  # noqa: E402 - the shared names
+from zlaunch.wire import EVENTS_FD_ENV, TOTAL_STEPS_ENV  # noqa: E402 - the shared names
 
 METRIC_FIELDS = (
     "step",
@@ -128,7 +128,7 @@ def _log_line(text: str) -> None:
 
 def format_line(event: dict[str, Any]) -> str:
     """One event as one human line: ``step 10/100 | loss 2.304 | lr 0.001 | ...``."""
-    from zlaunch.wire.metrics_format import format_line as shared_format_line
+    from zlaunch.wire import format_line as shared_format_line
 
     return shared_format_line(event)
 

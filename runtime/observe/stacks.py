@@ -19,7 +19,7 @@ import sys
 
 __all__ = ["STACKS_SIGNAL_ENV", "install"]
 
-from zlaunch.wire.protocol import STACKS_READY, STACKS_SIGNAL_ENV  # noqa: E402 - the shared names
+from zlaunch.wire import STACKS_READY, STACKS_SIGNAL_ENV  # noqa: E402 - the shared names
 
 _installed_on: int | None = None
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.distributed.comm import Communicator
+from runtime.distributed import Communicator
 
 __all__ = ["PrecisionMode", "Precision", "GradStats", "StepRiders", "global_grad_stats"]
 

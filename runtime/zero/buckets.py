@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.distributed.comm import Communicator, Handle
+from runtime.distributed import Communicator, Handle
 
 from .flat import FlatBuffer, group_shard_views
 from .partition import FlatLayout

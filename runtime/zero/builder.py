@@ -13,7 +13,7 @@ __all__ = ["build_strategy"]
 
 def build_strategy(inputs: StrategyInputs) -> ShardingStrategy:
     if inputs.config.zero_optimization.stage == 3:
-        from .stage3.build import build_stage3
+        from .stage3 import build_stage3
 
         return build_stage3(inputs)
     from .flat_strategy import build_flat_strategy

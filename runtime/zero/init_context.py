@@ -34,7 +34,7 @@ from collections.abc import Iterable
 
 import torch
 
-from runtime.distributed.comm import Communicator
+from runtime.distributed import Communicator
 
 from .param_status import ZeroParamStatus
 
@@ -124,7 +124,7 @@ def _offloads_params(source) -> bool:
     if hasattr(source, "zero_optimization"):
         return source.zero_optimization.offload_param.enabled
     if isinstance(source, (str, os.PathLike)):
-        from ..config.files import read_file
+        from runtime.config import read_file
 
         source = read_file(source, os.fspath(source))
     zero = source.get("zero_optimization", {}) if isinstance(source, Mapping) else {}
@@ -176,7 +176,7 @@ class Init:
             import torch.distributed as dist
 
             if not dist.is_initialized():
-                from runtime.distributed.launch_env import init_distributed
+                from runtime.distributed import init_distributed
 
                 init_distributed()
             self._comm = Communicator(self._group)

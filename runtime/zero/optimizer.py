@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.distributed.comm import Communicator
-from runtime.optim.precision import GradStats, Precision, StepRiders, global_grad_stats
+from runtime.distributed import Communicator
+from runtime.optim import GradStats, Precision, StepRiders, global_grad_stats
 
 from .buckets import GradReducer
 from .flat import FlatBuffer

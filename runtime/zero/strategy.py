@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
-from runtime.distributed.comm import Communicator
-from runtime.optim.precision import Precision, StepRiders
+from runtime.distributed import Communicator
+from runtime.optim import Precision, StepRiders
 
 from ..errors import InvalidTypeError
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer

@@ -29,9 +29,8 @@ from zlaunch.agent.output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
 from zlaunch.agent.stack_requests import StackRequests, fallback_marker
 from zlaunch.agent.upstream import Upstream
 from zlaunch.agent.workers import StartFailed, Worker, WorkerGroup, start_worker
-from zlaunch.wire import frames, protocol
-from zlaunch.wire.liveness import BASE_HEARTBEAT_TIMEOUT, SilenceClock
-from zlaunch.worker.collective_records import RecordFiles
+from zlaunch.wire import BASE_HEARTBEAT_TIMEOUT, SilenceClock, frames, protocol
+from zlaunch.worker import RecordFiles
 
 __all__ = ["Agent", "AgentPhase", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
 

@@ -9,8 +9,8 @@ without the GIL. Pure bookkeeping: the caller gives the clock and does the signa
 
 from __future__ import annotations
 
-from zlaunch.text.stack_dumps import FAULTHANDLER, dump_marker
-from zlaunch.worker.stack_dumper import FALLBACK_AFTER
+from zlaunch.text import FAULTHANDLER, dump_marker
+from zlaunch.worker import FALLBACK_AFTER
 
 __all__ = ["StackRequests", "fallback_marker"]
 

@@ -26,7 +26,7 @@ from zlaunch.agent.cgroup import JobCgroup
 from zlaunch.agent.procs import ProcessTable, boot_ticks, carries_tag, new_job_tag
 from zlaunch.wire import frames, protocol
 from zlaunch.worker import argv as worker_args
-from zlaunch.worker.python_start import module_argv, without_empty_entries
+from zlaunch.worker import module_argv, without_empty_entries
 
 __all__ = ["Worker", "WorkerGroup", "StartFailed", "start_worker", "boot_argv", "EVENTS"]
 

@@ -16,7 +16,7 @@ import json
 from collections.abc import MutableMapping, Sequence
 
 from zlaunch.errors import UsageError
-from zlaunch.text.redact import REDACTED, redact_argv
+from zlaunch.text import REDACTED, redact_argv
 from zlaunch.wire import protocol
 
 __all__ = ["ARGS_ENV", "hand_over", "shown", "take_back"]

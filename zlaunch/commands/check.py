@@ -20,7 +20,7 @@ import click
 
 from zlaunch.commands.familiar import host_selection_options, resolve_nodes
 from zlaunch.errors import UsageError, ZlaunchError
-from zlaunch.worker.python_start import probe_code
+from zlaunch.worker import probe_code
 
 __all__ = ["command", "HostReport", "check_hosts"]
 
@@ -207,10 +207,8 @@ def command(
     no_color,
 ) -> None:
     """Check that every host is ready to run a job: ssh, python, zlaunch, torch, GPUs, cwd, port."""
-    from zlaunch.console.terminal import print_table
-    from zlaunch.job.hostfile import default_hosts, load_hostfile
-    from zlaunch.job.options import SshOptions
-    from zlaunch.job.selectors import select_hosts
+    from zlaunch.console import print_table
+    from zlaunch.job import SshOptions, default_hosts, load_hostfile, select_hosts
 
     num_nodes = resolve_nodes(
         num_nodes=num_nodes, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile

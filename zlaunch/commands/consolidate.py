@@ -45,9 +45,8 @@ def command(
             f"-o {output} is a directory", hint="give a file name, e.g. model.safetensors"
         )
     if verify:
-        from runtime.checkpoint import CheckpointError
+        from runtime.checkpoint import CheckpointError, CheckpointReader
         from runtime.checkpoint.formats import NATIVE, detect_format, locate
-        from runtime.checkpoint.reader import CheckpointReader
 
         try:
             path = locate(checkpoint_dir, tag)

@@ -45,7 +45,7 @@ def run_convert(src: str, output: str, to: str, tag: str | None, dtype: str, **o
         raise UsageError(f"{src}: no such directory")
     from runtime.checkpoint import CheckpointError
     from runtime.checkpoint.export import convert
-    from zlaunch.console.bar import byte_progress
+    from zlaunch.console import byte_progress
 
     start = time.perf_counter()
     try:

@@ -82,7 +82,7 @@ def _count_model(spec: str) -> int:
 
 
 def _count_weights_file(path: str) -> int:
-    from runtime.zero.estimator import count_safetensors_parameters
+    from runtime.zero import count_safetensors_parameters
 
     if path.endswith(".safetensors"):
         try:
@@ -209,7 +209,7 @@ def command(
     as_json: bool,
     no_color: bool,
 ) -> None:
-    from runtime.zero.estimator import estimate_all
+    from runtime.zero import estimate_all
 
     params = _parameter_count(params_text, model_file, factory)
     sizes, precision = _config_settings(config_path, hidden_size, precision)
@@ -242,7 +242,7 @@ def _config_settings(config_path: str | None, hidden_size: int | None, precision
         return None, precision or "fp16"
     from runtime.config import ConfigError as RuntimeConfigError
     from runtime.config import load_config
-    from runtime.zero.estimator import BufferSizes
+    from runtime.zero import BufferSizes
 
     try:
         config = load_config(config_path)
@@ -276,7 +276,7 @@ def _print_json(params: int, nodes: int, gpus_per_node: int, precision: str, row
 def _print_table(
     params: int, nodes: int, gpus_per_node: int, precision: str, rows, no_color: bool
 ) -> None:
-    from zlaunch.console.terminal import print_table
+    from zlaunch.console import print_table
 
     kind = "fp32" if precision == "fp32" else f"{precision} mixed precision"
     title = (

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from zlaunch.errors import UsageError
-from zlaunch.text.shorten import clip
+from zlaunch.text import clip
 
 __all__ = ["host_selection_options", "resolve_nodes", "CONFIG_SUFFIXES", "refuse_config_as_script"]
 

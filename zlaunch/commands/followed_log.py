@@ -9,8 +9,8 @@ state on its own line and the other line follows on its own, as the console show
 
 from __future__ import annotations
 
-from zlaunch.console.progress import Redraw, visible
-from zlaunch.wire.frames import line_bytes, line_text
+from zlaunch.console import Redraw, visible
+from zlaunch.wire import line_bytes, line_text
 
 __all__ = ["FollowedLog"]
 

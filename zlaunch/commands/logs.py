@@ -22,10 +22,10 @@ import click
 
 from zlaunch.commands.followed_log import FollowedLog
 from zlaunch.commands.runs_common import open_run, run_ended, run_options
-from zlaunch.console.safe_text import shown
+from zlaunch.console import shown
 from zlaunch.errors import UsageError
-from zlaunch.rundir.layout import RunDir, host_dirname
-from zlaunch.wire.frames import line_bytes, line_text
+from zlaunch.rundir import RunDir, host_dirname
+from zlaunch.wire import line_bytes, line_text
 
 __all__ = ["command", "parse_ranks"]
 

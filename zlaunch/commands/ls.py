@@ -8,8 +8,8 @@ import os
 import click
 
 from zlaunch.commands.runs_common import effective_status, known_runs, last_engine_row
-from zlaunch.console.terminal import print_table
-from zlaunch.job.options import DEFAULT_LOG_DIR
+from zlaunch.console import print_table
+from zlaunch.job import DEFAULT_LOG_DIR
 
 __all__ = ["command"]
 

@@ -35,7 +35,7 @@ SPLIT = (
 def split_series(rows: list[dict[str, Any]]) -> tuple[list[int], dict[str, list[float]]]:
     """Steps and the stacked parts (ms) of the wall-clock split (zlaunch.console.live_breakdown.split:
     waits taken out of the phase that holds them, adding up to the measured total)."""
-    from zlaunch.console.live_breakdown import split
+    from zlaunch.wire import split
 
     steps: list[int] = []
     parts: dict[str, list[float]] = {key: [] for key, _, _ in SPLIT}

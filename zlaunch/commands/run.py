@@ -25,12 +25,12 @@ from zlaunch.commands.run_options import (
     validate_config,
 )
 from zlaunch.errors import UsageError
-from zlaunch.text.shorten import brief, clip
+from zlaunch.text import brief, clip
 from zlaunch.wire import protocol
-from zlaunch.worker.python_start import module_argv
+from zlaunch.worker import module_argv
 
 if TYPE_CHECKING:
-    from zlaunch.job.options import LaunchOptions
+    from zlaunch.job import LaunchOptions
 
 __all__ = ["command", "build_options", "find_config_in_args", "validate_config", "parse_ranks"]
 
@@ -58,7 +58,7 @@ def _allocation_request(values: dict, environ: Mapping[str, str]) -> list[str] |
     Removes those four from ``values``. Inside the allocation zlaunch asked for they are
     ignored; inside one the user made they are an error (the allocation exists already).
     """
-    from zlaunch.transport.slurm import in_allocation
+    from zlaunch.transport import in_allocation
 
     asked = {
         "--nodes": values.pop("nodes", None),
@@ -110,7 +110,7 @@ def _warn_of_visible_secrets(options: LaunchOptions) -> None:
         return
     import shlex
 
-    from zlaunch.text.redact import redact_argv
+    from zlaunch.text import redact_argv
 
     shown = redact_argv(options.program)
     if shown != list(options.program):
@@ -133,8 +133,7 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
         return ""
     argv = agent_argv(options.python)
     if options.launcher == "slurm" and options.slurm_mode == "one-step":
-        from zlaunch.transport.slurm import job_id
-        from zlaunch.transport.slurm_one_step import one_step_argv
+        from zlaunch.transport import job_id, one_step_argv
 
         address = f"{options.controller_addr or 'ADDR'}:PORT"
         command = one_step_argv(
@@ -149,11 +148,11 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     lines = [f"agents start with ({options.launcher}, one per node):"]
     for host in options.hosts[:limit]:
         if options.launcher == "slurm":
-            from zlaunch.transport.slurm import job_id, srun_argv
+            from zlaunch.transport import job_id, srun_argv
 
             command = srun_argv(host.name, job_id(os.environ), argv, options.launcher_args)
         else:
-            from zlaunch.transport.mpi import mpirun_argv
+            from zlaunch.transport import mpirun_argv
 
             command = mpirun_argv(host.name, argv, options.launcher_args)
         lines.append("  " + shlex.join(command))
@@ -380,7 +379,7 @@ def command(**values) -> None:
     options = build_options(**values)
     _warn_of_visible_secrets(options)
     if options.dry_run:
-        from zlaunch.job.plan import AUTO_PORT, build_plan, new_run_id, render_plan
+        from zlaunch.job import AUTO_PORT, build_plan, new_run_id, render_plan
 
         plan = build_plan(
             options,

@@ -18,12 +18,10 @@ import click
 
 from zlaunch.commands.familiar import refuse_config_as_script, resolve_nodes
 from zlaunch.errors import ConfigError, UsageError
-from zlaunch.text.redact import redact_argv
-from zlaunch.text.shorten import clip
+from zlaunch.text import clip, redact_argv
 
 if TYPE_CHECKING:
-    from zlaunch.job.hostfile import Host
-    from zlaunch.job.options import LaunchOptions
+    from zlaunch.job import Host, LaunchOptions
 
 __all__ = [
     "RunArguments",
@@ -157,13 +155,12 @@ def _working_directory(args: RunArguments) -> str:
 
 def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     """The selected hosts, and the spares that may replace lost ones (with --min-nodes)."""
-    from zlaunch.job.hostfile import default_hosts, load_hostfile
-    from zlaunch.job.selectors import select_hosts
+    from zlaunch.job import default_hosts, load_hostfile, select_hosts
 
     if args.hostfile is not None:
         hosts = load_hostfile(os.path.expanduser(args.hostfile))
     elif launcher != "ssh":
-        from zlaunch.transport.slurm import allocation_hosts, in_allocation
+        from zlaunch.transport import allocation_hosts, in_allocation
 
         if not in_allocation(args.environ):
             raise UsageError(
@@ -199,8 +196,7 @@ def _config_path(args: RunArguments, cwd: str) -> str | None:
 def _worker_env(args: RunArguments) -> dict[str, str]:
     """Forwarded variables, env files and --env, merged; --peak-tflops and --mfu for the
     ranks."""
-    from zlaunch.job.envfile import collect_env
-    from zlaunch.job.plan import RESERVED_ENV
+    from zlaunch.job import RESERVED_ENV, collect_env
 
     worker_env = collect_env(args.environ, cwd=os.getcwd(), home=args.home, env_options=args.env)
     for item in args.env:
@@ -211,13 +207,13 @@ def _worker_env(args: RunArguments) -> dict[str, str]:
                 hint="leave it out; see `zlaunch run --help` for how ranks are assigned",
             )
     if args.peak_tflops is not None:
-        from zlaunch.wire.protocol import PEAK_TFLOPS_ENV
+        from zlaunch.wire import PEAK_TFLOPS_ENV
 
         if not 0 < args.peak_tflops < float("inf"):
             raise UsageError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
         worker_env[PEAK_TFLOPS_ENV] = repr(float(args.peak_tflops))
     if args.mfu or args.peak_tflops is not None:
-        from zlaunch.wire.protocol import MFU_ENV
+        from zlaunch.wire import MFU_ENV
 
         worker_env[MFU_ENV] = "1"
     return worker_env
@@ -237,8 +233,8 @@ def _launch_options(
 ) -> LaunchOptions:
     """The checked pieces (`launch_with`: the launcher and its extra arguments), the worker
     environment and the remaining flags, as one LaunchOptions."""
-    from zlaunch.job.options import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
-    from zlaunch.rundir.index import default_log_dir
+    from zlaunch.job import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
+    from zlaunch.rundir import default_log_dir
 
     worker_env = _worker_env(args)
     launcher, launcher_args = launch_with
@@ -288,7 +284,7 @@ def _launch_options(
 def _deepspeed_api(args: RunArguments, worker_env: Mapping[str, str]):
     """Which runtime serves ``import deepspeed`` in the workers (--runtime; see
     zlaunch.job.deepspeed_api). None for a program that is not run by Python (--no-python)."""
-    from zlaunch.job.deepspeed_api import bundled_path, choose, find_installed
+    from zlaunch.job import bundled_path, choose, find_installed
 
     if args.no_python:
         if args.runtime == "bundled":
@@ -357,9 +353,8 @@ def validate_config(path: str, world_size: int) -> None:
     if not os.access(path, os.R_OK):
         raise ConfigError(f"config file {path} is not readable", hint="check its permissions")
     try:
+        from runtime.config import BATCH_KEYS, load_config
         from runtime.config import ConfigError as RuntimeConfigError
-        from runtime.config import load_config
-        from runtime.config.schema import BATCH_KEYS
     except ImportError as err:
         raise ConfigError(
             f"cannot validate {path}: runtime.config is unavailable ({err})"
@@ -396,7 +391,7 @@ def _load_leaving_autos(path: str, load_config, error_type):
     """(config, "auto" key paths, blocks left unchecked). A block whose check fails on a key
     written "auto" (WarmupDecayLR's total_num_steps, which the Trainer fills in) cannot be
     checked before the script fills it: it is checked without that block instead."""
-    from runtime.config.files import read_file
+    from runtime.config import read_file
 
     data = read_file(path, path)
     autos = [key for key in auto_keys(data) if filled_by_integrations(key)]
@@ -565,8 +560,8 @@ def _launcher(
     """
     import shlex
 
-    from zlaunch.job.options import LAUNCHERS
-    from zlaunch.transport.slurm import in_allocation
+    from zlaunch.job import LAUNCHERS
+    from zlaunch.transport import in_allocation
 
     name = (name or "auto").strip().lower()
     if name == "auto":
@@ -610,8 +605,8 @@ def _slurm_mode(name: str, launcher: str, nodes: int, controller_addr: str | Non
 
     auto: one srun for all nodes above ONE_STEP_ABOVE_NODES nodes (or with --controller-addr,
     which only one-step uses), one srun step per node up to it."""
-    from zlaunch.job.options import SLURM_MODES
-    from zlaunch.transport.slurm_one_step import ONE_STEP_ABOVE_NODES
+    from zlaunch.job import SLURM_MODES
+    from zlaunch.transport import ONE_STEP_ABOVE_NODES
 
     name = (name or "auto").strip().lower()
     if name not in ("auto", *SLURM_MODES):

@@ -16,12 +16,19 @@ import click
 
 from zlaunch.commands.run_choice import started_here
 from zlaunch.errors import UsageError, ZlaunchError
-from zlaunch.job.options import DEFAULT_LOG_DIR
-from zlaunch.rundir.index import default_log_dir, index_dir, indexed_run_paths
-from zlaunch.rundir.layout import RunDir, lock_holder, process_identity, run_paths
-from zlaunch.rundir.records import RunStatus
-from zlaunch.text.shorten import clip
-from zlaunch.wire.metrics_check import checked_metrics
+from zlaunch.job import DEFAULT_LOG_DIR
+from zlaunch.rundir import (
+    RunDir,
+    RunStatus,
+    default_log_dir,
+    index_dir,
+    indexed_run_paths,
+    lock_holder,
+    process_identity,
+    run_paths,
+)
+from zlaunch.text import clip
+from zlaunch.wire import checked_metrics
 
 __all__ = [
     "run_options",

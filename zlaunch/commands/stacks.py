@@ -26,13 +26,13 @@ from zlaunch.commands.runs_common import (
     run_options,
 )
 from zlaunch.errors import ZlaunchError
-from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
-from zlaunch.text.ranks import rank_ranges
-from zlaunch.text.stack_dumps import (
+from zlaunch.rundir import RankPhase, RankRow, RanksFile
+from zlaunch.text import (
     FAULTHANDLER,
     QUIET_AFTER,
     group_ranks,
     parse_dump_by,
+    rank_ranges,
     stack_line_count,
 )
 
@@ -111,7 +111,7 @@ def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool)
                 seen_lines[r], changed_at[r] = n, now
             elif n and now - changed_at[r] >= QUIET_AFTER:
                 dumps[r], dumped_by[r] = parse_dump_by(text)
-    from zlaunch.launcher.hang import hang_failure  # it reads this module's parser
+    from zlaunch.launcher import hang_failure  # it reads this module's parser
 
     records = _fresh_records(rundir, asked_at)
     failure = hang_failure(
@@ -145,7 +145,7 @@ def command(run: str | None, log_dir: str | None, timeout: float, as_json: bool)
 def _fresh_records(rundir: Any, asked_at: float, wait: float = 1.0) -> dict[int, list[dict]]:
     """The ranks' collective records the controller received for this request (its agents
     send them with the signal, before the stacks are complete)."""
-    from zlaunch.launcher.hang_records import decode_records
+    from zlaunch.launcher import decode_records
 
     deadline = time.monotonic() + wait
     while True:
@@ -172,7 +172,7 @@ def _print_dumpers(dumped_by: dict[int, str]) -> None:
 
 
 def _print_collectives(failure: Any) -> None:
-    from zlaunch.console.terminal import format_hang
+    from zlaunch.console import format_hang
 
     hang = failure.hang or {}
     if not hang.get("collective_groups"):

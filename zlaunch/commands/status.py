@@ -15,9 +15,8 @@ from typing import Any
 import click
 
 from zlaunch.commands.runs_common import effective_status, last_engine_row, open_run, run_options
-from zlaunch.console.live_view import format_metrics
-from zlaunch.console.terminal import print_table
-from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
+from zlaunch.console import format_metrics, print_table
+from zlaunch.rundir import RankPhase, RankRow, RanksFile
 
 __all__ = ["command", "rank_rows"]
 

@@ -23,7 +23,7 @@ from zlaunch.commands.runs_common import (
     run_options,
 )
 from zlaunch.errors import UsageError, ZlaunchError
-from zlaunch.rundir.records import RunStatus
+from zlaunch.rundir import RunStatus
 
 __all__ = ["command"]
 

@@ -4,6 +4,16 @@ dumps readable (`noise`, `progress`, `stacks`), and `collapse`: a line many rank
 shown once. The only part of zlaunch that imports rich, and
 only when a live view or a table is drawn."""
 
+from __future__ import annotations
+
+from zlaunch.console.bar import byte_progress
+from zlaunch.console.collapse import LineCollapser, Shown, collapse_wanted
+from zlaunch.console.job_view import JobView
+from zlaunch.console.live_view import PlainView, format_metrics, open_view
+from zlaunch.console.noise import NoiseFilter
+from zlaunch.console.progress import ProgressTracker, Redraw, visible
+from zlaunch.console.safe_text import shown
+from zlaunch.console.stacks import StackDumpFilter
 from zlaunch.console.terminal import (
     Console,
     color_enabled,
@@ -15,9 +25,23 @@ from zlaunch.console.terminal import (
 
 __all__ = [
     "Console",
+    "JobView",
+    "LineCollapser",
+    "NoiseFilter",
+    "PlainView",
+    "ProgressTracker",
+    "Redraw",
+    "Shown",
+    "StackDumpFilter",
+    "byte_progress",
+    "collapse_wanted",
     "color_enabled",
     "format_failure",
     "format_hang",
+    "format_metrics",
     "is_terminal",
+    "open_view",
     "print_table",
+    "shown",
+    "visible",
 ]

@@ -8,8 +8,8 @@ from typing import Any
 
 from zlaunch.console.live_breakdown import BreakdownPanel
 from zlaunch.console.terminal import Console
-from zlaunch.rundir.records import RunStatus
-from zlaunch.wire.metrics_format import META_KEYS
+from zlaunch.rundir import RunStatus
+from zlaunch.wire import META_KEYS
 
 __all__ = ["JobView", "SILENT_AFTER"]
 

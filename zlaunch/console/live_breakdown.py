@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zlaunch.wire.metrics_format import PARTS as LABELS
-from zlaunch.wire.metrics_format import breakdown_text, mfu_text, split
+from zlaunch.wire import PARTS as LABELS
+from zlaunch.wire import breakdown_text, mfu_text, split
 
 __all__ = ["PARTS", "BreakdownPanel", "split", "breakdown_text", "renderables"]
 

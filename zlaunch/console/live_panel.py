@@ -12,10 +12,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from zlaunch.console.safe_text import shown
-from zlaunch.rundir.records import RunStatus
-from zlaunch.text.hosts import host_ranges
-from zlaunch.text.ranks import rank_ranges
-from zlaunch.wire.metrics_format import human_bytes, number, rate
+from zlaunch.rundir import RunStatus
+from zlaunch.text import host_ranges, rank_ranges
+from zlaunch.wire import human_bytes, number, rate
 
 if TYPE_CHECKING:
     from zlaunch.console.job_view import JobView

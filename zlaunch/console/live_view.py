@@ -30,9 +30,9 @@ from typing import IO, Any
 from zlaunch.console.job_view import JobView
 from zlaunch.console.live_panel import MAX_BARS_SHOWN, progress_lines, render_panel
 from zlaunch.console.terminal import Console, is_terminal
-from zlaunch.rundir.records import RunStatus
-from zlaunch.text.ranks import rank_ranges
-from zlaunch.wire.metrics_format import format_line
+from zlaunch.rundir import RunStatus
+from zlaunch.text import rank_ranges
+from zlaunch.wire import format_line
 
 __all__ = ["JobView", "PlainView", "LiveView", "open_view", "format_metrics", "live_wanted"]
 

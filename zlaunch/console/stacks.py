@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from zlaunch.text.stack_dumps import DUMP_MARKER, STACK_FRAME, STACK_HEADER
+from zlaunch.text import DUMP_MARKER, STACK_FRAME, STACK_HEADER
 
 __all__ = ["STACK_HEADER", "STACK_FRAME", "StackDumpFilter", "EXPECT_SECONDS"]
 

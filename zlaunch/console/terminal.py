@@ -25,9 +25,8 @@ from zlaunch.console.collapse import Shown
 from zlaunch.console.safe_text import shown as safe
 from zlaunch.console.safe_text import shown_block as safe_block
 from zlaunch.console.writer import BackgroundWriter, TextWriter
-from zlaunch.rundir.records import Failure, FailureReport
-from zlaunch.text.hosts import host_ranges
-from zlaunch.text.ranks import rank_ranges
+from zlaunch.rundir import Failure, FailureReport
+from zlaunch.text import host_ranges, rank_ranges
 from zlaunch.wire import frames, protocol
 
 __all__ = [

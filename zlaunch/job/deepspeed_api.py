@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 
 from zlaunch.errors import UsageError
-from zlaunch.worker.python_start import probe_code
+from zlaunch.worker import probe_code
 
 __all__ = [
     "RUNTIME_CHOICES",

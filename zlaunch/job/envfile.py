@@ -26,7 +26,7 @@ import stat
 from collections.abc import Iterable, Mapping
 
 from zlaunch.errors import UsageError
-from zlaunch.text.shorten import clip
+from zlaunch.text import clip
 
 __all__ = [
     "FORWARDED_NAMES",

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from zlaunch.errors import HostfileError, UsageError
-from zlaunch.text.shorten import brief, clip
+from zlaunch.text import brief, clip
 
 __all__ = ["Host", "load_hostfile", "parse_hostfile", "default_hosts", "visible_gpu_slots"]
 

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from zlaunch.job.hostfile import Host
 from zlaunch.job.options import LaunchOptions
 from zlaunch.job.threads import thread_env
-from zlaunch.text.redact import redact_argv, shown_env_value
+from zlaunch.text import redact_argv, shown_env_value
 from zlaunch.wire import protocol
-from zlaunch.worker.python_start import without_empty_entries
+from zlaunch.worker import without_empty_entries
 
 __all__ = [
     "WorkerSpec",

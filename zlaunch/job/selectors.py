@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from zlaunch.errors import UsageError
 from zlaunch.job.hostfile import Host
-from zlaunch.text.shorten import clip
+from zlaunch.text import clip
 
 __all__ = ["select_hosts", "parse_selector"]
 

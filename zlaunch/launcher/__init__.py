@@ -3,6 +3,14 @@ machine (`state`, pure), what follows a failed attempt (`restart_policy`, `elast
 watch (`hang`), the agent connections (`agent_links`) and where a rank's lines go
 (`rank_output`). Imported only when a job starts, so ``zlaunch --help`` stays fast."""
 
+from __future__ import annotations
+
+from zlaunch.launcher.hang import hang_failure
+from zlaunch.launcher.hang_records import decode_records
 from zlaunch.launcher.job import launch
 
-__all__ = ["launch"]
+__all__ = [
+    "decode_records",
+    "hang_failure",
+    "launch",
+]

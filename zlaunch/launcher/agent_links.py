@@ -21,11 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from zlaunch.job.hostfile import Host
-from zlaunch.job.options import LaunchOptions
+from zlaunch.job import Host, LaunchOptions
 from zlaunch.transport import Link, agent_argv, open_links
-from zlaunch.wire import frames
-from zlaunch.wire.liveness import SilenceClock
+from zlaunch.wire import SilenceClock, frames
 
 __all__ = [
     "AgentLinks",

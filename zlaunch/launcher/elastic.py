@@ -15,8 +15,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from zlaunch.errors import LaunchError
-from zlaunch.job.hostfile import Host
-from zlaunch.job.options import LaunchOptions
+from zlaunch.job import Host, LaunchOptions
 
 __all__ = ["next_hosts", "options_after_loss"]
 
@@ -42,7 +41,7 @@ def _batch_for(options: LaunchOptions, world: int, new_world: int) -> str | None
     if options.config_path is None or world == new_world:
         return options.batch
     from runtime.config import ConfigError, load_config
-    from zlaunch.wire.batch import batch_for_world
+    from zlaunch.wire import batch_for_world
 
     try:
         return batch_for_world(load_config(options.config_path), world, new_world).encode()

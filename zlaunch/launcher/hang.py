@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from zlaunch.launcher.hang_suspect import find_suspect, group_records
-from zlaunch.rundir.records import REASON_HANG, Failure
-from zlaunch.text.stack_dumps import (
+from zlaunch.rundir import REASON_HANG, Failure
+from zlaunch.text import (
     FAULTHANDLER,
     QUIET_AFTER,
     group_ranks,

@@ -26,9 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zlaunch.text.hosts import host_ranges
-from zlaunch.text.ranks import rank_ranges
-from zlaunch.worker.collective_records import collective_key
+from zlaunch.text import host_ranges, rank_ranges
+from zlaunch.worker import collective_key
 
 __all__ = ["Suspect", "find_suspect", "group_records", "position_words"]
 

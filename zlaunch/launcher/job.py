@@ -32,14 +32,18 @@ import threading
 import time
 from typing import Any
 
-from zlaunch.console.live_view import JobView, PlainView, open_view
-from zlaunch.console.terminal import Console
-from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed
-from zlaunch.errors.exhaustive import assert_never
-from zlaunch.job.options import LaunchOptions
-from zlaunch.job.plan import Plan, build_plan, dropped_pythonpath_entries
-from zlaunch.job.spec import encode_spec, node_spec
-from zlaunch.job.threads import THREADS_ENV, threads_words
+from zlaunch.console import Console, JobView, PlainView, open_view
+from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed, assert_never
+from zlaunch.job import (
+    THREADS_ENV,
+    LaunchOptions,
+    Plan,
+    build_plan,
+    dropped_pythonpath_entries,
+    encode_spec,
+    node_spec,
+    threads_words,
+)
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
@@ -77,10 +81,8 @@ from zlaunch.launcher.state import (
     StopRanks,
     Tick,
 )
-from zlaunch.rundir.recorder import Recorder
-from zlaunch.rundir.records import FailureReport, RunStatus
-from zlaunch.wire import frames, liveness, protocol
-from zlaunch.wire.metrics_check import checked_metrics
+from zlaunch.rundir import FailureReport, Recorder, RunStatus
+from zlaunch.wire import checked_metrics, frames, liveness, protocol
 
 __all__ = ["launch", "Job", "Attempt", "HEARTBEAT_TIMEOUT", "AGENT_SILENCE_TIMEOUT"]
 

@@ -10,12 +10,16 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from zlaunch.console.collapse import LineCollapser, Shown, collapse_wanted
-from zlaunch.console.job_view import JobView
-from zlaunch.console.noise import NoiseFilter
-from zlaunch.console.progress import ProgressTracker
-from zlaunch.console.stacks import StackDumpFilter
-from zlaunch.console.terminal import Console
+from zlaunch.console import (
+    Console,
+    JobView,
+    LineCollapser,
+    NoiseFilter,
+    ProgressTracker,
+    Shown,
+    StackDumpFilter,
+    collapse_wanted,
+)
 from zlaunch.launcher.hang import StackCapture
 from zlaunch.launcher.rank_tail import RankTail, tail_chars
 from zlaunch.wire import frames, protocol

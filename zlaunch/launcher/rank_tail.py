@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from zlaunch.console.progress import Redraw
+from zlaunch.console import Redraw
 
 __all__ = ["RankTail", "TRACEBACK_START", "tail_chars"]
 

@@ -26,10 +26,10 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zlaunch.errors.exhaustive import assert_never
+from zlaunch.errors import assert_never
 from zlaunch.launcher.world_check import GroupReport, alone_warning
-from zlaunch.rundir.records import Failure, RankPhase, RankRow, RunStatus
-from zlaunch.text.ranks import rank_ranges
+from zlaunch.rundir import Failure, RankPhase, RankRow, RunStatus
+from zlaunch.text import rank_ranges
 from zlaunch.wire import frames, protocol
 
 __all__ = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from zlaunch.text.ranks import rank_ranges
+from zlaunch.text import rank_ranges
 
 __all__ = ["GroupReport", "ACCELERATE_CPU_FIX", "alone_warning"]
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from zlaunch.job.plan import Plan, new_run_id
+from zlaunch.job import Plan, new_run_id
 from zlaunch.rundir.records import FailureReport, RanksFile, RunStatus
 from zlaunch.rundir.root import (
     make_private_dir,
@@ -43,7 +43,7 @@ from zlaunch.rundir.root import (
     write_json_atomic,
 )
 from zlaunch.rundir.run_record import RunRecordError, checked_run_record, writable_run_record
-from zlaunch.text.redact import recorded_env_value, redact_argv
+from zlaunch.text import recorded_env_value, redact_argv
 
 __all__ = [
     "RunDir",

@@ -15,13 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
-from zlaunch.console.terminal import Console
-from zlaunch.job.options import LaunchOptions
-from zlaunch.job.plan import Plan
+from zlaunch.console import Console
+from zlaunch.job import LaunchOptions, Plan
 from zlaunch.rundir.index import register
 from zlaunch.rundir.layout import RunDir, new_run_id, plan_record
 from zlaunch.rundir.records import FailureReport, RankRow, RanksFile, RunStatus
-from zlaunch.text.redact import redact_argv
+from zlaunch.text import redact_argv
 
 __all__ = ["Recorder"]
 

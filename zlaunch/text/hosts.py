@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from zlaunch.wire.hostlist import compress
+from zlaunch.wire import compress
 
 __all__ = ["host_ranges"]
 

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from zlaunch.errors import LaunchError
-from zlaunch.job.hostfile import Host
+from zlaunch.job import Host
 from zlaunch.transport.link import Link
 from zlaunch.transport.preauth import Pending, PendingPeers, Refusal, RefusalTally
 from zlaunch.transport.roster import Roster
+from zlaunch.wire import Answer, HandshakeError, TokenMismatch
 from zlaunch.wire import handshake as connect_handshake
-from zlaunch.wire.handshake import Answer, HandshakeError, TokenMismatch
 
 __all__ = ["ConnectBackLink", "Listener", "Starter", "HANDSHAKE_TIMEOUT"]
 

@@ -7,7 +7,7 @@ import collections
 import threading
 from collections.abc import Callable
 
-from zlaunch.job.hostfile import Host
+from zlaunch.job import Host
 
 __all__ = ["Link", "STDERR_TAIL_LINES"]
 

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from zlaunch.errors import LaunchError
-from zlaunch.job.hostfile import Host
+from zlaunch.job import Host
 from zlaunch.transport.link import Link
 
 __all__ = ["LocalLink"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from zlaunch.job.hostfile import Host
+from zlaunch.job import Host
 from zlaunch.transport.local import LocalLink, require_program
 
 __all__ = ["MpiLink", "mpirun_argv"]

@@ -26,7 +26,7 @@ import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from zlaunch.wire.handshake import MAX_LINE, HandshakeError
+from zlaunch.wire import MAX_LINE, HandshakeError
 
 __all__ = ["Pending", "PendingPeers", "Refusal", "RefusalTally"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from zlaunch.job.hostfile import Host
+from zlaunch.job import Host
 from zlaunch.transport.preauth import Refusal
-from zlaunch.wire.handshake import Answer
+from zlaunch.wire import Answer
 
 __all__ = ["HostRoster", "Roster"]
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from zlaunch.errors import UsageError
-from zlaunch.job.hostfile import MAX_SLOTS, Host
+from zlaunch.job import MAX_SLOTS, Host
 from zlaunch.transport.local import LocalLink, require_program
 
 __all__ = [
@@ -102,7 +102,7 @@ def allocation_hosts(environ: Mapping[str, str], num_gpus: int | None = None) ->
     (``SLURM_GPUS_PER_NODE``); the tasks per node (``SLURM_TASKS_PER_NODE``, which Slurm always
     sets: 1 per node unless --ntasks/--ntasks-per-node said otherwise).
     """
-    from zlaunch.wire.hostlist import HostlistError, expand
+    from zlaunch.wire import HostlistError, expand
 
     job_id(environ)
     var = next((n for n in ("SLURM_JOB_NODELIST", "SLURM_NODELIST") if environ.get(n)), None)

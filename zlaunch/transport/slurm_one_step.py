@@ -29,13 +29,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, UsageError
-from zlaunch.job.hostfile import Host
+from zlaunch.job import Host
 from zlaunch.transport.connect_back import ConnectBackLink, Listener
 from zlaunch.transport.local import require_program
 from zlaunch.transport.roster import HostRoster
 from zlaunch.transport.slurm import ended_by_slurm, job_id
-from zlaunch.wire import protocol
-from zlaunch.wire.handshake import Answer
+from zlaunch.wire import Answer, protocol
 
 __all__ = [
     "CONNECT_TIMEOUT",

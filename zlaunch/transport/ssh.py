@@ -22,8 +22,7 @@ import threading
 from collections.abc import Sequence
 
 from zlaunch.errors import HostUnreachable
-from zlaunch.job.hostfile import Host
-from zlaunch.job.options import SshOptions
+from zlaunch.job import Host, SshOptions
 from zlaunch.transport.link import Link
 
 __all__ = ["SshLink", "remote_command"]

@@ -1,11 +1,4 @@
-"""How a process is started on a host and talked to: local subprocess, SSH channel, or a
-Slurm step / mpirun process relaying its stdin and stdout (``--launcher slurm|mpi``), or an
-agent that connects back over TCP (one srun for the whole allocation: ``--slurm-mode one-step``).
-
-A :class:`Link` is a running remote (or local) process with a byte stream each way plus its
-stderr: the agent runs over one, ``zlaunch check`` runs its probe over one. Both transports
-return the same kind of object, so the launcher has one code path for every host.
-"""
+"""Start an agent on every host (bounded parallelism, the first failure named by host)."""
 
 from __future__ import annotations
 
@@ -15,10 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zlaunch.errors import HostUnreachable, LaunchError
-from zlaunch.job.hostfile import Host
-from zlaunch.job.options import SshOptions
+from zlaunch.job import Host, SshOptions
 from zlaunch.transport.link import Link
-from zlaunch.worker.python_start import module_argv
+from zlaunch.worker import module_argv
 
 __all__ = ["Link", "open_link", "open_links", "agent_argv", "MAX_PARALLEL_CONNECTS"]
 

@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import MutableMapping, Sequence
 
-from zlaunch.text.redact import REDACTED, redact_argv
+from zlaunch.text import REDACTED, redact_argv
 from zlaunch.wire import protocol
 
 __all__ = ["ARGS_ENV", "MAX_ENV_BYTES", "ArgsMismatch", "hide", "restore"]

@@ -28,7 +28,7 @@ import runpy
 import sys
 import types
 
-from zlaunch.wire.protocol import EVENTS_FD_ENV
+from zlaunch.wire import EVENTS_FD_ENV
 from zlaunch.worker.argv import ArgsMismatch, restore
 from zlaunch.worker.collective_records import start_watch
 from zlaunch.worker.group import GroupWatch, leave_group, report_group

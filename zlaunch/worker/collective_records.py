@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from zlaunch.wire.protocol import (
+from zlaunch.wire import (
     COLLECTIVE_MISMATCH,
     COLLECTIVES_EVENT,
     COLLECTIVES_FILE_ENV,

@@ -32,8 +32,7 @@ import sys
 import threading
 from typing import Any
 
-from zlaunch.wire.gloo_idle import wait_for_idle_gloo_threads
-from zlaunch.wire.protocol import EVENTS_FD_ENV, PROCESS_GROUP_EVENT
+from zlaunch.wire import EVENTS_FD_ENV, PROCESS_GROUP_EVENT, wait_for_idle_gloo_threads
 
 __all__ = ["GroupWatch", "accelerate_processes", "leave_group", "report_group"]
 

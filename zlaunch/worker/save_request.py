@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from zlaunch.wire.protocol import EVENTS_FD_ENV, SAVE_ACK_EVENT, SAVE_ON_ENV
+from zlaunch.wire import EVENTS_FD_ENV, SAVE_ACK_EVENT, SAVE_ON_ENV
 
 __all__ = ["SaveRequest"]
 

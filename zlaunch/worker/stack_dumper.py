@@ -36,8 +36,8 @@ import threading
 import types
 from collections.abc import Mapping
 
-from zlaunch.text.stack_dumps import MAIN_DUMPER, THREAD_DUMPER, dump_marker
-from zlaunch.wire.protocol import (
+from zlaunch.text import MAIN_DUMPER, THREAD_DUMPER, dump_marker
+from zlaunch.wire import (
     EVENTS_FD_ENV,
     STACKS_DUMPED,
     STACKS_DUMPER_ENV,

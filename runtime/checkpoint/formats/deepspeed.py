@@ -332,7 +332,7 @@ class DeepSpeedReader:
         config = (self._model.get("ds_config") or {}).get("optimizer")
         if not isinstance(config, dict) or "type" not in config:
             return None  # a client optimizer: DeepSpeed does not record its class
-        from runtime.optim.optimizers import resolve_optimizer_class
+        from runtime.optim import resolve_optimizer_class
 
         try:
             return resolve_optimizer_class(

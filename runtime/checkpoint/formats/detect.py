@@ -1,13 +1,4 @@
-"""Checkpoint formats: which one a folder holds, and a reader for it.
-
-Every reader answers the engine's questions the same way (`shapes`, `kinds`,
-``read(name, kind, lo, hi)``, ``state(key)``, `extra`, ``rank_state(rank)``), so a foreign
-checkpoint is loaded and resharded exactly as the runtime's own:
-
-* the runtime's own (``manifest.json`` + safetensors shards): `CheckpointReader`;
-* DeepSpeed's ZeRO checkpoints (``mp_rank_00_model_states.pt``, ``*_optim_states.pt``):
-  `deepspeed.DeepSpeedReader`.
-"""
+"""Which format a checkpoint directory holds, and the reader that opens it."""
 
 from __future__ import annotations
 

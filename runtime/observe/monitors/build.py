@@ -1,9 +1,4 @@
-"""DeepSpeed's monitors: `csv_monitor` and `wandb` write the step metrics rank 0 reports.
-
-Both take the engine's metrics event (runtime.observe.metrics) and write its numeric fields under
-DeepSpeed's names (``Train/Samples/train_loss``, ... against the number of samples seen), like
-the tensorboard block. `comet` is refused before launch (runtime.config.features).
-"""
+"""The monitors a config enables (rank 0 only)."""
 
 from __future__ import annotations
 

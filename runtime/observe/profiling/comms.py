@@ -27,8 +27,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from runtime.distributed import CommObserver
 from runtime.distributed import comm as _comm_module
-from runtime.distributed.comm import CommObserver
 
 __all__ = ["CommsLogger", "CommRecord", "bus_factor", "format_summary"]
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from zlaunch.wire.protocol import MFU_ENV, PEAK_TFLOPS_ENV
+from zlaunch.wire import MFU_ENV, PEAK_TFLOPS_ENV
 
 from .comms import CommsLogger, format_summary
 from .flops import ModuleProfile, StepFlops, StepTimes, format_table

@@ -78,7 +78,7 @@ def resolve_peak(
     device: torch.device, dtype: torch.dtype, environ: dict[str, str] | None = None
 ) -> Peak:
     """The peak for one device of this run (see the module docstring for the order)."""
-    from zlaunch.wire.protocol import PEAK_TFLOPS_ENV
+    from zlaunch.wire import PEAK_TFLOPS_ENV
 
     environ = os.environ if environ is None else environ
     raw = environ.get(PEAK_TFLOPS_ENV, "").strip()

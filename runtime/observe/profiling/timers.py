@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from runtime.distributed.comm import CommObserver
+from runtime.distributed import CommObserver
 
 __all__ = ["Phase", "WallClock", "PHASES"]
 

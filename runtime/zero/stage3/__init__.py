@@ -8,6 +8,15 @@ gradients), `access` (fetch on parameter read), `sequence` (collectives pair up 
 `optimizer` (the step), `save` (16-bit weights gathered for saving).
 """
 
-from runtime.zero.stage3.build import Stage3Strategy, build_stage3
+from __future__ import annotations
 
-__all__ = ["Stage3Strategy", "build_stage3"]
+from runtime.zero.stage3.build import Stage3Strategy, build_stage3
+from runtime.zero.stage3.save import save_16bit_model
+from runtime.zero.stage3.units import Unit
+
+__all__ = [
+    "Stage3Strategy",
+    "Unit",
+    "build_stage3",
+    "save_16bit_model",
+]

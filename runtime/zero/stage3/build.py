@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from runtime.distributed.comm import Communicator
+from runtime.distributed import Communicator
 
 from ..leaf_modules import leaf_modules, z3_leaf_module
 from ..param_offload import ShardStore

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.distributed.comm import Communicator
+from runtime.distributed import Communicator
 
 from ..partition import FlatLayout
 from . import access as stage3_access

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.distributed.comm import Communicator, Handle
+from runtime.distributed import Communicator, Handle
 
 from ...errors import InvalidValueError
 from ..quantize import BlockQuantizer

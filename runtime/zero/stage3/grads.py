@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.distributed.comm import Communicator, Handle
+from runtime.distributed import Communicator, Handle
 
 from ..flat import group_shard_views
 from ..partition import FlatLayout

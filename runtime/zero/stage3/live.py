@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from runtime.distributed.comm import Communicator
+from runtime.distributed import Communicator
 
 from .fetch import UnitFetch
 from .prefetch import FetchPlanner

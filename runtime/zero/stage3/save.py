@@ -65,7 +65,7 @@ def save_16bit_model(
         return False
     state = consolidated_state_dict(engine.module, rank, exclude_frozen)
     if rank == 0:
-        from runtime.checkpoint.consolidate import write_state_dict
+        from runtime.checkpoint import write_state_dict
 
         os.makedirs(save_dir, exist_ok=True)
         # A random temporary name, never through a link, renamed once complete.

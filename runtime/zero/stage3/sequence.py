@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.distributed.comm import Communicator
+from runtime.distributed import Communicator
 
 from ...errors import UsageError
 from .units import Unit

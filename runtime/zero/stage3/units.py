@@ -31,7 +31,7 @@ from typing import Protocol
 
 import torch
 
-from runtime.distributed.comm import Communicator, Handle
+from runtime.distributed import Communicator, Handle
 
 from ...errors import InvalidValueError
 from ..param_offload import ShardStore

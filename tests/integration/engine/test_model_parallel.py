@@ -319,9 +319,8 @@ def _stage3_refused(runtime, mpu) -> str:
 
 
 def worker(out_dir: str) -> dict:
-    from runtime.parallel_groups import ModelParallelGroups
-
     import runtime
+    from runtime.parallel_groups import ModelParallelGroups
 
     runtime.init_distributed()
     mpu = ModelParallelGroups(MP)

@@ -189,9 +189,8 @@ def test_distribution_metadata_is_deepspeed_0_19_8():
 
 
 def test_modules_map_to_the_runtime():
-    import runtime.dist
-
     import runtime.activation_checkpointing
+    import runtime.dist
     from runtime.engine.engine import Engine
     from runtime.zero import GatheredParameters, Init
 

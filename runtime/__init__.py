@@ -20,10 +20,14 @@ __all__ = [
 def __getattr__(name: str):
     # Each name loads with its module on first use: importing this folder (and
     # `import runtime`, which the controller does to check a config) stays light.
-    if name in ("Engine", "add_config_arguments", "init_distributed", "initialize"):
+    if name in ("Engine", "add_config_arguments", "initialize"):
         from runtime import engine
 
         return getattr(engine, name)
+    if name in ("init_distributed",):  # DeepSpeed's deepspeed.init_distributed
+        from runtime.distributed import script_comm
+
+        return getattr(script_comm, name)
     if name in ("checkpointing", "dist", "zero"):
         import importlib
 

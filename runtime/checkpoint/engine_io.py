@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 
-from runtime.engine import TrainCounters
-
 from . import jsonable
 from .async_save import snapshot
 from .errors import CheckpointError
@@ -269,7 +267,8 @@ def _check_json_state(engine, reader: CheckpointReader, request: LoadRequest, op
     for key in ("client_state", "lr_scheduler", "loss_scaler"):
         reader.state(key)  # decodes, or CheckpointError
     try:  # the counters are checked on a scratch copy: nothing of the engine changes yet
-        TrainCounters().load_state_dict(reader.state("counters") or {})
+        # (a fresh one of the engine's own kind: checkpoint/ sits below engine/)
+        type(engine.counters)().load_state_dict(reader.state("counters") or {})
     except ValueError as err:
         raise CheckpointError(f"{where}: {err}") from None
     check_rng_state(reader.rank_state(engine.comm.rank % reader.world_size), f"{where}: rank_state")

@@ -90,7 +90,7 @@ def check_mpu(mpu: Any, world_size: int) -> None:
     if missing:
         raise InvalidTypeError(
             f"mpu lacks {', '.join(missing)}: pass an object with Megatron's interface "
-            "(runtime.distributed.parallel_groups.ModelParallelGroups is one)"
+            "(runtime.parallel_groups.ModelParallelGroups is one)"
         )
     mp, dp = mpu.get_model_parallel_world_size(), mpu.get_data_parallel_world_size()
     if mp * dp != world_size:

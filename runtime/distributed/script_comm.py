@@ -1,10 +1,10 @@
 """The collectives a training script calls, as ``deepspeed.comm`` offers them.
 
 Ported scripts write ``import deepspeed.comm as dist`` and call ``dist.get_rank()``,
-``dist.barrier()`` or ``dist.all_reduce(t)``; here that is ``import runtime.distributed.script_comm as dist``.
+``dist.barrier()`` or ``dist.all_reduce(t)``; here that is ``import runtime.dist as dist``.
 ``group=None`` is the runtime's data-parallel group (the world group, as in DeepSpeed). The
-engine's own collectives go through runtime.distributed.comm (explicit group, byte accounting); these are
-for the script's own tensors and are not counted in the step metrics.
+engine's own collectives go through runtime.distributed.comm (explicit group, byte
+accounting); these are for the script's own tensors and are not counted in the step metrics.
 
 Before the process group exists every function raises, naming the call that creates it.
 """
@@ -12,11 +12,12 @@ Before the process group exists every function raises, naming the call that crea
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
-from runtime.errors import UsageError
+from runtime.errors import InvalidValueError, UsageError
 
 __all__ = [
     "ReduceOp",
@@ -41,11 +42,43 @@ def _require() -> None:
         )
 
 
-def init_distributed(*args, **kwargs) -> None:
-    """`runtime.init_distributed` (DeepSpeed's `deepspeed.comm.init_distributed`)."""
-    from runtime import init_distributed as init
+def init_distributed(
+    dist_backend: str | None = None,
+    auto_mpi_discovery: bool = True,  # noqa: ARG001 - DeepSpeed's signature; zlaunch sets env
+    distributed_port: int | None = None,  # noqa: ARG001 - MASTER_PORT comes from the launcher
+    verbose: bool = True,  # noqa: ARG001
+    timeout: Any = None,
+    init_method: str | None = None,
+    dist_init_required: bool | None = None,
+    config: Any = None,  # noqa: ARG001
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
+    """Create the process group from the launcher's environment, as
+    ``deepspeed.init_distributed()`` does; nothing happens when it already exists.
 
-    init(*args, **kwargs)
+    The backend is NCCL with CUDA and gloo without; asking for another one is an error (not a
+    silent substitution). Rank, world size and address come from the environment zlaunch (or
+    torchrun, or DeepSpeed's launcher) sets; explicit ``rank``/``world_size``/``init_method``
+    are refused for the same reason. ``timeout`` is a ``datetime.timedelta`` or seconds.
+    """
+    from runtime.distributed.launch_env import init_distributed as init
+
+    if torch_dist.is_initialized():
+        return
+    expected = "nccl" if torch.cuda.is_available() else "gloo"
+    if dist_backend is not None and str(dist_backend).lower() != expected:
+        raise InvalidValueError(
+            f"dist_backend={dist_backend!r}: this runtime uses {expected!r} on this machine; "
+            "leave dist_backend out"
+        )
+    if init_method is not None or rank != -1 or world_size != -1:
+        raise InvalidValueError(
+            "init_method, rank and world_size come from the launcher's environment (RANK, "
+            "WORLD_SIZE, MASTER_ADDR, MASTER_PORT); leave them out"
+        )
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+    init(dist_init_required, seconds)
 
 
 def is_initialized() -> bool:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "Engine",
-    "TrainCounters",
     "add_config_arguments",
-    "init_distributed",
     "initialize",
 ]
 
@@ -22,7 +20,7 @@ __all__ = [
 def __getattr__(name: str):
     # Each name loads with its module on first use: importing this folder (and
     # `import runtime`, which the controller does to check a config) stays light.
-    if name in ("add_config_arguments", "init_distributed", "initialize"):
+    if name in ("add_config_arguments", "initialize"):
         from runtime.engine import build
 
         return getattr(build, name)
@@ -30,8 +28,4 @@ def __getattr__(name: str):
         from runtime.engine import engine
 
         return getattr(engine, name)
-    if name in ("TrainCounters",):
-        from runtime.engine import train_counters
-
-        return getattr(train_counters, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

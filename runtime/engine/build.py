@@ -8,7 +8,7 @@ from typing import Any
 
 from zlaunch.wire import CONFIG_ENV
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments"]
+__all__ = ["initialize", "add_config_arguments"]
 
 
 def _config_source(args: Any, config: Any) -> Any:
@@ -76,7 +76,7 @@ def initialize(
     group is initialised from the environment when it is not already.
 
     ``mpu``: Megatron's model-parallel interface (``get_model_parallel_group/rank/world_size``,
-    ``get_data_parallel_group/rank/world_size``; runtime.distributed.parallel_groups has one). ZeRO stages
+    ``get_data_parallel_group/rank/world_size``; runtime.parallel_groups has one). ZeRO stages
     0-2 then partition and reduce over the data-parallel group, batch sizes count data-parallel
     ranks, and each model-parallel rank checkpoints its own part (runtime.engine.model_parallel).
     ``engine_class``: a subclass of `Engine` to build instead (the DeepSpeed API's
@@ -160,9 +160,13 @@ def _announce_ready() -> None:
 def _keep_global_batch(config, rank: int):
     """After zlaunch restarted the job on another world size (a host was lost), its batch
     triple (ZLAUNCH_BATCH) replaces the config's: the global batch stays what it was."""
-    from zlaunch.wire import override_from_env
+    from runtime.config import ConfigError
+    from zlaunch.wire import BatchError, override_from_env
 
-    override = override_from_env(os.environ)
+    try:
+        override = override_from_env(os.environ)
+    except BatchError as err:
+        raise ConfigError(str(err)) from None
     if override is None:
         return config
     if rank == 0:
@@ -198,49 +202,6 @@ def _show_config_notes(notes: list, source: Any, rank: int) -> None:
     for note in notes:
         if issubclass(note.category, ConfigWarning):
             logging.getLogger("runtime.config").warning("%s", note.message)
-
-
-def init_distributed(
-    dist_backend: str | None = None,
-    auto_mpi_discovery: bool = True,  # noqa: ARG001 - DeepSpeed's signature; zlaunch sets env
-    distributed_port: int | None = None,  # noqa: ARG001 - MASTER_PORT comes from the launcher
-    verbose: bool = True,  # noqa: ARG001
-    timeout: Any = None,
-    init_method: str | None = None,
-    dist_init_required: bool | None = None,
-    config: Any = None,  # noqa: ARG001
-    rank: int = -1,
-    world_size: int = -1,
-) -> None:
-    """Create the process group from the launcher's environment, as
-    ``deepspeed.init_distributed()`` does; nothing happens when it already exists.
-
-    The backend is NCCL with CUDA and gloo without; asking for another one is an error (not a
-    silent substitution). Rank, world size and address come from the environment zlaunch (or
-    torchrun, or DeepSpeed's launcher) sets; explicit ``rank``/``world_size``/``init_method``
-    are refused for the same reason. ``timeout`` is a ``datetime.timedelta`` or seconds.
-    """
-    import torch
-    import torch.distributed as dist
-
-    from runtime.distributed import init_distributed as init
-    from runtime.errors import InvalidValueError
-
-    if dist.is_initialized():
-        return
-    expected = "nccl" if torch.cuda.is_available() else "gloo"
-    if dist_backend is not None and str(dist_backend).lower() != expected:
-        raise InvalidValueError(
-            f"dist_backend={dist_backend!r}: this runtime uses {expected!r} on this machine; "
-            "leave dist_backend out"
-        )
-    if init_method is not None or rank != -1 or world_size != -1:
-        raise InvalidValueError(
-            "init_method, rank and world_size come from the launcher's environment (RANK, "
-            "WORLD_SIZE, MASTER_ADDR, MASTER_PORT); leave them out"
-        )
-    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-    init(dist_init_required, seconds)
 
 
 def add_config_arguments(parser: Any) -> Any:
@@ -284,16 +245,3 @@ def _hidden_size(model: Any) -> int | None:
     )
     return dims.most_common(1)[0][0] if dims else None
 
-
-def __getattr__(name: str):
-    if name == "Engine":
-        from .engine import Engine
-
-        return Engine
-    # runtime.zero.Init, as deepspeed.zero; runtime.distributed.script_comm, as deepspeed.comm;
-    # runtime.activation_checkpointing, as deepspeed.checkpointing
-    if name in ("zero", "dist", "checkpointing"):
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -16,8 +16,9 @@ from collections.abc import Iterable, Sequence
 
 from zlaunch.errors import LaunchError
 from zlaunch.job import Host, LaunchOptions
+from zlaunch.wire import BatchError, BatchOverride, kept_batch
 
-__all__ = ["next_hosts", "options_after_loss"]
+__all__ = ["batch_for_world", "next_hosts", "options_after_loss"]
 
 
 def next_hosts(
@@ -41,12 +42,25 @@ def _batch_for(options: LaunchOptions, world: int, new_world: int) -> str | None
     if options.config_path is None or world == new_world:
         return options.batch
     from runtime.config import ConfigError, load_config
-    from zlaunch.wire import batch_for_world
 
     try:
         return batch_for_world(load_config(options.config_path), world, new_world).encode()
     except ConfigError as err:
         raise LaunchError(f"cannot restart on {new_world} ranks: {err}") from None
+
+
+def batch_for_world(config, world: int, new_world: int) -> BatchOverride:
+    """The batch triple at ``new_world`` ranks with the ``world``-rank global batch of
+    ``config`` (a `runtime.config.Config`) kept; ConfigError when it cannot be kept."""
+    from runtime.config import ConfigError
+
+    resolved = config.resolve(world)
+    try:
+        return kept_batch(
+            resolved.train_batch_size, resolved.train_micro_batch_size_per_gpu, new_world
+        )
+    except BatchError as err:
+        raise ConfigError(str(err)) from None
 
 
 def options_after_loss(

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
-from zlaunch.console import Console
 from zlaunch.job import LaunchOptions, Plan
 from zlaunch.rundir.index import register
 from zlaunch.rundir.layout import RunDir, new_run_id, plan_record
@@ -39,8 +38,15 @@ loop writes them whenever it has nothing waiting (so a quiet job's lines reach t
 once) and a few times a second while busy (one write per rank for many frames)."""
 
 
+class Notes(Protocol):
+    """What the recorder needs of whoever shows the job (the launcher's console): a place to
+    say that a write failed. The run directory sits below the console and never imports it."""
+
+    def note(self, text: str, *, error: bool = False) -> None: ...
+
+
 class Recorder:
-    def __init__(self, run_dir: RunDir, console: Console, index_error: str = ""):
+    def __init__(self, run_dir: RunDir, console: Notes, index_error: str = ""):
         self.run_dir = run_dir
         self.console = console
         self.index_error = index_error
@@ -77,7 +83,7 @@ class Recorder:
             return None
 
     @classmethod
-    def create(cls, options: LaunchOptions, console: Console) -> Recorder:
+    def create(cls, options: LaunchOptions, console: Notes) -> Recorder:
         run_dir = RunDir.create(
             options.log_dir,
             new_run_id(),

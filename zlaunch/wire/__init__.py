@@ -13,7 +13,7 @@ library (`tests/unit/test_contract.py`).
 from __future__ import annotations
 
 from zlaunch.wire import frames, handshake, liveness, protocol
-from zlaunch.wire.batch import batch_for_world, override_from_env
+from zlaunch.wire.batch import BatchError, BatchOverride, kept_batch, override_from_env
 from zlaunch.wire.frames import line_bytes, line_text
 from zlaunch.wire.gloo_idle import wait_for_idle_gloo_threads
 from zlaunch.wire.handshake import MAX_LINE, Answer, HandshakeError, TokenMismatch
@@ -55,6 +55,8 @@ from zlaunch.wire.protocol import (
 )
 
 __all__ = [
+    "BatchError",
+    "BatchOverride",
     "Answer",
     "BASE_HEARTBEAT_TIMEOUT",
     "CHECKPOINT_DIR_ENV",
@@ -84,7 +86,6 @@ __all__ = [
     "SilenceClock",
     "TOTAL_STEPS_ENV",
     "TokenMismatch",
-    "batch_for_world",
     "breakdown_text",
     "checked_metrics",
     "compress",
@@ -93,6 +94,7 @@ __all__ = [
     "format_line",
     "frames",
     "handshake",
+    "kept_batch",
     "human_bytes",
     "line_bytes",
     "line_text",

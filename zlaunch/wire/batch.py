@@ -3,21 +3,28 @@
 When zlaunch drops a lost host and restarts on the rest (``--min-nodes``), the ranks' config
 still describes the old world. ``train_batch_size`` is what the optimizer's arithmetic (and the
 learning-rate schedule tuned for it) depends on, so it stays; the micro batch stays (it is
-what fits in memory); the gradient accumulation steps take up the difference. zlaunch works
-the numbers out before the restart (`batch_for_world`) and passes them to the ranks in
-``ZLAUNCH_BATCH``, which `runtime.initialize` applies over whatever config the script loads.
-Torch-free: the controller uses it too.
+what fits in memory); the gradient accumulation steps take up the difference. The controller
+works the numbers out before the restart (`kept_batch`) and passes them to the ranks in
+``ZLAUNCH_BATCH``, which `runtime.initialize` applies over whatever config the script loads
+(`override_from_env`, `BatchOverride.apply`). Standard library only: both sides import it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TypeVar
 
-from runtime.config import Config, ConfigError
 from zlaunch.wire.protocol import BATCH_ENV
 
-__all__ = ["BatchOverride", "batch_for_world", "override_from_env"]
+__all__ = ["BatchError", "BatchOverride", "kept_batch", "override_from_env"]
+
+C = TypeVar("C")
+
+
+class BatchError(ValueError):
+    """A global batch that cannot be kept at the new world size, or a malformed
+    ``ZLAUNCH_BATCH``; each side says it as its own error (a config error, a launch error)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +36,8 @@ class BatchOverride:
     def encode(self) -> str:
         return f"{self.train_batch_size},{self.micro_batch},{self.gradient_accumulation_steps}"
 
-    def apply(self, config: Config) -> Config:
+    def apply(self, config: C) -> C:
+        """``config`` (a dataclass with DeepSpeed's three batch fields) with this batch."""
         return dataclasses.replace(
             config,
             train_batch_size=self.train_batch_size,
@@ -38,17 +46,18 @@ class BatchOverride:
         )
 
 
-def batch_for_world(config: Config, world: int, new_world: int) -> BatchOverride:
-    """The batch triple at ``new_world`` ranks with the ``world``-rank global batch kept."""
-    resolved = config.resolve(world)
-    tb, mb = resolved.train_batch_size, resolved.train_micro_batch_size_per_gpu
-    if tb % (mb * new_world):
-        raise ConfigError(
-            f"train_batch_size {tb} cannot be kept on {new_world} ranks: it is not a multiple "
-            f"of train_micro_batch_size_per_gpu {mb} x {new_world} ranks; choose a global "
-            "batch divisible by the micro batch at every world size --min-nodes allows"
+def kept_batch(train_batch_size: int, micro_batch: int, new_world: int) -> BatchOverride:
+    """The batch triple at ``new_world`` ranks with ``train_batch_size`` samples per step."""
+    if train_batch_size % (micro_batch * new_world):
+        raise BatchError(
+            f"train_batch_size {train_batch_size} cannot be kept on {new_world} ranks: it is "
+            f"not a multiple of train_micro_batch_size_per_gpu {micro_batch} x {new_world} "
+            "ranks; choose a global batch divisible by the micro batch at every world size "
+            "--min-nodes allows"
         )
-    return BatchOverride(tb, mb, tb // (mb * new_world))
+    return BatchOverride(
+        train_batch_size, micro_batch, train_batch_size // (micro_batch * new_world)
+    )
 
 
 def override_from_env(env: Mapping[str, str]) -> BatchOverride | None:
@@ -58,7 +67,7 @@ def override_from_env(env: Mapping[str, str]) -> BatchOverride | None:
     try:
         tb, mb, gas = (int(v) for v in raw.split(","))
     except ValueError:
-        raise ConfigError(f"{BATCH_ENV}={raw[:40]!r}: expected TRAIN_BATCH,MICRO,GAS") from None
+        raise BatchError(f"{BATCH_ENV}={raw[:40]!r}: expected TRAIN_BATCH,MICRO,GAS") from None
     if min(tb, mb, gas) < 1:
-        raise ConfigError(f"{BATCH_ENV}={raw!r}: every number must be at least 1")
+        raise BatchError(f"{BATCH_ENV}={raw!r}: every number must be at least 1")
     return BatchOverride(tb, mb, gas)

@@ -17,8 +17,6 @@ from __future__ import annotations
 import itertools
 import re
 
-from runtime.errors import InvalidValueError
-
 __all__ = ["HostlistError", "MAX_HOSTS", "compress", "expand", "first_host"]
 
 #: Expanding more names than this is refused (a typo like ``n[0-999999999]`` must not eat memory).
@@ -32,8 +30,9 @@ _SEPARATORS = ", \t\n"
 _NUMBER = re.compile(r"[0-9]+")
 
 
-class HostlistError(InvalidValueError):
-    """A malformed hostlist; the message quotes the list and says what is wrong where."""
+class HostlistError(ValueError):
+    """A malformed hostlist; the message quotes the list and says what is wrong where. Each
+    side says it as its own error (the controller a usage error, a rank a DistInitError)."""
 
 
 def expand(text: str) -> list[str]:

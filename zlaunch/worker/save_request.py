@@ -5,7 +5,7 @@ save signal named in ``ZLAUNCH_SAVE_ON`` (SIGUSR1 unless ``--save-on``). Ranks t
 ``runtime.initialize`` save at their next step and exit; any other script ignores the signal,
 and zlaunch says so after a few seconds. A script can answer it itself::
 
-    from zlaunch.worker.save_request import SaveRequest
+    from zlaunch.save_request import SaveRequest
 
     save = SaveRequest()              # listens, if zlaunch asked for saves; else never set
     for step, batch in enumerate(loader):

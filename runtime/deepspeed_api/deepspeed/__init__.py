@@ -2,7 +2,7 @@
 
 zlaunch puts this package on the workers' path when the job's Python has no real DeepSpeed, or
 with ``--runtime bundled``. Every module here is a thin face over the runtime's own: the engine
-(`runtime.Engine`), ZeRO (`runtime.zero`), collectives (`runtime.distributed.script_comm`), activation
+(`runtime.Engine`), ZeRO (`runtime.zero`), collectives (`runtime.dist`), activation
 checkpointing (`runtime.activation_checkpointing`), learning-rate schedules (`runtime.optim.lr_schedules`). What
 transformers, accelerate and TRL reach for that the runtime does not implement raises
 `NotInBundledRuntime`, naming it.

@@ -7,8 +7,8 @@ import pytest
 from runtime.config import ConfigError, load_config
 from zlaunch.errors import LaunchError
 from zlaunch.job.hostfile import Host
-from zlaunch.launcher.elastic import next_hosts
-from zlaunch.wire.batch import BatchOverride, batch_for_world, override_from_env
+from zlaunch.launcher.elastic import batch_for_world, next_hosts
+from zlaunch.wire.batch import BatchError, BatchOverride, override_from_env
 
 
 def _hosts(*names):
@@ -42,5 +42,5 @@ def test_global_batch_kept_by_the_accumulation_steps():
 
 @pytest.mark.parametrize("raw", ["24,2", "a,b,c", "24,0,3"])
 def test_bad_batch_variable_is_an_error(raw):
-    with pytest.raises(ConfigError, match="ZLAUNCH_BATCH"):
+    with pytest.raises(BatchError, match="ZLAUNCH_BATCH"):
         override_from_env({"ZLAUNCH_BATCH": raw})

@@ -25,20 +25,16 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import time
 
 import torch.distributed as dist
+
+from zlaunch.wire import wait_for_idle_gloo_threads
 
 from .comm import collectives_in_flight
 
 __all__ = ["import_before_init", "tear_down_at_exit"]
 
 _registered = False
-
-# Worker threads of the gloo backend, by the name torch gives them.
-_BACKEND_THREAD_NAMES = ("pt_gloo_runloop",)
-_IDLE_POLLS = 5  # 10 ms without a runnable backend thread
-_IDLE_WAIT_LIMIT_S = 0.5
 
 
 def import_before_init() -> None:
@@ -69,7 +65,9 @@ def _tear_down() -> None:
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - the process is exiting; say what was left
         print(f"runtime: could not tear the process group down at exit: {e}", file=sys.stderr)
-    _wait_for_idle_backend_threads()
+    # a group still referenced (a user's own handle) outlives destroy: its threads may still
+    # be freeing the last collective, which needs the GIL; give them a bounded moment now
+    wait_for_idle_gloo_threads()
 
 
 def _died_on_exception() -> bool:
@@ -92,40 +90,3 @@ def _exit_now(in_flight: int) -> None:
         except (OSError, ValueError):
             pass  # closed or broken: nothing more can reach it
     os._exit(1)
-
-
-def _wait_for_idle_backend_threads() -> None:
-    """Give backend threads that outlived the group (it is still referenced) time to go idle.
-
-    A thread still freeing a finished collective is runnable; one waiting for work sleeps.
-    Sleeping here releases the GIL, so a thread that needs it gets it now, not during
-    finalization. Bounded: an exiting process never waits more than half a second.
-    """
-    deadline = time.monotonic() + _IDLE_WAIT_LIMIT_S
-    idle_polls = 0
-    while idle_polls < _IDLE_POLLS and time.monotonic() < deadline:
-        states = _backend_thread_states()
-        if not states:
-            return
-        idle_polls = idle_polls + 1 if all(s == "S" for s in states) else 0
-        time.sleep(0.002)
-
-
-def _backend_thread_states() -> list[str]:
-    states = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return states  # no procfs: nothing to watch
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            if name not in _BACKEND_THREAD_NAMES:
-                continue
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                # the state follows the parenthesised name, which may itself hold spaces
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except (OSError, IndexError):
-            continue  # the thread ended while we looked
-    return states

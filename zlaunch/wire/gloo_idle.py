@@ -5,9 +5,9 @@ completes, and that needs the GIL. If Python starts finalizing first, the thread
 the GIL is unwound and C++ aborts the process (exit 134) after its work was done. The worker
 boot's clean exit for scripts that do not use the runtime (``zlaunch/worker/group.py``) sleeps
 here first: sleeping releases the GIL, so a thread that needs it gets it now. The threads are
-watched through /proc (their scheduler state), since torch gives them no handle. The runtime
-waits the same way in its own teardown (``runtime/distributed/teardown.py``): it imports nothing of
-zlaunch but the protocol's names, so it keeps its own copy of these few lines.
+watched through /proc (their scheduler state), since torch gives them no handle. The
+runtime's own teardown (``runtime/distributed/teardown.py``) waits here too, after it destroyed
+a group something still holds: one wait for both, in the ground both import.
 
 Standard library only: it runs in workers that may never import torch.
 """

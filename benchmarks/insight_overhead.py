@@ -1,4 +1,4 @@
-"""What seeing inside a step costs: step time with every issue-18 block on, against none.
+"""What seeing inside a step costs: step time with every step-insight block on, against none.
 
 Engines over the same process group train the same model side by side: two with no
 profiling block, two with ``wall_clock_breakdown``, ``comms_logger``, ``flops_profiler``

@@ -69,7 +69,7 @@ METRIC_FIELDS = (
     "memory_peak_bytes",
     "comm_bytes",
     "world_size",
-    # runtime.observe.profiling (issue 18): FLOPs counted once, their rate, MFU against a peak
+    # runtime.observe.profiling: FLOPs counted once, their rate, MFU against a peak
     "flops_per_step",
     "tflops",
     "mfu",

@@ -86,7 +86,7 @@ def test_exact_env_per_rank_and_gloo_allreduce_across_hosts(cluster, jobs, tmp_p
     run = json.loads((job.run_dir() / "run.json").read_text())
     assert run["status"] == "succeeded"
     # c10d's reverse-DNS warning (the nodes have no reverse DNS for v4-mapped addresses) stays
-    # in the rank logs; the console says so once (issue 14 item 6).
+    # in the rank logs; the console says so once.
     warning = "hostname of the client socket cannot be retrieved"
     assert warning not in out
     logged = sum(log.read_text().count(warning) for log in job.run_dir().glob("attempt-0/*/*.log"))

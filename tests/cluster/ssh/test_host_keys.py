@@ -1,4 +1,4 @@
-"""Issue 13 item 8: a host missing from known_hosts is refused unless the user says to trust it
+"""A host missing from known_hosts is refused unless the user says to trust it
 (the spec sent next carries every secret of the job). On the real test cluster."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 25 items 4, 5 and 11: what the agent signals. Real worker processes, no controller:
+"""What the agent signals. Real worker processes, no controller:
 a stop never reaches a stranger's group, the stacks signal reaches only the process that
 armed itself, and what a worker started outside its group does not outlive the job."""
 

@@ -1,4 +1,4 @@
-"""Issue 13, items 1-3: output of any size and bytes, big environments and NUL bytes never
+"""Output of any size and bytes, big environments and NUL bytes never
 end or hang a job. Each case runs the real ``zlaunch`` command on localhost."""
 
 from __future__ import annotations

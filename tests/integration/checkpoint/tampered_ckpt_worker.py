@@ -1,4 +1,4 @@
-"""A rank that loads tampered checkpoints (issue 25 item 6): every tampering must fail with
+"""A rank that loads tampered checkpoints: every tampering must fail with
 one CheckpointError before anything in the engine changed, and the engine must train on."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13 items 10-12 (and 7's checkpoint modes): concurrent saves, crafted manifests, a
+"""Concurrent saves, crafted manifests, a
 full disk and a crash between renames never give a wrong or missing checkpoint.
 
 Ranks are threads, as in tests/unit/checkpoint/test_storage.py; ``share`` is rank 0's value.
@@ -16,7 +16,7 @@ from runtime.checkpoint import CheckpointError, storage
 from runtime.checkpoint.storage import LATEST
 from tests.unit.checkpoint.test_save_faults import save  # shared with the unit half
 
-# ---------------------------------------------------------------- item 10: concurrent saves
+# ---------------------------------------------------------------- concurrent saves
 
 
 def test_the_save_lock_is_freed_when_its_holder_dies(tmp_path):
@@ -37,10 +37,10 @@ def test_the_save_lock_is_freed_when_its_holder_dies(tmp_path):
     assert save(tmp_path, "t")[0] == str(tmp_path / "t")
 
 
-# ---------------------------------------------------------------- item 11: crafted manifests
+# ---------------------------------------------------------------- crafted manifests
 
 
-# ---------------------------------------------------------------- item 12: full disk, crash
+# ---------------------------------------------------------------- full disk, crash
 @pytest.fixture
 def small_fs(tmp_path):
     """A 1 MiB tmpfs (root only)."""
@@ -72,4 +72,4 @@ def test_a_save_that_fills_the_disk_leaves_nothing_behind(small_fs):
     assert save(small_fs / "ck", "bad")[0] == str(small_fs / "ck" / "bad")
 
 
-# ---------------------------------------------------------------- item 7: private files
+# ---------------------------------------------------------------- private files

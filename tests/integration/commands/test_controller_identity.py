@@ -1,4 +1,4 @@
-"""Issue 13 item 9: `zlaunch stop` and `zlaunch stacks` signal a run's controller only once it
+"""`zlaunch stop` and `zlaunch stacks` signal a run's controller only once it
 is proven to be it: it holds the run's lock and has the start time and boot recorded at start.
 A pid reused by another program, or a crafted run.json, is refused and the process untouched."""
 

@@ -1,4 +1,4 @@
-"""torchrun's and DeepSpeed's spellings through the real `zlaunch` command (issue 14 item 7).
+"""Torchrun's and DeepSpeed's spellings through the real `zlaunch` command.
 
 `--nnodes`, `--nproc-per-node`, `--num_gpus` work on every subcommand that selects hosts or
 counts GPUs; where torchrun's meaning differs (an elastic MIN:MAX range, `--node-rank`, nodes

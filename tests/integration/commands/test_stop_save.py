@@ -1,4 +1,4 @@
-"""Stopping keeps work (issue 14 item 3), through the real `zlaunch` command.
+"""Stopping keeps work, through the real `zlaunch` command.
 
 `zlaunch stop --save` and a first Ctrl-C (SIGINT to zlaunch: the ranks run in sessions of
 their own, so a terminal's Ctrl-C reaches zlaunch alone) save a checkpoint at the next step and

@@ -1,5 +1,5 @@
 """Identical lines of many ranks collapsed on the console, through the real `zlaunch` command
-on localhost (issue 26 item 3): 16 ranks of a torch-free script print the same warning; the
+on localhost: 16 ranks of a torch-free script print the same warning; the
 console shows rank 0's at once and the other fifteen as one ``[ranks 1-15]`` line, every rank
 log keeps its own, and ``--no-collapse`` shows sixteen lines as before.
 """

@@ -1,5 +1,5 @@
-"""Progress bars (lines redrawn with carriage returns) through the real `zlaunch` command
-(issue 14 items 1 and 5): live on a terminal under the rank prefix (tmux), the latest state in
+"""Progress bars (lines redrawn with carriage returns) through the real `zlaunch` command:
+live on a terminal under the rank prefix (tmux), the latest state in
 `zlaunch status` with each rank's last output, a short readable record when piped, and every
 byte in the rank logs.
 """

@@ -1,4 +1,4 @@
-"""Issue 25 (hardening, third pass): the reproductions that need a real job, run through the
+"""Jobs whose scripts misbehave in the ways that once cost a job or its record, run through the
 ``zlaunch`` command on this machine (local agent, two ranks)."""
 
 from __future__ import annotations

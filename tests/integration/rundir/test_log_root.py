@@ -1,4 +1,4 @@
-"""Issue 25 item 1: a log root another user can write is refused, and every file of a run
+"""A log root another user can write is refused, and every file of a run
 directory is opened relative to the directory's descriptor, never through a planted link."""
 
 from __future__ import annotations

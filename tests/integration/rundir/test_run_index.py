@@ -1,4 +1,4 @@
-"""Runs are found from any directory (issue 14 item 2), through the real `zlaunch` command.
+"""Runs are found from any directory, through the real `zlaunch` command.
 
 Two jobs started in two project directories (each with its default ./zlaunch_runs) announce
 their id and log directory at once, piped; from a third directory `zlaunch ls` lists both, a

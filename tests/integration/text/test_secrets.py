@@ -1,4 +1,4 @@
-"""Issue 13 item 7: secrets never reach the run directory or the dry-run plan, and the run
+"""Secrets never reach the run directory or the dry-run plan, and the run
 directory is private. Through the real ``zlaunch`` command."""
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 
 import runtime
 import runtime.activation_checkpointing as ck
+from runtime.activation_checkpointing import checkpointing
 from runtime.config import ConfigError, load_config
 
 D, T, B, BLOCKS = 16, 8, 4, 3
@@ -20,10 +21,10 @@ D, T, B, BLOCKS = 16, 8, 4, 3
 
 @pytest.fixture(autouse=True)
 def fresh_configuration():
-    ck._unconfigure()
+    checkpointing._unconfigure()
     ck.get_cuda_rng_tracker().reset()
     yield
-    ck._unconfigure()
+    checkpointing._unconfigure()
     ck.get_cuda_rng_tracker().reset()
 
 
@@ -253,7 +254,7 @@ def test_contiguous_needs_number_checkpoints():
 
 def test_synchronize_marks_every_boundary(monkeypatch):
     calls = []
-    monkeypatch.setattr(ck, "_synchronize", lambda tensors: calls.append(len(tensors)))
+    monkeypatch.setattr(checkpointing, "_synchronize", lambda tensors: calls.append(len(tensors)))
     ck.configure(None, synchronize=True)
     model = blocks(tracked=False)
     y = ck.checkpoint(model[0], inputs().requires_grad_())

@@ -1,4 +1,4 @@
-"""Issue 13 items 10-12 (and 7's checkpoint modes): concurrent saves, crafted manifests, a
+"""Concurrent saves, crafted manifests, a
 full disk and a crash between renames never give a wrong or missing checkpoint.
 
 Ranks are threads, as in tests/unit/checkpoint/test_storage.py; ``share`` is rank 0's value.
@@ -90,7 +90,7 @@ def read_param(path) -> torch.Tensor:
         return reader.read_full("a.weight")
 
 
-# ---------------------------------------------------------------- item 10: concurrent saves
+# ---------------------------------------------------------------- concurrent saves
 def test_a_second_save_into_a_directory_being_saved_to_is_refused(tmp_path):
     slow = SharingGroup(3, pause_at=2)  # held after the partial folder exists
     threads, first = save(tmp_path, "t", slow, background=True)
@@ -118,7 +118,7 @@ def test_a_shard_from_another_save_is_caught_by_its_crc_on_load(tmp_path):
             reader.read("a.weight", "param")
 
 
-# ---------------------------------------------------------------- item 11: crafted manifests
+# ---------------------------------------------------------------- crafted manifests
 def _crafted(tmp_path, change) -> str:
     save(tmp_path, "t")
     path = tmp_path / "t" / MANIFEST
@@ -198,7 +198,7 @@ def test_a_load_failing_with_any_error_still_reaches_the_agreement(tmp_path, mon
     assert len(calls) == 1  # the other ranks are told, not left waiting
 
 
-# ---------------------------------------------------------------- item 12: full disk, crash
+# ---------------------------------------------------------------- full disk, crash
 
 
 def test_a_crash_between_the_two_renames_of_a_resave_keeps_latest_loadable(tmp_path, monkeypatch):
@@ -253,7 +253,7 @@ def save_one_rank(save_dir, tag, *, scale):
     )
 
 
-# ---------------------------------------------------------------- item 7: private files
+# ---------------------------------------------------------------- private files
 def test_checkpoint_folders_are_0700_and_files_0600(tmp_path):
     save(tmp_path / "ck", "t")
     for root, dirs, files in os.walk(tmp_path / "ck"):

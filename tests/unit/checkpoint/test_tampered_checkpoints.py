@@ -1,4 +1,4 @@
-"""Issue 25 item 6: crafted checkpoints. Every tampering of a manifest is one CheckpointError,
+"""Crafted checkpoints. Every tampering of a manifest is one CheckpointError,
 raised before the first tensor is written into the engine (which trains on as it was), and
 every allocation is bounded by the manifest's declared sizes. One gloo rank in a fresh
 process for the engine loads; the reader alone needs none."""

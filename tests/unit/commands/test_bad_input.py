@@ -1,4 +1,4 @@
-"""Issue 13 item 5, launcher side: each bad input makes the real ``zlaunch`` command exit 2 with
+"""Each bad input makes the real ``zlaunch`` command exit 2 with
 one short message naming the place, never a traceback, a MemoryError or a silent acceptance."""
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ CONFIG = Path(__file__).resolve().parents[3] / "runtime" / "config"
 # __init__ is the public face and imports them; nothing imports it back).
 ALLOWED = {
     "values": set(),
-    "blocks": {"values"},
+    "optimizer_names": {"values"},
+    "blocks": {"values", "optimizer_names"},
     "scheduler": {"values"},
     "monitors": {"values"},
     "schema": {"values", "blocks", "scheduler", "monitors"},

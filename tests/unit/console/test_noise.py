@@ -1,4 +1,4 @@
-"""Noise on the console, through the real `zlaunch` command (issue 14 item 6).
+"""Noise on the console, through the real `zlaunch` command.
 
 c10d's reverse-DNS warning is hidden on the console with one note (the rank log keeps it); an
 SSH port that never answers with an SSH banner is one zlaunch message with a hint, without

@@ -1,5 +1,5 @@
 """What the live panel, the plain view and the failure report show for 1,024 ranks on 128
-hosts (issue 26): summaries by host and rank range, never a row or a name per rank."""
+hosts: summaries by host and rank range, never a row or a name per rank."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ def test_bundled_runtime_reaches_the_workers_pythonpath(tmp_path, monkeypatch):
     from runtime.deepspeed_api import PATH
 
     # The job's interpreter is asked in a subprocess for this PYTHONPATH: answer here instead.
-    monkeypatch.setattr(zlaunch.job.deepspeed_api, "find_installed", lambda python, environ: REAL)
+    monkeypatch.setattr(zlaunch.job, "find_installed", lambda python, environ: REAL)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("")
     environ = {"PATH": os.environ["PATH"], "PYTHONPATH": "/mine"}

@@ -1,4 +1,4 @@
-"""Issue 13 item 6: every parser, fed anything, raises only the project's own error, naming the
+"""Every parser, fed anything, raises only the project's own error, naming the
 file and line (or the option), in bounded memory; a few random bad inputs go through the real
 ``zlaunch`` command too. Bounded example counts keep the whole file to well under a minute."""
 

@@ -1,4 +1,4 @@
-"""Seeing inside a step (issue 18): each block's output against an independent measurement.
+"""Seeing inside a step: each block's output against an independent measurement.
 
 FLOPs of a Linear stack computed by hand; comms bytes against the ring formula and bandwidths
 against nccl-tests' definitions; the wall-clock split and the straggler on 2 gloo ranks; CSV

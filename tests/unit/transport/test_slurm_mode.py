@@ -110,3 +110,12 @@ def test_the_controller_address_is_the_given_one_or_the_route_to_the_nodes():
     many = [Host(f"127.0.0.{i}", (0,)) for i in range(1, 7)]
     with pytest.raises(UsageError, match="cannot tell at which address the nodes reach"):
         controller_address(many, None)
+
+
+def test_allocation_hosts_says_a_bad_hostlist_as_a_usage_error():
+    from zlaunch.errors import UsageError
+    from zlaunch.transport.slurm import allocation_hosts
+
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[" + "9" * 4400 + "]"}
+    with pytest.raises(UsageError, match="SLURM_JOB_NODELIST"):
+        allocation_hosts(env)

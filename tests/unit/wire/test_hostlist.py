@@ -3,6 +3,8 @@ installed), the first host, compression, and malformed lists."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from zlaunch.wire.hostlist import MAX_HOSTS, HostlistError, compress, expand, first_host
@@ -114,3 +116,18 @@ def test_compress_is_short():
     assert compress(["n1", "n2", "n3", "x"]) == "n[1-3],x"
     assert compress([f"gpu{k:03d}" for k in range(1, 1001)]) == "gpu[001-999],gpu1000"
     assert compress(["gpu-a001", "gpu-a002", "gpu-a004"]) == "gpu-a[001-002,004]"
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "words"),
+    [
+        ("n[" + "9" * 4400 + "]", "has more than 18 digits"),
+        ("n[1-" + "9" * 30 + "]", "has more than 18 digits"),
+        ("n[1-2]" + "x" * 4300, "makes host names of 4302 characters (at most 255)"),
+    ],
+)
+def test_the_hostlist_bounds_numbers_and_name_lengths(hostlist, words):
+    from zlaunch.wire.hostlist import HostlistError, expand
+
+    with pytest.raises(HostlistError, match=re.escape(words)):
+        expand(hostlist)

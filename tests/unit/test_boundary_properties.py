@@ -1,5 +1,5 @@
-"""Issue 25: the property suites grown to the new fuzz targets: what a rank writes to its
-events fd, the fields of a metrics event, the run directory's records as every reader meets
+"""Properties of every boundary a rank or a file crosses into the controller: what a rank
+writes to its events fd, the fields of a metrics event, the run directory's records as every reader meets
 them. Anything goes in; only the project's own outcomes come out (an event, a checked row, a
 rendered command with its exit code), never an exception. Bounded example counts keep the
 file to seconds."""

@@ -43,10 +43,14 @@ STACK_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+ \(most recen
 STACK_FRAME = re.compile(r'^  File ".*", line (\d+|\?\?\?) in .*$|^  <no Python frame>$')
 
 _BOOT_LINE = 'File "<string>", line 1 in <module>'  # the boot's -c (zlaunch/worker/python_start.py)
-_BOOT_FILES = ("<frozen runpy>", "runpy.py", "worker_boot.py")
+_BOOT_FILES = ("<frozen runpy>", "runpy.py", "zlaunch/worker/boot.py")
 # zlaunch's own threads in a worker (its collectives, its group watch, its stacks thread when
 # faulthandler dumps it): no part of where the script stands
-_OWN_THREADS = ("collective_records.py", "worker_group.py", "stack_dumper.py")
+_OWN_THREADS = (
+    "zlaunch/worker/collective_records.py",
+    "zlaunch/worker/group.py",
+    "zlaunch/worker/stack_dumper.py",
+)
 QUIET_AFTER = 0.3
 """Seconds without new stack lines after which a rank's dump is taken as complete."""
 

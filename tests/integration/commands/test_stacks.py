@@ -165,7 +165,7 @@ def test_stacks_of_a_plain_python_script_without_the_runtime(tmp_path):
         assert out.returncode == 0, out.stderr
         assert "2 rank(s), 1 distinct stack" in out.stdout, out.stdout
         assert f'File "{script}", line 3 in <module>' in out.stdout, out.stdout
-        assert "worker_boot" not in out.stdout and "runpy" not in out.stdout, out.stdout
+        assert "zlaunch/worker/boot.py" not in out.stdout and "runpy" not in out.stdout, out.stdout
         assert job.poll() is None and all(os.path.exists(f"/proc/{r['pid']}") for r in rows)
     finally:
         job.send_signal(signal.SIGTERM)

@@ -102,9 +102,9 @@ def test_faulthandler_stands_in_once_for_an_unanswered_request():
 
 
 def test_the_files_a_dump_leaves_out_are_zlaunchs_own_modules():
-    # stack_dumps recognises the boot's frames and zlaunch's threads by file name: a module
-    # that moves must take its name along
-    import os
+    # stack_dumps recognises the boot's frames and zlaunch's threads by their path under the
+    # package (zlaunch/worker/boot.py): a module that moves must take its path along
+    from pathlib import Path
 
     import zlaunch.worker.boot
     import zlaunch.worker.collective_records
@@ -113,5 +113,8 @@ def test_the_files_a_dump_leaves_out_are_zlaunchs_own_modules():
     from zlaunch.text import stack_dumps
 
     own = [zlaunch.worker.collective_records, zlaunch.worker.group, zlaunch.worker.stack_dumper]
-    assert {os.path.basename(m.__file__) for m in own} == set(stack_dumps._OWN_THREADS)
-    assert os.path.basename(zlaunch.worker.boot.__file__) in stack_dumps._BOOT_FILES
+    def under_the_package(module) -> str:
+        return "/".join(Path(module.__file__).parts[-3:])
+
+    assert {under_the_package(m) for m in own} == set(stack_dumps._OWN_THREADS)
+    assert under_the_package(zlaunch.worker.boot) in stack_dumps._BOOT_FILES

@@ -24,6 +24,7 @@ __all__ = [
     "consolidate_state_dict",
     "load_engine",
     "resume_from_env",
+    "save_16bit_model",
     "save_engine",
     "save_on_signal_from_env",
     "write_state_dict",
@@ -41,7 +42,7 @@ def __getattr__(name: str):
         from runtime.checkpoint import consolidate
 
         return getattr(consolidate, name)
-    if name in ("LoadRequest", "SaveRequest", "load_engine", "save_engine"):
+    if name in ("LoadRequest", "SaveRequest", "load_engine", "save_16bit_model", "save_engine"):
         from runtime.checkpoint import engine_io
 
         return getattr(engine_io, name)

@@ -33,7 +33,14 @@ from .reader import CheckpointReader
 from .rng import rng_state, set_rng_state
 from .storage import write_checkpoint
 
-__all__ = ["save_engine", "load_engine", "SaveRequest", "LoadRequest", "CHECKPOINT_DIR_ENV"]
+__all__ = [
+    "save_engine",
+    "load_engine",
+    "save_16bit_model",
+    "SaveRequest",
+    "LoadRequest",
+    "CHECKPOINT_DIR_ENV",
+]
 
 log = logging.getLogger("runtime.checkpoint")
 
@@ -344,3 +351,31 @@ def _commit(engine, staged: _Staged, request: LoadRequest) -> None:
     engine.precision.load_state_dict(reader.state("loss_scaler"))
     engine.counters.load_state_dict(reader.state("counters") or {})
     set_rng_state(reader.rank_state(engine.comm.rank % reader.world_size))
+
+
+def save_16bit_model(
+    engine, save_dir, save_filename: str = "model.safetensors", exclude_frozen: bool = False
+) -> bool:
+    """Write the consolidated weights to ``save_dir/save_filename`` from rank 0 (collective):
+    the module's weights gathered unit by unit (runtime/zero/stage3/save.py), as safetensors."""
+    zero = engine.config.zero_optimization
+    rank = engine.global_rank
+    if zero.stage == 3 and not zero.stage3_gather_16bit_weights_on_model_save:
+        if rank == 0:
+            log.warning(
+                "save_16bit_model: nothing written; the weights are partitioned (stage 3) and "
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save is false - set it "
+                "to true to gather and save them"
+            )
+        return False
+    from runtime.zero.stage3 import consolidated_state_dict
+
+    state = consolidated_state_dict(engine.module, rank, exclude_frozen)
+    if rank == 0:
+        from .consolidate import write_state_dict
+
+        os.makedirs(save_dir, exist_ok=True)
+        # A random temporary name, never through a link, renamed once complete.
+        write_state_dict(state, os.path.join(os.fspath(save_dir), save_filename), {"format": "pt"})
+    engine.comm.barrier()
+    return True

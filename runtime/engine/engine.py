@@ -406,6 +406,6 @@ class Engine(EngineQueries, torch.nn.Module):
                 "of the weights and there is no merge of tensor-parallel shards here; use "
                 "save_checkpoint (one part per model-parallel rank, mp_rank_NN/)"
             )
-        from runtime.zero.stage3 import save_16bit_model
+        from runtime.checkpoint import save_16bit_model
 
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)

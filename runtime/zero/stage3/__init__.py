@@ -11,12 +11,12 @@ gradients), `access` (fetch on parameter read), `sequence` (collectives pair up 
 from __future__ import annotations
 
 from runtime.zero.stage3.build import Stage3Strategy, build_stage3
-from runtime.zero.stage3.save import save_16bit_model
+from runtime.zero.stage3.save import consolidated_state_dict
 from runtime.zero.stage3.units import Unit
 
 __all__ = [
     "Stage3Strategy",
     "Unit",
     "build_stage3",
-    "save_16bit_model",
+    "consolidated_state_dict",
 ]

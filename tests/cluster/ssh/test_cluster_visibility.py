@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cluster
 
 idle_cluster = helpers.idle_cluster  # autouse: no process left on any host
 
-TICKER = str(Path(__file__).resolve().parents[2] / "integration" / "visibility" / "ticker.py")
+TICKER = str(Path(__file__).resolve().parents[2] / "integration" / "commands" / "ticker.py")
 WORLD = 6
 LINE = re.compile(r"^\[(node\d):(\d+)\] rank=(\d+) seq=(\d+) t=([\d.]+)$")
 
@@ -192,7 +192,7 @@ def test_stacks_name_the_one_stuck_rank_among_six_on_three_hosts(cluster, procs,
     """Rank 3 (node2) sleeps where the others wait for its gradients: `zlaunch stacks` shows
     two groups, and asking does not disturb the job."""
     runs = tmp_path / "runs"
-    stuck = str(Path(__file__).resolve().parents[2] / "integration" / "visibility" / "stuck.py")
+    stuck = str(Path(__file__).resolve().parents[2] / "integration" / "commands" / "stuck.py")
     argv = zlaunch(
         "--hostfile", cluster.hostfile(2), "--ssh-config", cluster.ssh_config,
         "--log-dir", str(runs), stuck, "--stuck-rank", "3",

@@ -100,7 +100,7 @@ def test_a_script_that_answers_saves_and_nothing_is_said(tmp_path):
 def test_runtime_ranks_answer_so_a_slow_save_is_not_reported_as_unanswered(tmp_path):
     # The save takes 7 s, beyond the 5 s zlaunch waits for an answer: only the runtime's
     # acknowledgement keeps the note away.
-    train = HERE.parent / "visibility" / "train_tiny.py"
+    train = HERE.parent / "observe" / "train_tiny.py"
     out = tmp_path / "out"
     out.mkdir()
     job = Running(

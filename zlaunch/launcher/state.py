@@ -11,7 +11,9 @@ Phases (``RunStatus``)::
     STARTING --AttemptPlanned--> RUNNING
     STARTING/RUNNING --rank exits non-zero | agent lost | hang | SIGINT/SIGTERM--> STOPPING
     STOPPING --second Ctrl-C--> STOPPING (grace 0: kill now)
-    any --every agent done--> outcome(): SUCCEEDED | FAILED | INTERRUPTED
+    RUNNING --preemption notice | a host may join--> RUNNING, the ranks saving for a fleet
+            change (zlaunch/launcher/fleet_state.py), then ending: FLEET_CHANGED
+    any --every agent done--> outcome(): SUCCEEDED | FAILED | INTERRUPTED | FLEET_CHANGED
 
 Only the first failure stops the job (it is the root cause); failures while stopping are the
 stop's own doing and are not recorded as failures.
@@ -27,6 +29,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from zlaunch.errors import assert_never
+from zlaunch.launcher.fleet_state import (
+    FleetFacts,
+    FleetIntent,
+    FleetOutcome,
+    FleetPhase,
+    FleetStep,
+    GrowAnswer,
+    NoticeAnswer,
+    grow_words,
+    notice_words,
+)
 from zlaunch.launcher.world_check import GroupReport, alone_warning
 from zlaunch.rundir import Failure, RankPhase, RankRow, RunStatus
 from zlaunch.text import rank_ranges
@@ -43,6 +56,11 @@ __all__ = [
     "RankExited",
     "StacksReady",
     "SaveAcknowledged",
+    "SaveReady",
+    "CheckpointState",
+    "CheckpointReported",
+    "PreemptionNotice",
+    "HostReturned",
     "GroupReported",
     "StepReached",
     "AgentCutOff",
@@ -59,6 +77,7 @@ __all__ = [
     "Note",
     "SetStatus",
     "RecordRanks",
+    "RecordFleet",
     "Ending",
     "HangPhase",
     "Outcome",
@@ -157,6 +176,49 @@ class SaveAcknowledged:
 
 
 @dataclass(frozen=True)
+class SaveReady:
+    """The rank listens for the save signal (the runtime's save hook, or a script's
+    `zlaunch.save_request.SaveRequest`): from now on it can be asked to save."""
+
+    rank: int
+
+
+class CheckpointState(enum.Enum):
+    SAVING = "saving"
+    SAVED = "saved"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class CheckpointReported:
+    """A rank says a checkpoint is being written, is complete, or failed."""
+
+    rank: int
+    state: CheckpointState
+    step: int | None = None
+    requested: bool = False
+    """The save the save signal asked for (not one of the script's own)."""
+
+
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """The host of ``node`` goes away at ``deadline`` (monotonic seconds): its agent got the
+    preemption signal, or the --preemption-check command said so."""
+
+    node: int
+    deadline: float
+    why: str
+
+
+@dataclass(frozen=True)
+class HostReturned:
+    """``host`` answers and the next attempt could run on it too (the launcher probed it and
+    checked that the fleet with it is one the job can run on): the job may grow."""
+
+    host: str
+
+
+@dataclass(frozen=True)
 class GroupReported:
     """The rank's script ended having joined a default process group of ``size`` (0: none)."""
 
@@ -230,6 +292,10 @@ AttemptEvent = (
     | RankExited
     | StacksReady
     | SaveAcknowledged
+    | SaveReady
+    | CheckpointReported
+    | PreemptionNotice
+    | HostReturned
     | GroupReported
     | StepReached
     | AgentCutOff
@@ -290,7 +356,21 @@ class RecordRanks:
     """Rank states changed: rewrite ranks.json, update the view."""
 
 
-Action = StopRanks | SignalRanks | RequestStacks | CaptureStacks | Note | SetStatus | RecordRanks
+@dataclass(frozen=True)
+class RecordFleet:
+    """The fleet change under way changed (`AttemptMachine.fleet`): update the view."""
+
+
+Action = (
+    StopRanks
+    | SignalRanks
+    | RequestStacks
+    | CaptureStacks
+    | Note
+    | SetStatus
+    | RecordRanks
+    | RecordFleet
+)
 
 
 class HangPhase(enum.Enum):
@@ -311,6 +391,9 @@ class Ending(enum.Enum):
     INTERRUPTED = "interrupted"
     INCOMPLETE = "incomplete"
     """Every agent is done but some ranks never reported an exit."""
+    FLEET_CHANGED = "fleet changed"
+    """The ranks saved (or were stopped) so that the next attempt runs on other hosts: a host
+    was preempted, or one may join (`Outcome.fleet` says which)."""
 
 
 @dataclass(frozen=True)
@@ -326,12 +409,16 @@ class Outcome:
     the failure as the root cause, but no restart follows it."""
     warnings: tuple[str, ...] = ()
     """What the job's end must say even when it succeeded (ranks that ran alone)."""
+    fleet: FleetOutcome | None = None
+    """The attempt's fleet change, whatever its ending: preempted hosts leave the next
+    attempt, hosts that may join join it."""
 
     @property
     def status(self) -> RunStatus:
         return {
             Ending.SUCCEEDED: RunStatus.SUCCEEDED,
             Ending.INTERRUPTED: RunStatus.INTERRUPTED,
+            Ending.FLEET_CHANGED: RunStatus.RESTARTING,
         }.get(self.ending, RunStatus.FAILED)
 
 
@@ -343,6 +430,8 @@ class Policy:
     checkpoint_dir: bool = False
     save_signal: int | None = None
     """--save-on's signal number (None: --save-on none)."""
+    grow_interval: float = 60.0
+    """--grow-interval: an attempt runs at least this long before it may grow."""
 
 
 class RankTable:
@@ -455,6 +544,14 @@ class AttemptMachine:
         self.hang = HangPhase.WATCHING
         self.groups: dict[int, GroupReport] = {}
         """Per rank, the process group its script joined (zlaunch/launcher/world_check.py)."""
+        self.fleet = FleetIntent()
+        """The fleet change this attempt is heading for (zlaunch/launcher/fleet_state.py)."""
+        self.planned_at: float | None = None
+        """When the plan went out (--grow-interval counts from here)."""
+        self.save_ready: set[int] = set()
+        """Ranks that listen for the save signal."""
+        self.checkpointing = False
+        """A rank said a checkpoint is being written and has not said it is complete."""
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -479,6 +576,14 @@ class AttemptMachine:
                 return self._on_StacksReady(event, now)
             case SaveAcknowledged():
                 return self._on_SaveAcknowledged(event, now)
+            case SaveReady():
+                return self._on_SaveReady(event, now)
+            case CheckpointReported():
+                return self._on_CheckpointReported(event, now)
+            case PreemptionNotice():
+                return self._on_PreemptionNotice(event, now)
+            case HostReturned():
+                return self._on_HostReturned(event, now)
             case GroupReported():
                 return self._on_GroupReported(event, now)
             case StepReached():
@@ -504,6 +609,7 @@ class AttemptMachine:
 
     def _on_AttemptPlanned(self, event: AttemptPlanned, now: float) -> list[Action]:
         self.ranks.plan(event.ranks)
+        self.planned_at = now
         if self.phase is RunStatus.STARTING:
             self.phase = RunStatus.RUNNING
         return [SetStatus(RunStatus.RUNNING), RecordRanks()]
@@ -521,7 +627,136 @@ class AttemptMachine:
     def _on_SaveAcknowledged(self, event: SaveAcknowledged, now: float) -> list[Action]:
         if event.rank in self.ranks:
             self.save_asked_at = None  # someone saves: the runtime makes every rank join it
+            self.fleet.answered()
         return []
+
+    def _on_SaveReady(self, event: SaveReady, now: float) -> list[Action]:
+        if event.rank in self.ranks:
+            self.save_ready.add(event.rank)
+        return []
+
+    def _on_CheckpointReported(self, event: CheckpointReported, now: float) -> list[Action]:
+        if event.rank not in self.ranks:
+            return []
+        self.checkpointing = event.state is CheckpointState.SAVING
+        if (
+            event.state is CheckpointState.SAVED
+            and event.requested
+            and self.fleet.saved(event.step)
+        ):
+            return [RecordFleet()]
+        return []
+
+    # ---- the fleet: preemption notices and hosts that may join ------------------------------
+
+    def _fleet_facts(self, now: float) -> FleetFacts:
+        interval_over = (
+            self.planned_at is not None and now - self.planned_at >= self.policy.grow_interval
+        )
+        return FleetFacts(
+            phase=self.phase,
+            stopping=self.stopping,
+            user_save=self.save_requested,
+            can_save=self._can_save(),
+            fleet=self.fleet.phase,
+            checkpointing=self.checkpointing,
+            started=bool(self.ranks) and self.save_ready >= set(self.ranks.ranks),
+            grow_due=interval_over,
+        )
+
+    def _can_save(self) -> bool:
+        return (
+            self.policy.checkpoint_dir
+            and self.policy.save_signal is not None
+            and self.fleet.unanswered is None
+        )
+
+    def _why_no_save(self, facts: FleetFacts) -> str:
+        if not self.policy.checkpoint_dir:
+            return "no --checkpoint-dir to save to"
+        if self.policy.save_signal is None:
+            return "--save-on none"
+        if self.fleet.unanswered is not None:
+            return self.fleet.unanswered
+        if not facts.started:
+            return "the ranks do not listen for the save signal (yet)"
+        return "no save possible"
+
+    def _on_PreemptionNotice(self, event: PreemptionNotice, now: float) -> list[Action]:
+        if not 0 <= event.node < len(self.hosts):
+            return []
+        host = self.hosts[event.node]
+        facts = self._fleet_facts(now)
+        answer = self.fleet.notice(event.node, host, event.deadline, event.why, facts, now)
+        if answer is None:
+            return []  # said before
+        why = self._why_no_save(facts) if answer is NoticeAnswer.STOP else ""
+        note = Note(notice_words(host, event.why, event.deadline - now, answer, why), error=True)
+        match answer:
+            case NoticeAnswer.SAVE:
+                return [note, *self._fleet_save(now)]
+            case NoticeAnswer.STOP:
+                return [note, *self._stop(self.policy.grace, now), RecordFleet()]
+            case NoticeAnswer.JOIN_SAVE | NoticeAnswer.AT_RESTART | NoticeAnswer.WITH_USER_SAVE:
+                return [note, RecordFleet()]
+            case _:
+                assert_never(answer)
+
+    def _on_HostReturned(self, event: HostReturned, now: float) -> list[Action]:
+        facts = self._fleet_facts(now)
+        answer = self.fleet.returned(event.host, facts)
+        if answer is None:
+            return []
+        return self._grow_actions(answer, (event.host,), facts, now)
+
+    def _grow_actions(
+        self, answer: GrowAnswer, hosts: Sequence[str], facts: FleetFacts, now: float
+    ) -> list[Action]:
+        match answer:
+            case GrowAnswer.GROW:
+                note = Note(grow_words(hosts, answer), error=True)
+                return [note, *self._fleet_save(now)]
+            case GrowAnswer.WITH_CHANGE:
+                return [Note(grow_words(hosts, answer), error=True), RecordFleet()]
+            case GrowAnswer.CANNOT:
+                if self.fleet.cannot_grow_said:
+                    return []
+                self.fleet.cannot_grow_said = True
+                return [Note(grow_words(hosts, answer, self._why_no_save(facts)), error=True)]
+            case GrowAnswer.WAIT:
+                return [RecordFleet()]
+            case GrowAnswer.NOT_NOW:
+                return []
+            case _:
+                assert_never(answer)
+
+    def _fleet_save(self, now: float) -> list[Action]:
+        """Every rank saves at its next step boundary, for the change (not the user's save:
+        the job goes on after it)."""
+        self.fleet.ask_save(now)
+        return [SignalRanks(self.policy.save_signal), RecordFleet()]
+
+    def _fleet_tick(self, now: float) -> list[Action]:
+        facts = self._fleet_facts(now)
+        step = self.fleet.due(facts, now, SAVE_ACK_WAIT)
+        match step:
+            case FleetStep.NOTHING:
+                return []
+            case FleetStep.GROW | FleetStep.JOIN | FleetStep.CANNOT:
+                hosts = self.fleet.take_waiting(step)
+                answer = {
+                    FleetStep.GROW: GrowAnswer.GROW,
+                    FleetStep.JOIN: GrowAnswer.WITH_CHANGE,
+                    FleetStep.CANNOT: GrowAnswer.CANNOT,
+                }[step]
+                return self._grow_actions(answer, hosts, facts, now)
+            case FleetStep.DEADLINE_PASSED | FleetStep.UNANSWERED:
+                note = Note(self.fleet.stop_words(step), error=True)
+                return [note, *self._stop(self.policy.grace, now), RecordFleet()]
+            case FleetStep.GROW_UNANSWERED:
+                return [Note(self.fleet.stop_words(step), error=True), RecordFleet()]
+            case _:
+                assert_never(step)
 
     def _on_GroupReported(self, event: GroupReported, now: float) -> list[Action]:
         if event.rank in self.ranks:
@@ -539,6 +774,9 @@ class AttemptMachine:
         if state is None:
             return []
         actions: list[Action] = [RecordRanks()]
+        if state.exit_code != 0 and not self.stopping and state.slot.node in self.fleet.notices:
+            # A preempted host's rank ended (its host is going): expected, not a failure.
+            return [*actions, *self._preempted_host_went(state.slot.node, now)]
         if state.exit_code != 0 and not self.stopping:
             self.failures.append(_rank_failure(state, event.last_lines, event.at))
             actions.append(
@@ -569,6 +807,8 @@ class AttemptMachine:
         self.lost_nodes.add(event.node)
         lost = self.ranks.lose_node(event.node)
         actions: list[Action] = [RecordRanks()] if lost else []
+        if lost and not self.stopping and event.node in self.fleet.notices:
+            return [*actions, *self._preempted_host_went(event.node, now)]
         if lost and not self.stopping:
             first = lost[0]
             self.failures.append(
@@ -577,6 +817,17 @@ class AttemptMachine:
             actions.append(Note(f"{self.hosts[event.node]}: {event.why}", error=True))
             actions += self._stop(self.policy.grace, now)
         return actions
+
+    def _preempted_host_went(self, node: int, now: float) -> list[Action]:
+        """A preempted host's ranks ended, or its agent went, before the attempt did."""
+        if self.fleet.phase is FleetPhase.SAVED:
+            return []  # the checkpoint is complete: the ranks were on their way out
+        step = self.fleet.host_went()
+        return [
+            Note(self.fleet.stop_words(step, self.hosts[node]), error=True),
+            *self._stop(self.policy.grace, now),
+            RecordFleet(),
+        ]
 
     def _on_AgentFinished(self, event: AgentFinished, now: float) -> list[Action]:
         self.agent_done[event.node] = True
@@ -604,6 +855,9 @@ class AttemptMachine:
         return self._stop(self.policy.grace, now)
 
     def _on_Tick(self, event: Tick, now: float) -> list[Action]:
+        fleet = self._fleet_tick(now)
+        if fleet:
+            return fleet
         if self._save_unanswered(now):
             self.save_asked_at = None
             return [Note(self._unanswered_save_words(), error=True)]
@@ -745,10 +999,18 @@ class AttemptMachine:
 
     # ---- the end ----------------------------------------------------------------------------
 
+    def _every_rank_ended_well(self) -> bool:
+        return bool(self.ranks) and all(
+            s.phase is RankPhase.EXITED and s.exit_code == 0 for s in self.ranks.ranks.values()
+        )
+
     def outcome(self, ended_by_scheduler: str | None = None) -> Outcome:
         """How the attempt ended, once every agent is done. ``ended_by_scheduler``: Slurm's
         word that it ended the job (the ranks died of its SIGTERM: not a crash)."""
         outcome = self._ending(ended_by_scheduler)
+        fleet = self.fleet.outcome(every_rank_ended_well=self._every_rank_ended_well())
+        if fleet is not None:
+            outcome = dataclasses.replace(outcome, fleet=fleet)
         alone = alone_warning(self.groups, len(self.ranks))
         if alone is None:
             return outcome
@@ -772,6 +1034,8 @@ class AttemptMachine:
                 128 + self.interrupt,
                 f"stopped by {signal_name(self.interrupt)}; all ranks stopped",
             )
+        if not self.save_requested and self.fleet.changed():
+            return Outcome(Ending.FLEET_CHANGED, 0, self.fleet.ending_words())
         if self.ranks.live():
             return Outcome(Ending.INCOMPLETE, EXIT_LOST_AGENT, "some ranks never reported an exit")
         return Outcome(Ending.SUCCEEDED, 0)

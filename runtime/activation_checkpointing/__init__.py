@@ -24,44 +24,9 @@ device-neutral: without CUDA it tracks CPU generator states.
 
 from __future__ import annotations
 
-from runtime.activation_checkpointing.checkpointing import (
-    CheckpointOptions,
-    checkpoint,
-    configure,
-    get_cuda_rng_tracker,
-    is_configured,
-    model_parallel_cuda_manual_seed,
-    non_reentrant_checkpoint,
-    options,
-    partition_activations_in_checkpoint,
-    reset,
-    set_num_layers,
-    take_profile,
-)
-from runtime.activation_checkpointing.rng_tracker import (
-    MODEL_PARALLEL_RNG,
-    RNGStatesTracker,
-    get_rng_tracker,
-    model_parallel_manual_seed,
-)
-from runtime.activation_checkpointing.stash import ArenaFull
+# The face is checkpointing.py's list (DeepSpeed's deepspeed.checkpointing names, the RNG
+# tracker's and the stash's among them): one list of names, there.
+from runtime.activation_checkpointing import checkpointing
+from runtime.activation_checkpointing.checkpointing import *  # noqa: F403
 
-__all__ = [
-    "ArenaFull",
-    "CheckpointOptions",
-    "MODEL_PARALLEL_RNG",
-    "RNGStatesTracker",
-    "checkpoint",
-    "configure",
-    "get_cuda_rng_tracker",
-    "get_rng_tracker",
-    "is_configured",
-    "model_parallel_cuda_manual_seed",
-    "model_parallel_manual_seed",
-    "non_reentrant_checkpoint",
-    "options",
-    "partition_activations_in_checkpoint",
-    "reset",
-    "set_num_layers",
-    "take_profile",
-]
+__all__ = [*checkpointing.__all__]

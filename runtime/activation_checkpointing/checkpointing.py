@@ -34,7 +34,9 @@ __all__ = [
     "model_parallel_manual_seed",
     "non_reentrant_checkpoint",
     "options",
+    "partition_activations_in_checkpoint",
     "reset",
+    "set_num_layers",
     "take_profile",
 ]
 

@@ -5,8 +5,18 @@ builtin types callers catch (ValueError, TypeError, RuntimeError, NotImplemented
 
 from __future__ import annotations
 
-# The face is the tree's own list: one list of names, in tree.py.
-from runtime.errors import tree
-from runtime.errors.tree import *  # noqa: F403
+from runtime.errors.tree import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnsupportedError,
+    UsageError,
+    UserError,
+)
 
-__all__ = [*tree.__all__]
+__all__ = [
+    "InvalidTypeError",
+    "InvalidValueError",
+    "UnsupportedError",
+    "UsageError",
+    "UserError",
+]

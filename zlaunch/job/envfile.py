@@ -59,7 +59,9 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-MAX_ENV_FILE_BYTES = 1024 * 1024
+MAX_ENV_FILE_BYTES = 64 * 1024 * 1024
+"""A sanity bound only (the file is a regular one of your own): the spec's limit, which names
+the variable, is what a large value meets first (zlaunch/job/spec.py)."""
 
 
 def load_env_file(path: str | os.PathLike) -> dict[str, str]:

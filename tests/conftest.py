@@ -87,7 +87,10 @@ def pytest_sessionfinish(session, exitstatus):
     what was built."""
     if not _EXTENSIONS:
         return
-    built = sorted(os.listdir(_EXTENSIONS[0]))
+    try:
+        built = sorted(os.listdir(_EXTENSIONS[0]))
+    except FileNotFoundError:  # removed under the run: nothing of it can be judged
+        return
     if built:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = (

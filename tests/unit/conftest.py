@@ -12,6 +12,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,13 +53,38 @@ def _no_processes():
         patch.undo()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    with _no_processes():
-        yield
+UNIT = Path(__file__).resolve().parent
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
+def pytest_runtest_protocol(item, nextitem):
+    """One guard over a unit test's setup, call and teardown together.
+
+    Patching each phase on its own leaked: a test that monkeypatches one of the guarded names
+    (torch.distributed.init_process_group, say) saves the guard's refusal as the value to
+    restore, and restores it at teardown, after the call phase's guard was undone, so every
+    later test in that worker (integration tests included) found the refusal. Spanning all
+    three phases puts the undo orders right: the test's monkeypatch restores the refusal, then
+    the guard restores the original."""
+    if UNIT not in Path(str(item.fspath)).resolve().parents:
+        yield
+        return
     with _no_processes():
         yield
+    leaked = [name for name, value in _guarded() if getattr(value, "__name__", "") == "refuse"]
+    if leaked:
+        raise UnitTierViolation(f"{item.nodeid} left the unit-tier guard on {', '.join(leaked)}")
+
+
+def _guarded():
+    import _posixsubprocess
+
+    yield "_posixsubprocess.fork_exec", _posixsubprocess.fork_exec
+    yield "subprocess.Popen.__init__", subprocess.Popen.__init__
+    yield "os.fork", os.fork
+    if hasattr(os, "posix_spawn"):
+        yield "os.posix_spawn", os.posix_spawn
+    if "torch.distributed" in sys.modules:
+        yield "torch.distributed.init_process_group", sys.modules[
+            "torch.distributed"
+        ].init_process_group

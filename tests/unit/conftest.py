@@ -85,6 +85,7 @@ def _guarded():
     if hasattr(os, "posix_spawn"):
         yield "os.posix_spawn", os.posix_spawn
     if "torch.distributed" in sys.modules:
-        yield "torch.distributed.init_process_group", sys.modules[
-            "torch.distributed"
-        ].init_process_group
+        yield (
+            "torch.distributed.init_process_group",
+            sys.modules["torch.distributed"].init_process_group,
+        )

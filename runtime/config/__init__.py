@@ -47,7 +47,6 @@ __all__ = [
     "monitors",
     "read_file",
     "scheduler",
-
     "AUTO",
     "Config",
     "ConfigError",

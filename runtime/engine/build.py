@@ -244,4 +244,3 @@ def _hidden_size(model: Any) -> int | None:
         if len(getattr(p, "ds_shape", None) or p.shape) == 2
     )
     return dims.most_common(1)[0][0] if dims else None
-

@@ -262,7 +262,9 @@ class StepMetrics:
         now = time.perf_counter()
         elapsed = max(now - (self._window_start or now), 1e-9)
         loss, tokens = self._reduce()
-        insight = getattr(engine, "insight", None)  # runtime.observe.profiling; every rank (collective)
+        insight = getattr(
+            engine, "insight", None
+        )  # runtime.observe.profiling; every rank (collective)
         per_step = elapsed / max(self._window_steps, 1)
         extra = insight.report_fields(step, per_step, report) if insight else {}
         if self.rank == 0:

@@ -42,7 +42,12 @@ def __getattr__(name: str):
         from runtime.zero import init_context
 
         return getattr(init_context, name)
-    if name in ("get_z3_leaf_modules", "set_z3_leaf_modules", "unset_z3_leaf_modules", "z3_leaf_module"):
+    if name in (
+        "get_z3_leaf_modules",
+        "set_z3_leaf_modules",
+        "unset_z3_leaf_modules",
+        "z3_leaf_module",
+    ):
         from runtime.zero import leaf_modules
 
         return getattr(leaf_modules, name)

@@ -85,7 +85,9 @@ def test_the_agent_and_the_worker_side_import_only_the_standard_library(folder):
 def test_the_checker_sees_a_third_party_import(tmp_path):
     assert _outside(PROTOCOL, ("zlaunch.wire",)) == []
     fake = tmp_path / "probe.py"
-    fake.write_text("import os\nimport torch\nfrom zlaunch.wire import frames\nfrom zlaunch import console\n")
+    fake.write_text(
+        "import os\nimport torch\nfrom zlaunch.wire import frames\nfrom zlaunch import console\n"
+    )
     assert _outside(fake, ("zlaunch.wire",)) == ["torch", "zlaunch.console"]
 
 

@@ -235,9 +235,7 @@ def bypasses(found: dict[str, Path]) -> list[str]:
                 if via_face and module.rpartition(".")[2] in exports.get(folder, ()):
                     continue  # the face names the module as a namespace
                 if (name, module) not in ALLOWED:
-                    out.append(
-                        f"{_shown(path)}:{node.lineno}: {module} (not through {folder})"
-                    )
+                    out.append(f"{_shown(path)}:{node.lineno}: {module} (not through {folder})")
     return sorted(out)
 
 

@@ -113,6 +113,7 @@ def test_the_files_a_dump_leaves_out_are_zlaunchs_own_modules():
     from zlaunch.text import stack_dumps
 
     own = [zlaunch.worker.collective_records, zlaunch.worker.group, zlaunch.worker.stack_dumper]
+
     def under_the_package(module) -> str:
         return "/".join(Path(module.__file__).parts[-3:])
 

@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("stop", "Stop a running job (every rank, as on Ctrl-C)."),
     "stacks": ("stacks", "Every rank's Python stacks, grouped: where a running job is stuck."),
     "plot": ("plot", "Plot loss, lr, throughput and loss scale of a run to a PNG."),
+    "k8s": ("k8s", "Kubernetes: print the objects of a job whose agents dial in from pods."),
     "consolidate": ("consolidate", "One full state dict (safetensors) from a sharded checkpoint."),
     "convert": (
         "convert",

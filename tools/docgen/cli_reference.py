@@ -179,4 +179,8 @@ def render_cli() -> str:
         command = cli.get_command(ctx, name)
         if command is not None:
             out.append(_command(name, command, ctx))
+        if isinstance(command, click.Group):  # its subcommands, each a section of its own
+            group_ctx = click.Context(command, info_name=name, parent=ctx)
+            for sub in command.list_commands(group_ctx):
+                out.append(_command(f"{name} {sub}", command.get_command(group_ctx, sub), ctx))
     return "\n".join(out).rstrip("\n") + "\n"

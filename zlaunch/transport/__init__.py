@@ -1,6 +1,8 @@
 """How a process is started on a host and talked to: local subprocess, SSH channel, or a
 Slurm step / mpirun process relaying its stdin and stdout (``--launcher slurm|mpi``), or an
 agent that connects back over TCP (one srun for the whole allocation: ``--slurm-mode one-step``).
+``k8s_manifest`` is the Kubernetes objects (Secret, headless Service, Indexed Job) of agents
+that dial in from pods, pure.
 
 A :class:`Link` is a running remote (or local) process with a byte stream each way plus its
 stderr: the agent runs over one, ``zlaunch check`` runs its probe over one. Both transports
@@ -9,6 +11,7 @@ return the same kind of object, so the launcher has one code path for every host
 
 from __future__ import annotations
 
+from zlaunch.transport import k8s_manifest
 from zlaunch.transport.link import Link
 from zlaunch.transport.mpi import mpirun_argv
 from zlaunch.transport.slurm import allocation_hosts, in_allocation, job_id, srun_argv
@@ -20,6 +23,7 @@ __all__ = [
     "MAX_PARALLEL_CONNECTS",
     "ONE_STEP_ABOVE_NODES",
     "agent_argv",
+    "k8s_manifest",
     "allocation_hosts",
     "in_allocation",
     "job_id",

@@ -1,0 +1,23 @@
+"""ZeRO-Infinity's NVMe tier: tensors kept in private files under the config's `nvme_path`.
+
+`swap_dir` owns the rank's private directory (0700, unnamed files, removed at the end, stale
+ones of dead processes removed at the next start); `swapper` moves tensors between memory and
+those files on a thread pool (`os.preadv`/`os.pwritev`, direct I/O where the filesystem takes
+it), read-ahead and write-behind through `Pending` handles.
+"""
+
+from __future__ import annotations
+
+from runtime.zero.nvme.swap_dir import SwapDir, sweep_stale
+from runtime.zero.nvme.swapper import ALIGN, Pending, SwapError, Swapper, SwapStats, aligned_buffer
+
+__all__ = [
+    "ALIGN",
+    "Pending",
+    "SwapDir",
+    "SwapError",
+    "SwapStats",
+    "Swapper",
+    "aligned_buffer",
+    "sweep_stale",
+]

@@ -16,7 +16,7 @@ import runtime as _runtime
 from runtime import add_config_arguments, init_distributed
 from runtime.errors import InvalidValueError
 
-from . import accelerator, checkpointing, comm, ops, utils, zero
+from . import accelerator, checkpointing, comm, moe, ops, utils, zero
 from . import runtime as runtime  # deepspeed.runtime.*, as accelerate reads it after import
 from ._missing import module_getattr
 from .runtime.engine import DeepSpeedEngine
@@ -36,6 +36,7 @@ __all__ = [
     "init_distributed",
     "initialize",
     "logger",
+    "moe",
     "ops",
     "runtime",
     "utils",

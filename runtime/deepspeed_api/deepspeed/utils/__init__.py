@@ -1,9 +1,7 @@
-"""``deepspeed.utils``: the logger, the ZeRO-3 leaf-module calls, full-gradient access and the
+"""``deepspeed.utils``: the logger (`logging`), the ZeRO-3 leaf-module calls, full-gradient access and the
 ``zero_to_fp32`` helpers, as the Hugging Face integration imports them."""
 
 from __future__ import annotations
-
-import logging
 
 import torch
 
@@ -17,7 +15,8 @@ from runtime.zero import (
 )
 
 from .._missing import module_getattr
-from . import zero_to_fp32
+from . import logging, zero_to_fp32
+from .logging import log_dist, log_dist_once, logger, set_log_level_from_string
 from .zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
     get_fp32_state_dict_from_zero_checkpoint,
@@ -30,17 +29,18 @@ __all__ = [
     "get_z3_leaf_modules",
     "is_initialized",
     "load_state_dict_from_zero_checkpoint",
+    "log_dist",
+    "log_dist_once",
     "logger",
+    "logging",
     "safe_get_full_fp32_param",
     "safe_get_full_grad",
+    "set_log_level_from_string",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
     "z3_leaf_module",
     "zero_to_fp32",
 ]
-
-# DeepSpeed's logger is named "DeepSpeed"; the Trainer sets its level to the Trainer's own.
-logger = logging.getLogger("DeepSpeed")
 
 
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor:

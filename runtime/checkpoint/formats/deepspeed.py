@@ -180,19 +180,51 @@ class DeepSpeedReader:
         return parts
 
     def _layout(self, shapes: list[dict]) -> dict[str, ParamPlace]:
-        first = self._fp32_parts(self._optim[0])
-        for s in self._optim[1:]:
-            sizes = [t.numel() for t in self._fp32_parts(s)]
-            if sizes != [t.numel() for t in first]:
-                raise CheckpointError(
-                    f"{s['_file']}: flat fp32 sizes {sizes} differ from rank 0's "
-                    f"{[t.numel() for t in first]}"
-                )
         where = f"DeepSpeed checkpoint {self.path}"
         if self.stage == 3:
+            first = self._fp32_parts(self._optim[0])
+            for s in self._optim[1:]:
+                sizes = [t.numel() for t in self._fp32_parts(s)]
+                if sizes != [t.numel() for t in first]:
+                    raise CheckpointError(
+                        f"{s['_file']}: flat fp32 sizes {sizes} differ from rank 0's "
+                        f"{[t.numel() for t in first]}; at ZeRO-3 every rank holds as many"
+                    )
             return zero3_places(shapes, sum(t.numel() for t in first), self.world_size, where)
+        # Stage 1/2: each rank's partition is saved without the alignment padding it holds,
+        # so the ranks' sizes may differ; padded, they are equal.
+        per_rank = [[t.numel() for t in self._fp32_parts(s)] for s in self._optim]
+        padded = None
+        for s, sizes in zip(self._optim, per_rank, strict=True):
+            pads = self._group_paddings(s, len(sizes))
+            full = [n + p for n, p in zip(sizes, pads, strict=True)]
+            if padded is not None and full != padded:
+                raise CheckpointError(
+                    f"{s['_file']}: flat fp32 partitions of {sizes} elements with group_paddings "
+                    f"{pads} make {full}, rank 0's make {padded}; DeepSpeed's partitions of a "
+                    "group are equal before their padding is removed, so files of two saves "
+                    "are mixed"
+                )
+            padded = full
+        rank_numel = [list(group) for group in zip(*per_rank, strict=True)]
         paddings = self._optim[0].get("param_alignment_paddings")
-        return zero12_places(shapes, [t.numel() for t in first], self.world_size, paddings, where)
+        return zero12_places(shapes, rank_numel, paddings, where)
+
+    def _group_paddings(self, s: dict, groups: int) -> list[int]:
+        """The end padding each flat partition of this rank held and was saved without."""
+        pads = s.get("group_paddings")
+        if pads is None:
+            return [0] * groups
+        if (
+            not isinstance(pads, list)
+            or len(pads) != groups
+            or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in pads)
+        ):
+            raise CheckpointError(
+                f"{s['_file']}: group_paddings must be a list of {groups} non-negative "
+                f"integers (one per param group), not {pads!r:.80}"
+            )
+        return pads
 
     def _base_state(self, s: dict) -> dict:
         base = s.get("optimizer_state_dict" if self.stage == 3 else "base_optimizer_state")
@@ -203,20 +235,37 @@ class DeepSpeedReader:
         return base
 
     def _flat_tensors(self) -> dict[str, list[list[torch.Tensor]]]:
-        """Per kind, per rank: the flat tensors (param groups or stage-3 sub-groups)."""
+        """Per kind, per rank: the flat tensors (param groups or stage-3 sub-groups).
+
+        Element-wise optimizer state is every tensor of one or more dimensions (DeepSpeed's
+        own rule when it strips padding); at stage 1/2 it is saved with the partition's end
+        padding (the optimizer's own state dict) or without it (elastic checkpoints): only
+        the elements the fp32 partition holds are kept."""
         out: dict[str, list[list[torch.Tensor]]] = {"param": []}
         for s in self._optim:
             parts = [t.detach() for t in self._fp32_parts(s)]
+            pads = self._group_paddings(s, len(parts)) if self.stage != 3 else [0] * len(parts)
             out["param"].append(parts)
             state = self._base_state(s)["state"]
             kinds = None
             for i, part in enumerate(parts):
                 entry = state.get(i, {})
-                found = {
-                    k: v.detach().reshape(-1)
-                    for k, v in entry.items()
-                    if torch.is_tensor(v) and v.numel() == part.numel() and v.numel() > 1
-                }
+                if not isinstance(entry, dict):
+                    raise CheckpointError(
+                        f"{s['_file']}: the optimizer state of flat group {i} is "
+                        f"{type(entry).__name__}, not a dict of tensors"
+                    )
+                found = {}
+                for k, v in entry.items():
+                    if not (torch.is_tensor(v) and v.dim() > 0):
+                        continue
+                    if v.numel() not in (part.numel(), part.numel() + pads[i]):
+                        raise CheckpointError(
+                            f"{s['_file']}: optimizer state {k!r} of flat group {i} has "
+                            f"{v.numel()} elements, its fp32 partition {part.numel()}; the "
+                            "optimizer's state does not belong to these weights"
+                        )
+                    found[k] = v.detach().reshape(-1)[: part.numel()]
                 if kinds is None:
                     kinds = set(found)
                 if set(found) != kinds:
@@ -324,7 +373,7 @@ class DeepSpeedReader:
             hyper.append({k: v for k, v in group.items() if k != "params"})
             first = (group.get("params") or [None])[0]
             entry = base["state"].get(first, {})
-            values = {k: v for k, v in entry.items() if not (torch.is_tensor(v) and v.numel() > 1)}
+            values = {k: v for k, v in entry.items() if not (torch.is_tensor(v) and v.dim() > 0)}
             scalars.append({"values": jsonable.encode(values, "optimizer state"), "on_device": []})
         return {"class": self._optimizer_class(), "param_groups": hyper, "scalar_state": scalars}
 

@@ -1,8 +1,9 @@
 """Where each parameter of a DeepSpeed ZeRO checkpoint lies in its ranks' flat tensors (pure).
 
 ZeRO 1 and 2 flatten each param group, in ``param_shapes`` order (each parameter followed by
-its alignment padding), pad the group's end and split it into equal partitions, one per rank:
-a parameter can straddle ranks. ZeRO 3 splits every parameter on its own into
+its alignment padding), pad the group's end and split it into equal partitions, one per rank,
+saved without the end padding (so the last ranks' are shorter): a parameter can straddle
+ranks. ZeRO 3 splits every parameter on its own into
 ``ceil(numel / world)`` elements per rank (the last rank's part padded) and each rank
 concatenates its parts, in ``param_shapes`` order over all groups, into its flat tensors.
 
@@ -13,6 +14,7 @@ flat sizes is a `CheckpointError`: a checkpoint that does not add up is never re
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -44,20 +46,27 @@ class ParamPlace:
 
 def zero12_places(
     param_shapes: list[dict[str, tuple[int, ...]]],
-    partition_numel: list[int],
-    world_size: int,
+    rank_numel: list[list[int]],
     alignment_paddings: list[list[int]] | None,
     where: str,
 ) -> dict[str, ParamPlace]:
-    """Stage 1/2: ``partition_numel[g]`` is the size of every rank's partition of group g."""
-    if len(partition_numel) != len(param_shapes):
+    """Stage 1/2: ``rank_numel[g][r]`` is the size of rank r's saved partition of group g.
+
+    DeepSpeed splits a group's flat tensor, padded at its end to its alignment, into equal
+    partitions, and saves each without the part of that padding it holds: the padding sits on
+    the last rank(s) only, so the saved partitions of a group differ in size and, laid end to
+    end, are the group's parameters and their alignment paddings exactly."""
+    if len(rank_numel) != len(param_shapes):
         raise CheckpointError(
             f"{where}: {len(param_shapes)} param groups in param_shapes but "
-            f"{len(partition_numel)} flat fp32 partitions per rank"
+            f"{len(rank_numel)} flat fp32 partitions per rank"
         )
     places: dict[str, ParamPlace] = {}
     for g, shapes in enumerate(param_shapes):
-        size = partition_numel[g]
+        starts = [0]
+        for n in rank_numel[g]:
+            starts.append(starts[-1] + n)
+        total = starts[-1]
         paddings = alignment_paddings[g] if alignment_paddings else [0] * len(shapes)
         if len(paddings) != len(shapes):
             raise CheckpointError(
@@ -67,25 +76,28 @@ def zero12_places(
         offset = 0
         for (name, shape), pad in zip(shapes.items(), paddings, strict=True):
             numel = math.prod(shape)
-            spans = []
-            at = offset
-            while at < offset + numel:
-                rank, within = divmod(at, size) if size else (world_size, 0)
-                end = min(offset + numel, (rank + 1) * size)
-                spans.append(Span(at - offset, end - offset, rank, within))
-                at = end
-            if spans and spans[-1].rank >= world_size:
+            if offset + numel > total:
                 raise CheckpointError(
                     f"{where}: parameter {name} ends at element {offset + numel} of group {g}, "
-                    f"beyond the {world_size} x {size} elements its partitions hold; the "
-                    "checkpoint does not match its param_shapes"
+                    f"beyond the {total} elements its ranks' partitions hold; the checkpoint "
+                    "does not match its param_shapes"
                 )
+            spans = []
+            at = offset
+            rank = bisect.bisect_right(starts, at) - 1
+            while at < offset + numel:
+                while starts[rank + 1] <= at:  # skip empty partitions
+                    rank += 1
+                end = min(offset + numel, starts[rank + 1])
+                spans.append(Span(at - offset, end - offset, rank, at - starts[rank]))
+                at = end
             _add(places, name, ParamPlace(g, tuple(shape), tuple(spans)), where)
             offset += numel + pad
-        if offset > world_size * size:
+        if offset != total:
             raise CheckpointError(
-                f"{where}: group {g} needs {offset} elements, its partitions hold "
-                f"{world_size * size}"
+                f"{where}: the parameters of group {g} and their alignment padding are "
+                f"{offset} elements, its ranks' partitions hold {total}; the checkpoint does "
+                "not match its param_shapes"
             )
     return places
 

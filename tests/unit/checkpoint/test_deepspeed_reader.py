@@ -176,20 +176,31 @@ def test_shapes_that_do_not_fit_the_partitions_are_refused(copy_of):
     state = load_ds_file(str(d / "mp_rank_00_model_states.pt"))
     state["param_shapes"][0]["model.embed_tokens.weight"] = torch.Size([640, 16])
     _rewrite(d / "mp_rank_00_model_states.pt", dict(state))
-    with pytest.raises(CheckpointError, match="beyond the 2 x 3368 elements"):
+    with pytest.raises(CheckpointError, match="beyond the 6736 elements"):
         DeepSpeedReader(str(d))
 
 
 # ---------------------------------------------------------------------------- layouts
 def test_zero12_places_straddle_ranks_and_skip_alignment_padding():
     shapes = [{"a": (3,), "b": (2, 2)}, {"c": (5,)}]
-    places = zero12_places(shapes, [5, 3], 2, [[1, 0], [0]], "x")
-    # group 0: a at 0..3, pad 1, b at 4..8 -> ranks of 5: b is [4,5) on rank 0, [5,8) on rank 1
+    # group 0: a at 0..3, pad 1, b at 4..8 -> ranks of 5 (rank 1 saved without the end
+    # padding: 3): b is [4,5) on rank 0, [5,8) on rank 1; group 1 in ranks of 3 and 2
+    places = zero12_places(shapes, [[5, 3], [3, 2]], [[1, 0], [0]], "x")
     assert places["a"].spans == (Span(0, 3, 0, 0),)
     assert places["b"].spans == (Span(0, 1, 0, 4), Span(1, 4, 1, 0))
     assert places["c"].group == 1 and places["c"].spans == (Span(0, 3, 0, 0), Span(3, 5, 1, 0))
     with pytest.raises(CheckpointError, match="beyond"):
-        zero12_places([{"a": (11,)}], [5], 2, None, "x")
+        zero12_places([{"a": (11,)}], [[5, 5]], None, "x")
+    with pytest.raises(CheckpointError, match="are 8 elements, its ranks' partitions hold 10"):
+        zero12_places(shapes[:1], [[5, 5]], [[1, 0]], "x")
+
+
+def test_zero12_places_skip_ranks_that_hold_only_padding():
+    """A group smaller than the world: at 4 ranks DeepSpeed pads 3 elements to 8, ranks of 2;
+    rank 1 keeps 1 element, ranks 2 and 3 nothing."""
+    places = zero12_places([{"a": (1,), "b": (2,)}], [[2, 1, 0, 0]], None, "x")
+    assert places["a"].spans == (Span(0, 1, 0, 0),)
+    assert places["b"].spans == (Span(0, 1, 0, 1), Span(1, 2, 1, 0))
 
 
 def test_zero3_places_split_every_parameter_and_pad_the_last_rank():

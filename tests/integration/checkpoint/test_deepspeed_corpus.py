@@ -1,0 +1,56 @@
+"""Resuming the DeepSpeed corpus (checkpoints real DeepSpeed 0.19.8 wrote of small models on a
+grid of ZeRO stages, world sizes, precisions and optimizers: tests/fixtures/deepspeed/corpus)
+with this runtime at world sizes 1-4, at the stage it was saved at and at another: the next
+steps' losses must be the ones DeepSpeed's own continuation gave."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.deepspeed.corpus_cases import CASES, RESUME_STEPS
+from tests.integration.engine.mp_utils import run_ranks
+
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
+
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "deepspeed" / "corpus"
+EXPECTED = json.loads((CORPUS / "expected.json").read_text())
+WORKER = "tests/integration/checkpoint/ds_corpus_worker.py"
+# fp32: float reduction order only. bf16: another world size rounds other partial sums.
+TOLERANCE = {"fp32": 2e-6, "bf16": 2e-4}
+
+
+def test_the_corpus_is_deepspeeds_and_complete():
+    assert EXPECTED["deepspeed"] == "0.19.8"
+    assert sorted(EXPECTED["cases"]) == sorted(CASES)
+
+
+def _other_stage(stage: int, world: int) -> int:
+    """Another ZeRO stage, a different one at each world size."""
+    others = [s for s in (1, 2, 3) if s != stage]
+    return others[world % 2]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_checkpoint_resumes_with_deepspeeds_own_losses(world):
+    runs = [(case, spec.stage) for case, spec in sorted(CASES.items())]
+    runs += [(case, _other_stage(spec.stage, world)) for case, spec in sorted(CASES.items())]
+    got = run_ranks(
+        world,
+        f"{WORKER}:resume",
+        {"corpus": str(CORPUS), "runs": runs, "steps": RESUME_STEPS},
+        timeout=300,
+    )[0]
+    failures = []
+    for case, stage in runs:
+        result = got[f"{case}@z{stage}"]
+        expected = EXPECTED["cases"][case]["after"]
+        if "error" in result:
+            failures.append(f"{case} at ZeRO-{stage}: {result['error']}")
+            continue
+        diff = max(abs(a - b) for a, b in zip(result["losses"], expected, strict=True))
+        if diff >= TOLERANCE[CASES[case].precision] or result["global_steps"] != 3:
+            failures.append(f"{case} at ZeRO-{stage}: {result} vs DeepSpeed's {expected}")
+    assert not failures, "\n".join(failures)

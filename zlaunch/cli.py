@@ -20,6 +20,7 @@ __all__ = ["main", "cli"]
 # name -> (module under zlaunch.commands, one-line help shown by `zlaunch --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Launch SCRIPT on every slot of every host (the default command)."),
+    "agent": ("agent", "A node's agent that dials in to a controller (--launcher dialin)."),
     "check": ("check", "Preflight every host: ssh, python, zlaunch, torch, GPUs, cwd, port."),
     "estimate": ("estimate", "Model-state memory per GPU and per node for each ZeRO stage."),
     "ls": ("ls", "List runs: id, start, hosts, ranks, status, last step."),

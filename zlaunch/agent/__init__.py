@@ -7,6 +7,7 @@ quiet (`loop`). Standard library only: it runs on every node, wherever the job's
 `tests/unit/test_contract.py` holds this whole folder to that.
 """
 
+from zlaunch.agent.connect import ConnectFailed, read_token_file
 from zlaunch.agent.loop import Agent, AgentPhase, hello, main
 
-__all__ = ["Agent", "AgentPhase", "hello", "main"]
+__all__ = ["Agent", "AgentPhase", "ConnectFailed", "hello", "main", "read_token_file"]

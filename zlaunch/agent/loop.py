@@ -345,10 +345,16 @@ class Agent:
 
 
 def hello() -> frames.Hello:
-    """Where this agent runs: over SSH, the addresses of both ends of the connection."""
+    """Where this agent runs: over SSH, the addresses of both ends of the connection; an agent
+    that connected back, both ends of its connection (this node as the controller reaches it)."""
+    from zlaunch.agent.connect import connected_ends
+
     addr = client_addr = None
     conn = os.environ.get("SSH_CONNECTION", "").split()
-    if len(conn) == 4:
+    ends = connected_ends()
+    if ends is not None:  # first: an agent started by hand may run in someone's ssh session
+        addr, client_addr = ends
+    elif len(conn) == 4:
         client_addr, addr = _plain_ip(conn[0]), _plain_ip(conn[2])
     return frames.Hello(
         hostname=socket.gethostname(),
@@ -381,10 +387,10 @@ def _free_port(addr: str | None) -> int:
         return sock.getsockname()[1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from zlaunch.agent.connect import agent_fds  # --connect HOST:PORT: frames over TCP
 
-    sys.exit(Agent(*agent_fds(sys.argv[1:])).run())
+    sys.exit(Agent(*agent_fds(sys.argv[1:] if argv is None else argv)).run())
 
 
 if __name__ == "__main__":

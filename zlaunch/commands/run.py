@@ -123,6 +123,21 @@ def _warn_of_visible_secrets(options: LaunchOptions) -> None:
         )
 
 
+def _dialin_nodes(values: dict) -> None:
+    """--launcher dialin --nodes N: the agents to wait for (--num-nodes), not an allocation."""
+    if (values.get("launcher") or "").strip().lower() != "dialin":
+        return
+    nodes = values.pop("nodes", None)
+    if nodes is None:
+        return
+    if values.get("num_nodes") not in (None, nodes):
+        raise UsageError(
+            f"--nodes {nodes} and --num-nodes {values['num_nodes']} disagree",
+            hint="give one of them: how many agents dial in",
+        )
+    values["num_nodes"] = nodes
+
+
 def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     """--dry-run: the srun or mpirun command line that starts each node's agent."""
     import shlex
@@ -131,6 +146,14 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 
     if options.launcher == "ssh":
         return ""
+    if options.launcher == "dialin":
+        where = options.controller_addr or "ADDR"
+        port = options.controller_port or "PORT"
+        return (
+            f"agents dial in (started by you or your scheduler, one per node, "
+            f"{len(options.hosts)} awaited), each with a private copy of {options.token_file}:\n"
+            f"  zlaunch agent --connect {where}:{port} --token-file FILE\n"
+        )
     argv = agent_argv(options.python)
     if options.launcher == "slurm" and options.slurm_mode == "one-step":
         from zlaunch.transport import job_id, one_step_argv
@@ -182,8 +205,9 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     "--launcher",
     default="auto",
     show_default=True,
-    metavar="auto|ssh|slurm|mpi",
-    help="How agents start: auto = slurm inside an allocation without --hostfile, else ssh.",
+    metavar="auto|ssh|slurm|mpi|dialin",
+    help="How agents start: auto = slurm inside an allocation without --hostfile, else ssh; "
+    "dialin = started by someone else, they dial in (--nodes, --token-file).",
 )
 @click.option("--slurm-args", help="Extra srun arguments for each agent's step (one string).")
 @click.option(
@@ -196,13 +220,24 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 )
 @click.option(
     "--controller-addr",
-    help="--slurm-mode one-step: this machine's address the agents connect to "
-    "(default: the one that routes to the nodes).",
+    help="--slurm-mode one-step, --launcher dialin: this machine's address the agents connect "
+    "to (default: the one that routes to the nodes).",
+)
+@click.option(
+    "--controller-port",
+    type=click.IntRange(0, 65535),
+    help="--launcher dialin: the port the agents dial in to. Default: a free one, said at start.",
+)
+@click.option(
+    "--token-file",
+    help="--launcher dialin: the job's token, in a private file the agents get a copy of "
+    "(written if it does not exist).",
 )
 @click.option(
     "--nodes",
     type=click.IntRange(1),
-    help="From a login node: ask Slurm (salloc) for N nodes and run the job in them.",
+    help="From a login node: ask Slurm (salloc) for N nodes and run the job in them. "
+    "--launcher dialin: how many agents to wait for.",
 )
 @click.option("--partition", help="With --nodes: the Slurm partition.")
 @click.option("--time", "time_limit", help="With --nodes: the allocation's time limit.")
@@ -357,6 +392,7 @@ def command(**values) -> None:
     zlaunch -H hosts --include node1:0-3 train.py
     zlaunch --nodes 3 --partition gpu train.py    (salloc, then one srun step per node)
     """
+    _dialin_nodes(values)
     salloc = _allocation_request(values, os.environ)
     if salloc is not None:
         import shlex

@@ -88,6 +88,8 @@ class RunArguments:
     slurm_args: str | None = None
     slurm_mode: str = "auto"
     controller_addr: str | None = None
+    controller_port: int | None = None
+    token_file: str | None = None
     mpirun_args: str | None = None
     runtime: str = "auto"
     environ: Mapping[str, str] | None = None
@@ -157,6 +159,8 @@ def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     """The selected hosts, and the spares that may replace lost ones (with --min-nodes)."""
     from zlaunch.job import default_hosts, load_hostfile, select_hosts
 
+    if launcher == "dialin":
+        return _dialin_hosts(args), []
     if args.hostfile is not None:
         hosts = load_hostfile(os.path.expanduser(args.hostfile))
     elif launcher != "ssh":
@@ -174,6 +178,37 @@ def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     selected = select_hosts(hosts, args.include, args.exclude, args.num_nodes, args.num_gpus)
     spares = _spare_hosts(hosts, selected, args.num_gpus) if args.min_nodes is not None else []
     return selected, spares
+
+
+def _dialin_hosts(args: RunArguments) -> list[Host]:
+    """--launcher dialin: ``--nodes`` nodes of ``--num-gpus`` slots each (1 by default), named
+    in the order their agents dial in (the controller does not choose them)."""
+    from zlaunch.transport import dialin_hosts
+
+    for flag, value in (
+        ("--hostfile", args.hostfile),
+        ("--include", args.include),
+        ("--exclude", args.exclude),
+    ):
+        if value is not None:
+            raise UsageError(
+                f"{flag} has no effect with --launcher dialin: the nodes are whichever agents "
+                "dial in",
+                hint="drop it; --nodes N says how many agents to wait for",
+            )
+    if args.num_nodes is None:
+        raise UsageError(
+            "--launcher dialin needs --nodes N: how many agents to wait for",
+            hint="e.g. zlaunch run --launcher dialin --nodes 2 --token-file ~/job.token train.py",
+        )
+    if args.min_nodes is not None:
+        raise UsageError(
+            "--min-nodes is not supported with --launcher dialin yet: a restart would wait for "
+            "agents nobody starts again",
+            hint="drop --min-nodes",
+        )
+    slots = tuple(range(args.num_gpus or 1))
+    return dialin_hosts(args.num_nodes, slots)
 
 
 def _config_path(args: RunArguments, cwd: str) -> str | None:
@@ -255,6 +290,8 @@ def _launch_options(
         launcher_args=launcher_args,
         slurm_mode=_slurm_mode(args.slurm_mode, launcher, len(hosts), args.controller_addr),
         controller_addr=_controller_addr(args.controller_addr),
+        controller_port=_controller_port(args.controller_port, launcher),
+        token_file=_token_file(args.token_file, launcher),
         ssh=SshOptions(
             config_file=_existing_file(args.ssh_config, "--ssh-config"),
             port=args.ssh_port,
@@ -614,6 +651,8 @@ def _slurm_mode(name: str, launcher: str, nodes: int, controller_addr: str | Non
             f"--slurm-mode {clip(name)}: expected auto, {', '.join(SLURM_MODES)}",
             hint=f"auto: one-step above {ONE_STEP_ABOVE_NODES} nodes, step-per-node up to it",
         )
+    if launcher == "dialin" and name == "auto":
+        return "step-per-node"  # --controller-addr is dial-in's too
     if launcher != "slurm":
         if name != "auto" or controller_addr:
             flag = "--slurm-mode" if name != "auto" else "--controller-addr"
@@ -642,6 +681,30 @@ def _controller_addr(value: str | None) -> str | None:
             hint="e.g. --controller-addr 10.0.0.5 (the port is chosen free per attempt)",
         )
     return text
+
+
+def _controller_port(value: int | None, launcher: str) -> int:
+    """--controller-port: dial-in's alone (one srun step's agents are told a free port)."""
+    if value is None:
+        return 0
+    if launcher != "dialin":
+        raise UsageError(
+            f"--controller-port has no effect with --launcher {launcher}",
+            hint="drop it (it is the port dial-in agents connect to)",
+        )
+    return value
+
+
+def _token_file(value: str | None, launcher: str) -> str | None:
+    """--token-file: dial-in's alone; an absolute path."""
+    if value is None:
+        return None
+    if launcher != "dialin":
+        raise UsageError(
+            f"--token-file has no effect with --launcher {launcher}",
+            hint="drop it (zlaunch hands the token to the agents it starts itself)",
+        )
+    return os.path.abspath(os.path.expanduser(value))
 
 
 def _save_on_signal(value: str | None) -> str | None:

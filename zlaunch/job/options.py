@@ -30,7 +30,7 @@ DEFAULT_LOG_DIR = "zlaunch_runs"
 DEFAULT_GRACE_PERIOD = 5.0
 #: How agents are started: over SSH (a local subprocess for local hosts), by Slurm's srun, or
 #: by Open MPI's mpirun (zlaunch/transport/).
-LAUNCHERS = ("ssh", "slurm", "mpi")
+LAUNCHERS = ("ssh", "slurm", "mpi", "dialin")
 #: How --launcher slurm starts the agents: one srun step per node, or one srun for all nodes
 #: whose agents connect back over TCP (zlaunch/transport/slurm_one_step.py).
 SLURM_MODES = ("step-per-node", "one-step")
@@ -91,7 +91,8 @@ class LaunchOptions:
     ssh: SshOptions = field(default_factory=SshOptions)
     """How to reach remote hosts."""
     launcher: str = "ssh"
-    """How agents start: "ssh", "slurm" (one srun step per node) or "mpi" (mpirun per node)."""
+    """How agents start: "ssh", "slurm" (one srun step per node), "mpi" (mpirun per node) or
+    "dialin" (started by someone else, they dial in: zlaunch/transport/dialin.py)."""
     launcher_args: tuple[str, ...] = ()
     """Extra arguments for srun (--slurm-args) or mpirun (--mpirun-args)."""
     slurm_mode: str = "step-per-node"
@@ -100,6 +101,10 @@ class LaunchOptions:
     controller_addr: str | None = None
     """one-step: the address of this machine the agents connect to; None = the one that routes
     to the nodes."""
+    controller_port: int = 0
+    """--launcher dialin: the port the agents dial in to; 0 = any free one (said at start)."""
+    token_file: str | None = None
+    """--launcher dialin: the private file holding the job's token (written if absent)."""
     log_dir: str = DEFAULT_LOG_DIR
     """Root of the run directories (absolute once built by the CLI)."""
     ranks_filter: frozenset[int] | None = None
@@ -161,6 +166,13 @@ class LaunchOptions:
             raise UsageError(
                 f"--slurm-mode must be one of {', '.join(SLURM_MODES)}, got {self.slurm_mode!r}"
             )
+        if self.launcher == "dialin" and not self.token_file:
+            raise UsageError(
+                "--launcher dialin needs --token-file FILE: where the job's token is kept "
+                "(written, private, if it does not exist) for the agents to prove it"
+            )
+        if not 0 <= self.controller_port <= 65535:
+            raise UsageError(f"--controller-port must be 0-65535, got {self.controller_port}")
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
         if self.resume and not self.checkpoint_dir:

@@ -135,6 +135,7 @@ class AgentLinks:
         done: Callable[[int], bool],
         trace: Callable[[str], None] = lambda _w: None,
         note: Callable[[str], None] = lambda _w: None,
+        say: Callable[[str], None] = lambda _w: None,
     ):
         self.hosts = tuple(hosts)
         self.queue: queue.Queue = queue.Queue()
@@ -148,6 +149,8 @@ class AgentLinks:
         self._trace = trace
         self._note = note
         """Tells the user of something seen while connecting (a connection refused)."""
+        self._say = say
+        """Tells the user where dial-in agents are awaited, and who dialed in."""
         self._stop_heartbeat = threading.Event()
         self._budget = _ByteBudget(QUEUED_BYTES)
         self._read_size = max(MIN_READ, min(MAX_READ, QUEUED_BYTES // max(1, len(self.hosts))))
@@ -180,6 +183,9 @@ class AgentLinks:
             controller_addr=options.controller_addr,
             on_refused=self._note,
             interrupted=self._stop_signal_waiting,
+            controller_port=options.controller_port,
+            token_file=options.token_file,
+            on_listening=self._say,
         )
 
     def _stop_signal_waiting(self) -> int | None:

@@ -117,6 +117,7 @@ class Attempt:
             lambda node: self.machine.agent_done[node],
             self._trace,
             note=lambda what: console.note(what, error=True),
+            say=console.note,
         )
         self.hellos: list[frames.Hello | None] = [None] * len(self.hosts)
         self.view: JobView = PlainView(console)

@@ -147,21 +147,24 @@ class ConnectBackLink(Link):
 
 class Listener:
     """The controller's port for one attempt's agents: bound to ``address`` (one the nodes
-    reach), any free port."""
+    reach), on ``port`` (0: any free one)."""
 
-    def __init__(self, address: str, token: str):
+    def __init__(self, address: str, token: str, port: int = 0):
         self.token = token
         try:
-            infos = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
             family, _, _, _, sockaddr = infos[0]
             self.sock = socket.socket(family, socket.SOCK_STREAM)
+            # a fixed port is bound again by the next attempt while the last one's
+            # connections linger in TIME_WAIT
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind(sockaddr[:2])
             # the kernel's whole queue: a flood waits there to be accepted and shed, rather
             # than having an agent's connection dropped before it is seen
             self.sock.listen(socket.SOMAXCONN)
         except OSError as err:
             raise LaunchError(
-                f"cannot listen on {address} for the agents to connect back: {err}",
+                f"cannot listen on {address}:{port} for the agents to connect back: {err}",
                 hint="--controller-addr ADDR sets an address of this machine the nodes reach",
             ) from None
         self.sock.setblocking(False)

@@ -63,6 +63,9 @@ def open_links(
     controller_addr: str | None = None,
     on_refused: Callable[[str], None] = lambda _why: None,
     interrupted: Callable[[], int | None] = lambda: None,
+    controller_port: int = 0,
+    token_file: str | None = None,
+    on_listening: Callable[[str], None] = lambda _what: None,
 ) -> list[Link]:
     """Start on every host in parallel (bounded). If any host fails, the ones that did start
     are terminated and the first failure (in host order) is raised, naming its host.
@@ -71,7 +74,27 @@ def open_links(
     each connecting back to ``controller_addr`` (None: chosen from the route to the nodes);
     ``on_refused`` hears of each connection that failed the handshake, and ``interrupted()``
     (a signal number, or None) ends the wait for them (transport/slurm_one_step.py).
+    ``--launcher dialin``: agents started by someone else dial in to ``controller_addr`` and
+    ``controller_port`` with the token of ``token_file`` (transport/dialin.py); where they are
+    awaited is told to ``on_listening``.
     """
+    if launcher == "dialin":
+        from zlaunch.transport.dialin import open_dialin
+
+        argvs = {tuple(argv_for(host)) for host in hosts}
+        if len(argvs) != 1 or token_file is None:
+            raise LaunchError("dial-in agents run one command and need the token file")
+        return open_dialin(
+            hosts,
+            argvs.pop(),
+            token_file=token_file,
+            controller_addr=controller_addr,
+            port=controller_port,
+            on_open=on_open,
+            on_listening=on_listening,
+            on_refused=on_refused,
+            interrupted=interrupted,
+        )
     if launcher == "slurm" and slurm_mode == "one-step":
         from zlaunch.transport.slurm_one_step import open_one_step
 

@@ -641,7 +641,9 @@ def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str,
         # This machine is the master: use the address the other hosts see us coming from.
         seen = [h.client_addr for h in hellos if h and h.client_addr]
         addr = seen[0] if seen else hosts[0].name
-    else:
+    elif options.launcher == "slurm":
+        addr = hosts[0].name  # the node's name in the allocation, which every node resolves
+    else:  # over SSH, or dialed in: the address this node is reached at
         addr = first.addr or hosts[0].name
     return addr, options.master_port or first.port
 

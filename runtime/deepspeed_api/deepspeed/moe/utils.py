@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from runtime.errors import InvalidValueError
+
 from .._missing import missing, module_getattr
 from .layer import MoE
 
@@ -57,7 +59,9 @@ def _as_group_list(param_groups) -> list[dict[str, Any]]:
         return [param_groups]
     if isinstance(param_groups, list):
         return param_groups
-    raise ValueError(f"Unknown param group type of {type(param_groups)}")
+    raise InvalidValueError(
+        f"param_groups must be a dict, a list or a tuple of dicts, not {type(param_groups).__name__}"
+    )
 
 
 def split_params_into_different_moe_groups_for_optimizer(

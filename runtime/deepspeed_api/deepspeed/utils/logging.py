@@ -12,6 +12,8 @@ import functools
 import logging
 import sys
 
+from runtime.errors import InvalidValueError
+
 __all__ = [
     "get_current_level",
     "get_dist_msg",
@@ -106,7 +108,7 @@ def print_dist(message, ranks=None) -> None:
 def get_log_level_from_string(log_level_str: str) -> int:
     level = log_levels.get(str(log_level_str).lower())
     if level is None:
-        raise ValueError(
+        raise InvalidValueError(
             f"{log_level_str!r} is not one of the valid logging levels: {', '.join(log_levels)}"
         )
     return level
@@ -128,5 +130,5 @@ def get_current_level() -> int:
 def should_log_le(max_log_level_str: str) -> bool:
     """Whether the logger's level is at or below ``max_log_level_str`` ("info", ...)."""
     if not isinstance(max_log_level_str, str):
-        raise ValueError(f"{max_log_level_str!r} is not a string")
+        raise InvalidValueError(f"{max_log_level_str!r} is not a string")
     return get_current_level() <= get_log_level_from_string(max_log_level_str)

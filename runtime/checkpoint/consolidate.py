@@ -12,11 +12,11 @@ import os
 import torch
 
 from .errors import CheckpointError
-from .held_dir import HeldDir
+from .held_dir import HeldDir, temp_name
 from .reader import CheckpointReader
 from .storage import MANIFEST, resolve_checkpoint
 
-__all__ = ["consolidate_state_dict", "write_state_dict", "DTYPES"]
+__all__ = ["consolidate_state_dict", "write_state_dict", "write_torch_state_dict", "DTYPES"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -72,5 +72,32 @@ def write_state_dict(state: dict[str, torch.Tensor], output: str, metadata: dict
             with SafetensorsStream(folder, os.path.basename(output), plan, metadata) as out:
                 for name, t in state.items():
                     out.write(name, t)
+    except OSError as err:
+        raise CheckpointError(f"cannot write {output}: {err.strerror or err}") from None
+
+
+def write_torch_state_dict(state: dict[str, torch.Tensor], output: str) -> None:
+    """Save with ``torch.save`` (what ``torch.load`` and ``from_pretrained`` read from a
+    ``.bin``), atomically as `write_state_dict` does: a new file of ours under a random
+    temporary name in the output's folder, fsync'd, renamed over ``output`` once complete."""
+    output = os.path.abspath(output)
+    parent, name = os.path.split(output)
+    if not os.path.isdir(parent):
+        raise CheckpointError(f"cannot write {output}: {parent} is not a directory")
+    tmp = temp_name(name)
+    try:
+        with HeldDir.open(parent) as folder:
+            try:
+                fd = folder.create(tmp)
+                with open(fd, "wb") as f:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                folder.rename(tmp, name)
+                tmp = None
+                folder.sync()
+            finally:
+                if tmp is not None:
+                    folder.remove(tmp)
     except OSError as err:
         raise CheckpointError(f"cannot write {output}: {err.strerror or err}") from None

@@ -357,7 +357,10 @@ def save_16bit_model(
     engine, save_dir, save_filename: str = "model.safetensors", exclude_frozen: bool = False
 ) -> bool:
     """Write the consolidated weights to ``save_dir/save_filename`` from rank 0 (collective):
-    the module's weights gathered unit by unit (runtime/zero/stage3/save.py), as safetensors."""
+    the module's weights gathered unit by unit (runtime/zero/stage3/save.py), in the format the
+    file name says: safetensors for ``*.safetensors``, else ``torch.save`` of the state dict
+    (DeepSpeed's format for every name, what ``torch.load`` and a ``pytorch_model.bin`` reader
+    expect)."""
     zero = engine.config.zero_optimization
     rank = engine.global_rank
     if zero.stage == 3 and not zero.stage3_gather_16bit_weights_on_model_save:
@@ -372,10 +375,14 @@ def save_16bit_model(
 
     state = consolidated_state_dict(engine.module, rank, exclude_frozen)
     if rank == 0:
-        from .consolidate import write_state_dict
+        from .consolidate import write_state_dict, write_torch_state_dict
 
         os.makedirs(save_dir, exist_ok=True)
+        output = os.path.join(os.fspath(save_dir), save_filename)
         # A random temporary name, never through a link, renamed once complete.
-        write_state_dict(state, os.path.join(os.fspath(save_dir), save_filename), {"format": "pt"})
+        if str(save_filename).endswith(".safetensors"):
+            write_state_dict(state, output, {"format": "pt"})
+        else:
+            write_torch_state_dict(state, output)
     engine.comm.barrier()
     return True

@@ -395,7 +395,9 @@ class Engine(EngineQueries, torch.nn.Module):
     def save_16bit_model(
         self, save_dir, save_filename: str = "model.safetensors", exclude_frozen_parameters=False
     ) -> bool:
-        """Write the full weights (the module's dtype) as safetensors from rank 0 (collective).
+        """Write the full weights (the module's dtype) from rank 0 (collective): safetensors
+        when ``save_filename`` ends in ``.safetensors``, else ``torch.save`` of the state dict
+        (what DeepSpeed writes, and ``torch.load`` reads).
 
         Under stage 3 this needs ``stage3_gather_16bit_weights_on_model_save: true``; without it
         nothing is written and False is returned, as in DeepSpeed.

@@ -149,6 +149,17 @@ class DeepSpeedEngine(Engine):
         return None if block is None else dict(block.params)
 
     # ---- saving
+    def save_16bit_model(
+        self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters=False
+    ) -> bool:
+        """DeepSpeed's default file name (``pytorch_model.bin``, a ``torch.save`` state dict);
+        a ``*.safetensors`` name is written as safetensors (`Engine.save_16bit_model`)."""
+        return super().save_16bit_model(save_dir, save_filename, exclude_frozen_parameters)
+
+    def save_fp16_model(self, save_dir, save_filename: str = "pytorch_model.bin") -> bool:
+        """DeepSpeed's older name for `save_16bit_model`."""
+        return self.save_16bit_model(save_dir, save_filename)
+
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         """Whether ZeRO-3 weights may be gathered to save a full model
         (``stage3_gather_16bit_weights_on_model_save``)."""

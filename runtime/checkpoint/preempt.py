@@ -36,10 +36,12 @@ __all__ = [
 log = logging.getLogger("runtime.checkpoint")
 
 from zlaunch.wire import (  # noqa: E402 - the shared names
+    CHECKPOINT_EVENT,
     EVENTS_FD_ENV,
     RESUME_ENV,
     SAVE_ACK_EVENT,
     SAVE_ON_ENV,
+    SAVE_READY_EVENT,
 )
 
 SAVED_MARKER = "zlaunch: saved checkpoint"
@@ -56,6 +58,9 @@ class SaveOnSignal:
         self.device = torch.device(device)
         self.requested = False
         signal.signal(signum, self._on_signal)
+        # From now on this rank can be asked to save: zlaunch may then answer a host's
+        # preemption notice with a save instead of a stop.
+        _event({"kind": SAVE_READY_EVENT})
 
     def board(self, riders) -> None:
         """Before the optimizer step: this rank's flag, summed with the gradient norm."""
@@ -82,7 +87,14 @@ class SaveOnSignal:
             sums = flag.tolist()
         if sums[0] == 0.0:
             return
-        path = engine.save_checkpoint()
+        step = engine.global_steps
+        _event({"kind": CHECKPOINT_EVENT, "state": "saving", "step": step, "requested": True})
+        try:
+            path = engine.save_checkpoint()
+        except BaseException:
+            _event({"kind": CHECKPOINT_EVENT, "state": "failed", "step": step, "requested": True})
+            raise
+        _event({"kind": CHECKPOINT_EVENT, "state": "saved", "step": step, "requested": True})
         if engine.global_rank == 0:
             name = signal.Signals(self.signum).name
             print(
@@ -97,10 +109,15 @@ class SaveOnSignal:
 
 def _acknowledge() -> None:
     """Tell zlaunch this rank will save, so it does not say that nobody handles the signal."""
+    _event({"kind": SAVE_ACK_EVENT})
+
+
+def _event(event: dict) -> None:
+    """One JSON-line event to this rank's agent (nothing outside zlaunch)."""
     fd = os.environ.get(EVENTS_FD_ENV, "")
     if fd.isdigit():
         try:
-            os.write(int(fd), json.dumps({"kind": SAVE_ACK_EVENT}).encode() + b"\n")
+            os.write(int(fd), json.dumps(event).encode() + b"\n")
         except OSError:
             pass  # no agent to tell (run outside zlaunch, or it is gone)
 

@@ -20,6 +20,7 @@ import os
 import selectors
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Any
@@ -79,6 +80,11 @@ class Agent:
         self.pending_signals: list[int] = []
         self.records = RecordFiles()  # each rank's recent collectives, sent with its stacks
         self.stack_requests = StackRequests()  # asked stacks threads that have not answered
+        self.preemption_signal: int | None = None
+        """The spec's: this signal is the host's preemption notice, not a stop."""
+        self.preemption_check: PreemptionCheck | None = None
+        self.preempted = False
+        """The notice was sent upstream (once: the controller keeps its deadline)."""
 
     def _send(self, frame: frames.Frame) -> None:
         if isinstance(frame, frames.Event):
@@ -99,6 +105,13 @@ class Agent:
         self.phase = AgentPhase.RUNNING
         self.grace = spec.grace
         self.heartbeat_timeout = spec.heartbeat_timeout
+        self.preemption_signal = spec.preemption_signal
+        if self.preemption_signal is not None and self.preemption_signal not in _STOP_SIGNALS:
+            signal.signal(self.preemption_signal, self._on_signal)
+        if spec.preemption_check:
+            self.preemption_check = PreemptionCheck(
+                spec.preemption_check, spec.preemption_check_interval, spec.cwd or None
+            )
         node_env = {**self._socket_ifname_env(spec.master_addr), **spec.env}
         for entry in spec.workers:
             if self.stopping:
@@ -264,6 +277,8 @@ class Agent:
                 self._turn(time.monotonic())
         finally:
             self.records.remove()
+            if self.preemption_check is not None:
+                self.preemption_check.close()
         self.workers.close()
         self._send(frames.Bye())
         self.upstream.flush_blocking()
@@ -273,7 +288,7 @@ class Agent:
         os.set_blocking(self.signal_r, False)
         os.set_blocking(self.signal_w, False)
         signal.set_wakeup_fd(self.signal_w)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in _STOP_SIGNALS:
             signal.signal(signum, self._on_signal)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         os.set_blocking(self.stdout_fd, False)
@@ -290,6 +305,7 @@ class Agent:
         if self.phase is AgentPhase.STOPPING and self.kill_at is not None and now >= self.kill_at:
             self._kill_remaining()
         self._stacks_fallbacks(now)
+        self._check_preemption(now)
         progress_waits = self.output.forward_due_progress(now)
         for key, _ in self.sel.select(self._wait_time(now, progress_waits)):
             self._dispatch(key)
@@ -314,6 +330,8 @@ class Agent:
             timeout = min(timeout, self.kill_at - now)
         if self.workers.needs_polling:
             timeout = min(timeout, EXIT_POLL)
+        if self.preemption_check is not None and not self.preempted:
+            timeout = min(timeout, self.preemption_check.next_due(now))
         if progress_waits:  # a progress line held back by PROGRESS_INTERVAL
             timeout = min(timeout, PROGRESS_INTERVAL)
         return max(0.0, timeout)
@@ -341,7 +359,96 @@ class Agent:
             pass
         signals, self.pending_signals = self.pending_signals, []
         for signum in signals:
-            self.stop(self.grace, f"agent received {signal.Signals(signum).name}")
+            name = signal.Signals(signum).name
+            if signum == self.preemption_signal and self.phase is AgentPhase.RUNNING:
+                self._preemption_notice(f"the agent received {name}")
+            elif signum in _STOP_SIGNALS:
+                self.stop(self.grace, f"agent received {name}")
+
+    # ---- preemption notices ---------------------------------------------------------------
+
+    def _preemption_notice(self, why: str) -> None:
+        """Say once that this host is about to go; the workers keep running: the controller
+        asks every rank to save, then stops them (or they exit after the save)."""
+        if self.preempted:
+            return
+        self.preempted = True
+        if self.preemption_check is not None:
+            self.preemption_check.close()
+        self._send(frames.Error(why, protocol.CAUSE_PREEMPTED))
+
+    def _check_preemption(self, now: float) -> None:
+        if self.preemption_check is None or self.preempted:
+            return
+        if self.phase is not AgentPhase.RUNNING:
+            self.preemption_check.close()
+            return
+        if self.preemption_check.says_preempted(now):
+            self._preemption_notice(
+                f"--preemption-check {self.preemption_check.command!r} exited 0"
+            )
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class PreemptionCheck:
+    """The user's command, run every ``interval`` seconds without blocking the loop: its exit
+    status 0 is the host's preemption notice. A run that outlasts the interval is killed and
+    counts as "not preempted" (a metadata endpoint that does not answer says nothing)."""
+
+    def __init__(self, command: str, interval: float, cwd: str | None):
+        self.command = command
+        self.interval = max(0.1, interval)
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.due_at = 0.0
+
+    def next_due(self, now: float) -> float:
+        if self.proc is not None:
+            return EXIT_POLL * 2
+        return max(0.0, self.due_at - now)
+
+    def says_preempted(self, now: float) -> bool:
+        if self.proc is None:
+            if now < self.due_at:
+                return False
+            try:
+                self.proc = subprocess.Popen(
+                    self.command,
+                    shell=True,
+                    cwd=self.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError:
+                self.due_at = now + self.interval
+                return False
+            self.started_at = now
+            return False
+        code = self.proc.poll()
+        if code is None:
+            if now - self.started_at > self.interval:
+                self.close()
+                self.due_at = now + self.interval
+            return False
+        self.proc = None
+        self.due_at = now + self.interval
+        return code == 0
+
+    def close(self) -> None:
+        """Kill a run in flight (its whole session) and reap it."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait()
+        self.proc = None
 
 
 def hello() -> frames.Hello:

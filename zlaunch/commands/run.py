@@ -365,6 +365,39 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     "(plus hosts listed beyond --num-nodes) while M remain; the global batch is kept.",
 )
 @click.option(
+    "--preemption-signal",
+    default=None,
+    metavar="SIGNAL|none",
+    help="This signal to a host's agent (Slurm's --signal sends it there) is that host's "
+    "preemption notice: every rank saves at its next step, then the job goes on without the "
+    "host (with --min-nodes) or ends. Default: SIGTERM with --checkpoint-dir, else none (the "
+    "signal stops that host's ranks).",
+)
+@click.option(
+    "--preemption-deadline",
+    type=float,
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="From a preemption notice to the host's going: the save must be complete by then, "
+    "or it is discarded (the previous checkpoint stays the latest) and every rank stopped.",
+)
+@click.option(
+    "--preemption-check",
+    default=None,
+    metavar="CMD",
+    help="A shell command every agent runs on its host every --preemption-check-interval "
+    "seconds; exit status 0 is that host's preemption notice (poll a cloud's metadata here).",
+)
+@click.option(
+    "--preemption-check-interval",
+    type=float,
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often --preemption-check runs (a run that takes longer is killed: no notice).",
+)
+@click.option(
     "--collective-timeout",
     type=float,
     default=None,

@@ -84,6 +84,10 @@ class RunArguments:
     hang_timeout: float | None = None
     collective_timeout: float | None = None
     min_nodes: int | None = None
+    preemption_signal: str | None = None
+    preemption_deadline: float = 30.0
+    preemption_check: str | None = None
+    preemption_check_interval: float = 5.0
     launcher: str = "auto"
     slurm_args: str | None = None
     slurm_mode: str = "auto"
@@ -313,6 +317,10 @@ def _launch_options(
         hang_timeout=DEFAULT_HANG_TIMEOUT if args.hang_timeout is None else args.hang_timeout,
         min_nodes=args.min_nodes,
         spare_hosts=tuple(spares),
+        preemption_signal=_preemption_signal(args.preemption_signal, args.checkpoint_dir),
+        preemption_deadline=args.preemption_deadline,
+        preemption_check=args.preemption_check,
+        preemption_check_interval=args.preemption_check_interval,
         collective_timeout=args.collective_timeout,
         deepspeed_api=_deepspeed_api(args, worker_env),
     )
@@ -705,6 +713,26 @@ def _token_file(value: str | None, launcher: str) -> str | None:
             hint="drop it (zlaunch hands the token to the agents it starts itself)",
         )
     return os.path.abspath(os.path.expanduser(value))
+
+
+def _preemption_signal(value: str | None, checkpoint_dir: str | None) -> str | None:
+    """--preemption-signal -> the canonical signal name, or None. Unset: SIGTERM when there
+    is a checkpoint to save to (a notice then costs no step), else none (SIGTERM to an agent
+    stops its ranks, as it always did)."""
+    import signal
+
+    if value is None:
+        return "SIGTERM" if checkpoint_dir else None
+    if value.strip().lower() in ("", "none", "off"):
+        return None
+    name = value.strip().upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP", "SIGCHLD"):
+        raise UsageError(
+            f"--preemption-signal {clip(value)}: not a signal that can be caught",
+            hint="e.g. SIGTERM (what Slurm's --signal and most schedulers send first)",
+        )
+    return name
 
 
 def _save_on_signal(value: str | None) -> str | None:

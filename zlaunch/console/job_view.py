@@ -40,6 +40,8 @@ class JobView:
         self.last_output: dict[int, float] = {}
         """rank -> monotonic time of its last output (a hang shows as silence)."""
         self.breakdown = BreakdownPanel()
+        self.fleet_line = ""
+        """The fleet change under way (a preemption, hosts joining); empty when none."""
 
     def start(self, run_id: str, expected: dict[str, int]) -> None:
         self.run_id = run_id
@@ -89,6 +91,10 @@ class JobView:
 
     def set_status(self, status: RunStatus) -> None:
         self.status = status
+
+    def fleet(self, line: str) -> None:
+        """What the fleet change under way waits for (the notes said how it began)."""
+        self.fleet_line = line
 
     def tick(self) -> None:
         pass

@@ -52,6 +52,8 @@ def render_panel(view: JobView) -> Any:
     if view.user:
         parts.append(Text("  ".join(f"{k} {number(v)}" for k, v in view.user.items())))
     parts.append(_ranks_line(view))
+    if view.fleet_line:
+        parts.append(Text(f"fleet: {view.fleet_line}", style="yellow"))
     parts.extend(_silence_notes(view))
     return Panel(
         Group(*parts),

@@ -22,6 +22,7 @@ __all__ = [
     "LaunchOptions",
     "DEFAULT_LOG_DIR",
     "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_PREEMPTION_DEADLINE",
     "LAUNCHERS",
     "SLURM_MODES",
 ]
@@ -38,6 +39,11 @@ DEFAULT_HANG_TIMEOUT = 900.0
 """15 minutes: half of torch's default collective timeout, so a hang is reported with every
 rank's stacks before torch's own timeout ends ranks one by one without them; long enough for
 a slow step or a checkpoint save (each ends at a step boundary)."""
+DEFAULT_PREEMPTION_DEADLINE = 30.0
+"""Seconds from a preemption notice to the host's going, when the notice does not say: the
+shortest warning the common clouds give (a spot instance's is two minutes, a preemptible
+VM's thirty seconds)."""
+DEFAULT_PREEMPTION_CHECK_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,16 @@ class LaunchOptions:
     hosts."""
     spare_hosts: tuple[Host, ...] = ()
     """Hosts listed beyond --num-nodes, taken in order to replace lost ones."""
+    preemption_signal: str | None = None
+    """Canonical name of the signal that, sent to a host's agent, is that host's preemption
+    notice (--preemption-signal; Slurm's --signal reaches the agents); None: none is."""
+    preemption_deadline: float = DEFAULT_PREEMPTION_DEADLINE
+    """Seconds from a preemption notice to the host's going: the ranks' save must be complete
+    by then, or it is discarded and every rank stopped."""
+    preemption_check: str | None = None
+    """A shell command every agent runs every preemption_check_interval seconds; exit 0 is
+    that host's preemption notice."""
+    preemption_check_interval: float = DEFAULT_PREEMPTION_CHECK_INTERVAL
     batch: str | None = None
     """The batch triple the ranks use instead of their config's ("TB,MICRO,GAS"), set for a
     restart on another world size; exported as ZLAUNCH_BATCH."""
@@ -196,6 +212,17 @@ class LaunchOptions:
             raise UsageError(
                 f"--collective-timeout must be more than 0 seconds, got {self.collective_timeout}"
             )
+        if not 0 < self.preemption_deadline < float("inf"):  # also refuses nan
+            raise UsageError(
+                f"--preemption-deadline must be more than 0 seconds, got {self.preemption_deadline}"
+            )
+        if not 0.1 <= self.preemption_check_interval < float("inf"):
+            raise UsageError(
+                "--preemption-check-interval must be at least 0.1 seconds, got "
+                f"{self.preemption_check_interval}"
+            )
+        if self.preemption_check is not None and not self.preemption_check.strip():
+            raise UsageError("--preemption-check needs a command", hint="e.g. ./about-to-go.sh")
         if not 0 <= self.grace_period < float("inf"):  # also refuses nan
             raise UsageError(f"--grace-period must be 0 or more (seconds), got {self.grace_period}")
         # Own copies, so later changes to the caller's dict or lists do not leak in.

@@ -390,13 +390,17 @@ class FleetIntent:
         return "; ".join(parts + ([state] if state else []))
 
 
-def notice_words(host: str, why: str, left: float, answer: NoticeAnswer, no_save: str) -> str:
-    """What the console says of a notice, by what it does."""
+def notice_words(
+    host: str, why: str, left: float, answer: NoticeAnswer, no_save: str, goes_on: bool = True
+) -> str:
+    """What the console says of a notice, by what it does; ``goes_on``: the job may run
+    without the host (a node range), else it ends after the save."""
     head = f"{host}: preemption notice ({why}); it goes in {max(0.0, left):.0f} s"
+    then = "then the job goes on without it" if goes_on else "then the job ends (no --min-nodes)"
     return (
         head
         + {
-            NoticeAnswer.SAVE: ": every rank saves at its next step, then the job goes on without it",
+            NoticeAnswer.SAVE: f": every rank saves at its next step, {then}",
             NoticeAnswer.JOIN_SAVE: ": it leaves with the change under way",
             NoticeAnswer.STOP: f"; {no_save}: stopping every rank now, the next attempt runs "
             "without it from the last checkpoint",

@@ -26,6 +26,7 @@ per-agent reader threads only decode frames into a queue.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 import threading
@@ -59,6 +60,8 @@ from zlaunch.launcher.state import (
     AttemptMachine,
     AttemptPlanned,
     CaptureStacks,
+    CheckpointReported,
+    CheckpointState,
     Ending,
     GroupReported,
     HangDue,
@@ -67,12 +70,15 @@ from zlaunch.launcher.state import (
     Note,
     Outcome,
     Policy,
+    PreemptionNotice,
     RankExited,
     RankSlot,
     RankStarted,
+    RecordFleet,
     RecordRanks,
     RequestStacks,
     SaveAcknowledged,
+    SaveReady,
     SetStatus,
     SignalRanks,
     SignalReceived,
@@ -208,7 +214,7 @@ class Attempt:
             usable_cpus=[hello.cpus if hello else None for hello in self.hellos],
         )
         self.plan = plan
-        specs = _encode_specs(plan, self.options.grace_period)
+        specs = _encode_specs(plan, self.options)
         self.recorder.open_metrics()
         slots = []
         for node in plan.nodes:
@@ -286,7 +292,10 @@ class Attempt:
             case frames.Exited():
                 self._on_exit(frame)
             case frames.Error():
-                if frame.cause == protocol.CAUSE_NO_HEARTBEAT:
+                if frame.cause == protocol.CAUSE_PREEMPTED:
+                    deadline = time.monotonic() + self.options.preemption_deadline
+                    self._handle(PreemptionNotice(index, deadline, frame.msg))
+                elif frame.cause == protocol.CAUSE_NO_HEARTBEAT:
                     # The node no longer hears the controller: a failure of that node (its
                     # ranks' SIGTERM exits that follow are not), lost for --min-nodes.
                     self._handle(AgentCutOff(index, frame.msg))
@@ -358,6 +367,10 @@ class Attempt:
                 self._mismatch(rank, event)
             elif kind == protocol.SAVE_ACK_EVENT:
                 self._handle(SaveAcknowledged(rank))
+            elif kind == protocol.SAVE_READY_EVENT:
+                self._handle(SaveReady(rank))
+            elif kind == protocol.CHECKPOINT_EVENT:
+                self._on_checkpoint_event(rank, event)
             elif kind == protocol.PROCESS_GROUP_EVENT and isinstance(event.get("size"), int):
                 processes = event.get("accelerate_processes")
                 self._handle(
@@ -368,6 +381,21 @@ class Attempt:
                         processes if isinstance(processes, int) else None,
                     )
                 )
+
+    def _on_checkpoint_event(self, rank: int, event: dict[str, Any]) -> None:
+        try:
+            state = CheckpointState(event.get("state"))
+        except ValueError:
+            return  # not one of ours: a checkpoint event names its state
+        step = event.get("step")
+        self._handle(
+            CheckpointReported(
+                rank,
+                state,
+                step if isinstance(step, int) and not isinstance(step, bool) else None,
+                event.get("requested") is True,
+            )
+        )
 
     def _checked_metrics(self, rank: int, event: dict[str, Any]) -> dict[str, Any] | None:
         """The event with its bad fields dropped (zlaunch/wire/metrics_check.py); the first bad one
@@ -479,6 +507,8 @@ class Attempt:
                     self.links.send(index, frames.encode(frames.Signal(sig, list(node_ranks))))
             case CaptureStacks(ranks, idle_s):
                 self.output.capture = StackCapture(ranks, time.monotonic(), idle_s)
+            case RecordFleet():
+                self.view.fleet(self.machine.fleet.describe(time.monotonic()))
             case unexpected:
                 assert_never(unexpected)
 
@@ -548,6 +578,9 @@ class Job:
             self.recorder.failure(report)
             self.console.failure_report(report)
         lost = {self.options.hosts[node].name for node in attempt.machine.lost_nodes}
+        if outcome.ending == Ending.FLEET_CHANGED and outcome.fleet is not None:
+            self._after_fleet_change(outcome, lost)
+            return True
         decision = self.policy.after(outcome, lost, time.monotonic())
         if isinstance(decision, GiveUp):
             self.recorder.end(outcome.status, outcome.exit_code)
@@ -576,6 +609,49 @@ class Job:
         self.console.note(
             f"{outcome.message}; restarting {where}{resume} (attempt {self.number}, "
             f"{decision.restarts_left} restart(s) left)",
+            error=True,
+        )
+
+    def _after_fleet_change(self, outcome: Outcome, lost: set[str]) -> None:
+        """Hosts were preempted: the next attempt runs without them, from the checkpoint the
+        ranks saved for it (or the previous one, when the save could not finish in time). Not
+        a failure: no restart of --max-restarts is spent. LaunchError when the job cannot go on
+        (no --min-nodes, or fewer hosts would be left)."""
+        fleet = outcome.fleet
+        preempted = {n.host for n in fleet.leaving}
+        without = lost | {h.name for h in self.options.hosts if h.display in preempted}
+        if fleet.saved:
+            step = f" at step {fleet.saved_step}" if fleet.saved_step is not None else ""
+            saved = f"saved{step} ({_latest_checkpoint(self.first.checkpoint_dir)})"
+        elif self.first.checkpoint_dir:
+            saved = (
+                f"not saved ({fleet.why_unsaved or 'no save completed'}); the latest complete "
+                f"checkpoint is {_latest_checkpoint(self.first.checkpoint_dir)}"
+            )
+        else:
+            saved = "nothing saved (no --checkpoint-dir)"
+        names = ", ".join(sorted(without))
+        if self.first.min_nodes is None:
+            raise LaunchError(
+                f"{names} preempted: {saved}; the job does not go on without it (no --min-nodes)",
+                hint="run the same command with --resume to continue from the checkpoint; "
+                "--min-nodes M --max-restarts N lets a job go on without preempted hosts",
+            )
+        try:
+            self.options = options_after_loss(self.first, self.options, without)
+        except LaunchError as stop:
+            raise LaunchError(f"{stop.message}; {saved}") from None
+        self.policy.reach_deadline = time.monotonic() + self.policy.window
+        self.number += 1
+        message = f"{names} preempted: {saved}"
+        self.recorder.status(RunStatus.RESTARTING)
+        self.recorder.attempt(self.first, self.number, self.options, message)
+        self.recorder.restarting()
+        resume = " from that checkpoint" if fleet.saved else " from the latest checkpoint"
+        self.console.note(
+            f"{message}; going on on {', '.join(h.name for h in self.options.hosts)} without "
+            f"it (world {self.options.world_size}, global batch kept){resume} (attempt "
+            f"{self.number}; no restart spent)",
             error=True,
         )
 
@@ -626,6 +702,7 @@ def _policy_of(options: LaunchOptions) -> Policy:
         grace=options.grace_period,
         checkpoint_dir=bool(options.checkpoint_dir),
         save_signal=int(save_signal) if save_signal is not None else None,
+        goes_on_without=options.min_nodes is not None,
     )
 
 
@@ -660,16 +737,24 @@ def _threads_words(options: LaunchOptions, plan: Plan, hellos: list[frames.Hello
     return threads_words(per_node)
 
 
-def _encode_specs(plan: Plan, grace: float) -> list[bytes]:
+def _encode_specs(plan: Plan, options: LaunchOptions) -> list[bytes]:
     """Every node's spec, each checked (size, encoding) before any is sent: a job starts on
     all nodes or none."""
+    preemption_signal = (
+        int(signal.Signals[options.preemption_signal]) if options.preemption_signal else None
+    )
     return [
         encode_spec(
-            node_spec(
-                node,
-                master_addr=plan.master_addr,
-                grace=grace,
-                heartbeat_timeout=liveness.heartbeat_timeout(plan.world_size),
+            dataclasses.replace(
+                node_spec(
+                    node,
+                    master_addr=plan.master_addr,
+                    grace=options.grace_period,
+                    heartbeat_timeout=liveness.heartbeat_timeout(plan.world_size),
+                ),
+                preemption_signal=preemption_signal,
+                preemption_check=options.preemption_check,
+                preemption_check_interval=options.preemption_check_interval,
             ),
             node.host.display,
         )

@@ -432,6 +432,8 @@ class Policy:
     """--save-on's signal number (None: --save-on none)."""
     grow_interval: float = 60.0
     """--grow-interval: an attempt runs at least this long before it may grow."""
+    goes_on_without: bool = True
+    """The job may go on without a preempted host (--min-nodes); else it ends after the save."""
 
 
 class RankTable:
@@ -691,7 +693,10 @@ class AttemptMachine:
         if answer is None:
             return []  # said before
         why = self._why_no_save(facts) if answer is NoticeAnswer.STOP else ""
-        note = Note(notice_words(host, event.why, event.deadline - now, answer, why), error=True)
+        words = notice_words(
+            host, event.why, event.deadline - now, answer, why, self.policy.goes_on_without
+        )
+        note = Note(words, error=True)
         match answer:
             case NoticeAnswer.SAVE:
                 return [note, *self._fleet_save(now)]

@@ -33,6 +33,7 @@ from zlaunch.wire.metrics_format import (
 )
 from zlaunch.wire.protocol import (
     CHECKPOINT_DIR_ENV,
+    CHECKPOINT_EVENT,
     COLLECTIVE_MISMATCH,
     COLLECTIVE_TIMEOUT_ENV,
     COLLECTIVES_EVENT,
@@ -46,6 +47,7 @@ from zlaunch.wire.protocol import (
     RUNTIME_READY,
     SAVE_ACK_EVENT,
     SAVE_ON_ENV,
+    SAVE_READY_EVENT,
     STACKS_DUMPED,
     STACKS_DUMPER_ENV,
     STACKS_FALLBACK_SIGNAL,
@@ -60,6 +62,7 @@ __all__ = [
     "Answer",
     "BASE_HEARTBEAT_TIMEOUT",
     "CHECKPOINT_DIR_ENV",
+    "CHECKPOINT_EVENT",
     "COLLECTIVES_EVENT",
     "COLLECTIVES_FILE_ENV",
     "COLLECTIVE_MISMATCH",
@@ -78,6 +81,7 @@ __all__ = [
     "RUNTIME_READY",
     "SAVE_ACK_EVENT",
     "SAVE_ON_ENV",
+    "SAVE_READY_EVENT",
     "STACKS_DUMPED",
     "STACKS_DUMPER_ENV",
     "STACKS_FALLBACK_SIGNAL",

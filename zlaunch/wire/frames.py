@@ -292,6 +292,19 @@ class Spec:
     heartbeat_timeout: float = _wire("heartbeat_timeout", _NUMBER)
     env: dict[str, str] = _wire("env", _ENV, default_factory=dict)
     workers: list[WorkerSpec] = _wire("workers", _WORKERS)
+    preemption_signal: int | None = _wire(
+        "preemption_signal", _nullable(_INT), omit_default=True, default=None
+    )
+    """This signal to the agent is its host's preemption notice (said upstream; the workers
+    keep running until the controller stops them); None: it stops the workers, as SIGTERM."""
+    preemption_check: str | None = _wire(
+        "preemption_check", _nullable(_STR), omit_default=True, default=None
+    )
+    """A shell command the agent runs every ``preemption_check_interval`` seconds: exit 0 means
+    the host is about to go (a preemption notice)."""
+    preemption_check_interval: float = _wire(
+        "preemption_check_interval", _NUMBER, omit_default=True, default=5.0
+    )
 
 
 @dataclass(frozen=True, slots=True)

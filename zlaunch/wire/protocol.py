@@ -37,6 +37,8 @@ __all__ = [
     "INVALID_EVENT",
     "PROCESS_GROUP_EVENT",
     "SAVE_ACK_EVENT",
+    "SAVE_READY_EVENT",
+    "CHECKPOINT_EVENT",
     "PEAK_TFLOPS_ENV",
     "MFU_ENV",
     "RUN_ID_ENV",
@@ -55,6 +57,7 @@ __all__ = [
     "COLLECTIVE_TIMEOUT_ENV",
     "BATCH_ENV",
     "CAUSE_NO_HEARTBEAT",
+    "CAUSE_PREEMPTED",
     "STDOUT",
     "STDERR",
 ]
@@ -99,8 +102,13 @@ INVALID_EVENT = "invalid"  # event kind the agent puts in place of a line that w
 # group the rank joined (0: none), "accelerate": whether accelerate was loaded}
 PROCESS_GROUP_EVENT = "process_group"
 SAVE_ACK_EVENT = "save_ack"  # event kind: the runtime heard the save signal and will save
+SAVE_READY_EVENT = "save_ready"  # event kind: the rank listens for the save signal from now on
+# event kind: {"state": "saving" | "saved" | "failed", "step": N, "requested": true when the
+# save signal asked for it}: a checkpoint the rank writes
+CHECKPOINT_EVENT = "checkpoint"
 COLLECTIVE_TIMEOUT_ENV = "ZLAUNCH_COLLECTIVE_TIMEOUT"  # seconds, for init_process_group
 CAUSE_NO_HEARTBEAT = "no_heartbeat"  # ERROR frame "cause": the agent stopped, cut off
+CAUSE_PREEMPTED = "preempted"  # ERROR frame "cause": the host got a preemption notice
 BATCH_ENV = "ZLAUNCH_BATCH"  # "TRAIN_BATCH,MICRO,GAS" after a restart on another world size
 
 # `zlaunch run --peak-tflops X`: the per-device peak (dense TFLOP/s) the runtime divides the

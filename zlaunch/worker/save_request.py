@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from zlaunch.wire import EVENTS_FD_ENV, SAVE_ACK_EVENT, SAVE_ON_ENV
+from zlaunch.wire import EVENTS_FD_ENV, SAVE_ACK_EVENT, SAVE_ON_ENV, SAVE_READY_EVENT
 
 __all__ = ["SaveRequest"]
 
@@ -40,18 +40,17 @@ class SaveRequest:
         self._events_fd = environ.get(EVENTS_FD_ENV, "")
         if self.signum is not None:
             signal.signal(self.signum, self._on_signal)
+            self._event(SAVE_READY_EVENT)  # a preemption notice may now be answered by a save
 
     def _on_signal(self, _signum: int, _frame: object) -> None:
         if not self.requested:
-            self._acknowledge()
+            self._event(SAVE_ACK_EVENT)
         self.requested = True
 
-    def _acknowledge(self) -> None:
+    def _event(self, kind: str) -> None:
         if self._events_fd.isdigit():
             try:
-                os.write(
-                    int(self._events_fd), json.dumps({"kind": SAVE_ACK_EVENT}).encode() + b"\n"
-                )
+                os.write(int(self._events_fd), json.dumps({"kind": kind}).encode() + b"\n")
             except OSError:
                 pass  # no agent to tell
 

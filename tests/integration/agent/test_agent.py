@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -253,3 +254,47 @@ def test_sigterm_to_the_agent_stops_its_workers(agent, tmp_path):
     agent.proc.send_signal(signal.SIGTERM)
     assert _wait_gone(pids, 8.0)
     assert agent.proc.wait(timeout=5) == 0
+
+
+def _preemptible_workers(agent, tmp_path, **fields):
+    """One hanging worker under a spec that names a preemption signal or check."""
+    agent.next(frames.Hello)
+    argv = [sys.executable, FAKE, "--record-dir", str(tmp_path), "--hang"]
+    agent.send(dataclasses.replace(spec([(argv, {})]), **fields))
+    pid = agent.next(frames.Started).pid
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "rank-0.json").exists():
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.05)
+    return pid
+
+
+def test_the_preemption_signal_is_said_upstream_once_and_the_workers_keep_running(agent, tmp_path):
+    pid = _preemptible_workers(agent, tmp_path, preemption_signal=int(signal.SIGTERM))
+    agent.proc.send_signal(signal.SIGTERM)
+    notice = agent.next(frames.Error)
+    assert notice.cause == protocol.CAUSE_PREEMPTED
+    assert notice.msg == "the agent received SIGTERM"
+    agent.proc.send_signal(signal.SIGTERM)  # a second one says nothing new
+    time.sleep(1.0)
+    assert _alive(pid), "a preemption notice stopped the workers: the controller decides"
+    assert not any(isinstance(f, frames.Error) for f in list(agent.frames.queue))
+    agent.send(frames.Stop(1.0))  # what the controller sends once the ranks saved
+    assert _wait_gone([pid], 8.0)
+
+
+def test_a_preemption_check_that_turns_to_exit_0_is_a_notice(agent, tmp_path):
+    flag = tmp_path / "going"
+    check = f"test -e {flag}"
+    pid = _preemptible_workers(
+        agent, tmp_path, preemption_check=check, preemption_check_interval=0.2
+    )
+    time.sleep(1.0)  # several checks that exit 1: nothing said
+    assert not any(isinstance(f, frames.Error) for f in list(agent.frames.queue))
+    flag.touch()
+    notice = agent.next(frames.Error, timeout=5)
+    assert notice.cause == protocol.CAUSE_PREEMPTED
+    assert notice.msg == f"--preemption-check {check!r} exited 0"
+    assert _alive(pid)
+    agent.send(frames.Stop(1.0))
+    assert _wait_gone([pid], 8.0)

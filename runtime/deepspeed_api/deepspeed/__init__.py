@@ -18,7 +18,8 @@ from runtime.errors import InvalidValueError
 
 from . import accelerator, checkpointing, comm, moe, ops, utils, zero
 from . import runtime as runtime  # deepspeed.runtime.*, as accelerate reads it after import
-from ._missing import module_getattr
+from ._missing import install_submodule_finder, module_getattr
+from .accelerator import get_accelerator
 from .runtime.engine import DeepSpeedEngine
 from .utils import logger
 
@@ -33,6 +34,7 @@ __all__ = [
     "add_config_arguments",
     "checkpointing",
     "comm",
+    "get_accelerator",
     "init_distributed",
     "initialize",
     "logger",
@@ -90,4 +92,7 @@ def initialize(
     )
 
 
-__getattr__ = module_getattr("deepspeed")
+__getattr__ = module_getattr(__name__)
+# A submodule DeepSpeed has and this package lacks: NotInBundledRuntimeModule, not
+# ModuleNotFoundError.
+install_submodule_finder(__name__)

@@ -8,4 +8,4 @@ from runtime.activation_checkpointing import __all__ as _all
 from ._missing import module_getattr
 
 __all__ = list(_all)
-__getattr__ = module_getattr("deepspeed.checkpointing")
+__getattr__ = module_getattr(__name__)

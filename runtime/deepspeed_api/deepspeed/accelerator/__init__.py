@@ -280,4 +280,4 @@ def is_current_accelerator_supported() -> bool:
     return True
 
 
-__getattr__ = module_getattr("deepspeed.accelerator")
+__getattr__ = module_getattr(__name__)

@@ -6,4 +6,4 @@ from .._missing import module_getattr
 from . import utils
 
 __all__ = ["utils"]
-__getattr__ = module_getattr("deepspeed.checkpoint")
+__getattr__ = module_getattr(__name__)

@@ -23,4 +23,4 @@ def clone_tensors_for_torch_save(item, device: torch.device = torch.device("cpu"
     return item
 
 
-__getattr__ = module_getattr("deepspeed.checkpoint.utils")
+__getattr__ = module_getattr(__name__)

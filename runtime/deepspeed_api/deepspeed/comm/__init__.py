@@ -8,4 +8,4 @@ from runtime.distributed.script_comm import __all__ as _dist_all
 from .._missing import module_getattr
 
 __all__ = list(_dist_all)
-__getattr__ = module_getattr("deepspeed.comm")
+__getattr__ = module_getattr(__name__)

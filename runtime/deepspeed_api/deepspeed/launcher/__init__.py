@@ -6,4 +6,4 @@ from .._missing import module_getattr
 from . import runner
 
 __all__ = ["runner"]
-__getattr__ = module_getattr("deepspeed.launcher")
+__getattr__ = module_getattr(__name__)

@@ -10,4 +10,4 @@ __all__ = ["DEEPSPEED_ENVIRONMENT_NAME"]
 
 DEEPSPEED_ENVIRONMENT_NAME = ".deepspeed_env"
 
-__getattr__ = module_getattr("deepspeed.launcher.runner")
+__getattr__ = module_getattr(__name__)

@@ -12,4 +12,4 @@ from .._missing import module_getattr
 from . import layer, utils
 
 __all__ = ["layer", "utils"]
-__getattr__ = module_getattr("deepspeed.moe")
+__getattr__ = module_getattr(__name__)

@@ -16,4 +16,4 @@ class MoE(torch.nn.Module):
         raise missing("deepspeed.moe.layer.MoE", "no mixture-of-experts / expert parallelism")
 
 
-__getattr__ = module_getattr("deepspeed.moe.layer")
+__getattr__ = module_getattr(__name__)

@@ -89,4 +89,4 @@ def configure_moe_param_groups(model_parameters):
     return [{"params": model_parameters, "name": "dense-params"}]
 
 
-__getattr__ = module_getattr("deepspeed.moe.utils")
+__getattr__ = module_getattr(__name__)

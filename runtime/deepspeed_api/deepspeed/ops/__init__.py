@@ -6,4 +6,4 @@ from .._missing import module_getattr
 from . import adagrad, adam, lion
 
 __all__ = ["adagrad", "adam", "lion"]
-__getattr__ = module_getattr("deepspeed.ops")
+__getattr__ = module_getattr(__name__)

@@ -7,4 +7,4 @@ from .._missing import module_getattr
 from . import engine, lr_schedules, zero
 
 __all__ = ["engine", "lr_schedules", "zero"]
-__getattr__ = module_getattr("deepspeed.runtime")
+__getattr__ = module_getattr(__name__)

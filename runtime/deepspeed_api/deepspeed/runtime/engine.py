@@ -195,4 +195,4 @@ class DeepSpeedEngine(Engine):
 for _name, _field in _ZERO_GETTERS.items():
     setattr(DeepSpeedEngine, _name, _zero_getter(_name, _field))
 
-__getattr__ = module_getattr("deepspeed.runtime.engine")
+__getattr__ = module_getattr(__name__)

@@ -25,4 +25,4 @@ __all__ = [
 # accelerate recognises a DeepSpeed scheduler by its class name in this list.
 VALID_LR_SCHEDULES = list(SCHEDULERS)
 
-__getattr__ = module_getattr("deepspeed.runtime.lr_schedules")
+__getattr__ = module_getattr(__name__)

@@ -66,4 +66,4 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     return param.grad.detach().clone()
 
 
-__getattr__ = module_getattr("deepspeed.utils")
+__getattr__ = module_getattr(__name__)

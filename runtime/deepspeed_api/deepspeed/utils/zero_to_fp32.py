@@ -69,4 +69,4 @@ def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir:
     return model
 
 
-__getattr__ = module_getattr("deepspeed.utils.zero_to_fp32")
+__getattr__ = module_getattr(__name__)

@@ -30,4 +30,4 @@ def register_external_parameter(module, parameter) -> None:  # noqa: ARG001
     nothing to register; a parameter that is not partitioned needs nothing either."""
 
 
-__getattr__ = module_getattr("deepspeed.zero")
+__getattr__ = module_getattr(__name__)

@@ -107,4 +107,4 @@ class FusedAdam(torch.optim.AdamW):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
-__getattr__ = module_getattr("deepspeed.ops.adam")
+__getattr__ = module_getattr(__name__)

@@ -9,4 +9,4 @@ from __future__ import annotations
 from ..._missing import module_getattr
 
 __all__: list[str] = []
-__getattr__ = module_getattr("deepspeed.ops.lion")
+__getattr__ = module_getattr(__name__)

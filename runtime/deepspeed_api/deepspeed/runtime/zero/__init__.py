@@ -8,4 +8,4 @@ from ..._missing import module_getattr
 from . import partition_parameters
 
 __all__ = ["GatheredParameters", "Init", "partition_parameters"]
-__getattr__ = module_getattr("deepspeed.runtime.zero")
+__getattr__ = module_getattr(__name__)

@@ -36,4 +36,4 @@ def zero_wrapper_for_fp_tensor_constructor(fn: Callable, target_fp_dtype=None, t
     return fn
 
 
-__getattr__ = module_getattr("deepspeed.runtime.zero.partition_parameters")
+__getattr__ = module_getattr(__name__)

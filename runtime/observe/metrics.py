@@ -50,7 +50,10 @@ __all__ = ["StepMetrics", "EventSink", "EVENTS_FD_ENV", "TOTAL_STEPS_ENV", "METR
 
 log = logging.getLogger("runtime.observe.metrics")
 
-from zlaunch.wire import EVENTS_FD_ENV, TOTAL_STEPS_ENV  # noqa: E402 - the shared names
+from zlaunch.wire import EVENTS_FD_ENV, STEP_BUSY_EVENT, TOTAL_STEPS_ENV  # noqa: E402
+
+BUSY_BATCH = 10
+"""Steps of a rank's own times sent in one step_busy event: one scored window."""
 
 METRIC_FIELDS = (
     "step",
@@ -179,6 +182,13 @@ class StepMetrics:
         self.rank = engine.global_rank
         self.every = int(engine.config.steps_per_print or 0)
         self.sink = (sink or EventSink()) if self.rank == 0 else None
+        # Every rank's own step time goes to the controller (only under zlaunch): each rank
+        # writes its own line on its own events pipe, no collective.
+        self.busy_sink = self.sink
+        if self.rank != 0 and os.environ.get(EVENTS_FD_ENV, "").isdigit():
+            self.busy_sink = EventSink()
+        self._busy: list[float] = []  # this rank's own seconds of the steps not sent yet
+        self._busy_first = 0  # the step of self._busy[0]
         self._total_steps: int | None = None
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
@@ -278,11 +288,28 @@ class StepMetrics:
                     self._tb.write(event)
                 for monitor in self._monitors:
                     monitor.write(event)
+        self._send_busy(insight, step, step == total)
         self._window_start = now
         self._window_steps = 0
         self._window_samples = 0
         self._tokens = 0
         self._reset_loss()
+
+    def _send_busy(self, insight: Any, step: int, last: bool) -> None:
+        """This rank's own seconds of the step (taken after the step's collectives, which are
+        where it waited for its peers), sent to the controller (zlaunch/launcher/stragglers.py)
+        every BUSY_BATCH steps: one line per step from every rank woke the agent often enough
+        to cost a few percent of a small step on a busy host (benchmarks/stragglers_cost.py)."""
+        busy = insight.busy.lap() if insight is not None and insight.busy is not None else None
+        sink = self.busy_sink
+        if busy is None or sink is None or sink.fd is None:
+            return
+        if not self._busy:
+            self._busy_first = step
+        self._busy.append(busy)
+        if len(self._busy) >= BUSY_BATCH or last:
+            sink.emit({"kind": STEP_BUSY_EVENT, "step": self._busy_first, "busy": self._busy})
+            self._busy = []
 
     def log_metrics(self, values: dict[str, Any], step: int | None = None) -> None:
         """A script's own values, sent by rank 0 like the step metrics."""

@@ -68,6 +68,8 @@ def renderables(event: dict[str, Any]) -> list[Any]:
     mfu = mfu_text(event)
     if mfu:
         out.append(Text(mfu))
+    if event.get("slow"):  # the controller's straggler scores: "slow: node7 at 1.38x ..."
+        out.append(Text(str(event["slow"]), style="bold yellow"))
     return out
 
 
@@ -83,4 +85,6 @@ class BreakdownPanel:
         for key, value in (event or {}).items():
             if value is not None and (key.startswith(("time_", "slowest_")) or key in keep):
                 self.last[key] = value
+        if event and "slow" in event:  # on every step, None once it recovered
+            self.last["slow"] = event["slow"]
         return renderables(self.last) if self.last else []

@@ -87,6 +87,7 @@ from zlaunch.launcher.state import (
     StopRanks,
     Tick,
 )
+from zlaunch.launcher.stragglers import StragglerWatch, slow_text
 from zlaunch.rundir import FailureReport, Recorder, RunStatus
 from zlaunch.wire import checked_metrics, frames, liveness, protocol
 
@@ -99,6 +100,8 @@ controller takes its node as lost: a link down, a partition, a host that stopped
 the agent's own heartbeat timeout, so by then that agent has already stopped its workers if it
 still runs. Both grow with the job's ranks (zlaunch/wire/liveness.py); these are a small job's."""
 POLL = 0.25
+MAX_BUSY_BATCH = 100
+"""Step times read from one step_busy event at most (the runtime sends 10)."""
 WATCH_INTERVAL = 0.05
 """Seconds between two looks at the timers (silent agents, a hang, a stop's grace) while
 frames keep coming; an idle loop looks after every POLL."""
@@ -133,6 +136,9 @@ class Attempt:
         self.bad_metrics = 0
         """Metrics events with a field of a wrong type or range (named once, then counted)."""
         self.mismatches: set[tuple] = set()  # (group, seq) already said
+        self.stragglers: StragglerWatch | None = None
+        """Each rank's own step time scored (zlaunch/launcher/stragglers.py), from the first
+        step_busy event on."""
         self._bad_records_said: set[int] = set()  # ranks whose unreadable records were said
         self.ranks_dirty = False
         """ranks.json is behind the machine's rank states (written within a second)."""
@@ -168,6 +174,8 @@ class Attempt:
             self.output.close()
             if self.bad_metrics > 1:
                 self.console.note(f"{self.bad_metrics} malformed metrics events in all", error=True)
+            if self.stragglers is not None and self.stragglers.slow:
+                self.console.note(f"at the end, {slow_text(self.stragglers.slow)}")
             if self.machine.done:
                 ended = None
                 if self.machine.failures or self.machine.interrupt is not None:
@@ -355,10 +363,15 @@ class Attempt:
                     continue
                 row = {"time": time.time(), "rank": rank, "host": host}
                 row.update(event)
+                if self.stragglers is not None and self.stragglers.said:
+                    # what is slow now (None once it recovered): the panel, status, the file
+                    row["slow"] = slow_text(self.stragglers.slow) or None
                 self.recorder.metrics(row)
                 if isinstance(event.get("step"), int) and event.get("source") != "user":
                     self._handle(StepReached(event["step"]))
                 self.view.metrics(rank, host, row)
+            elif kind == protocol.STEP_BUSY_EVENT and self.plan is not None:
+                self._busy(rank, event)
             elif kind == protocol.STACKS_READY:
                 self._handle(StacksReady(rank))
             elif kind == protocol.COLLECTIVES_EVENT:
@@ -396,6 +409,20 @@ class Attempt:
                 event.get("requested") is True,
             )
         )
+
+    def _busy(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's own seconds of one step, scored against the fleet's: a host that stays slow
+        is said once, and its recovery once (zlaunch/launcher/stragglers.py)."""
+        step, times = event.get("step"), event.get("busy")
+        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(times, list):
+            return
+        if self.stragglers is None:
+            self.stragglers = StragglerWatch(self.output.hosts)
+        for offset, busy in enumerate(times[:MAX_BUSY_BATCH]):
+            if isinstance(busy, bool) or not isinstance(busy, (int, float)):
+                continue  # the watch also ignores what is not a positive finite number
+            for finding in self.stragglers.add(rank, step + offset, float(busy)):
+                self.console.note(finding.text, error=finding.slow)
 
     def _checked_metrics(self, rank: int, event: dict[str, Any]) -> dict[str, Any] | None:
         """The event with its bad fields dropped (zlaunch/wire/metrics_check.py); the first bad one

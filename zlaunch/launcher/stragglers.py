@@ -10,7 +10,7 @@ How it scores:
 
 - Steps are cut into windows of ``window`` steps. A window is scored when every rank has
   reported a later step (or, so that a rank that stopped reporting cannot hold the scores
-  back, when ``lag`` newer windows are open); a rank is scored by the median of its samples
+  back, when most ranks are ``lag`` windows past it); a rank is scored by the median of its samples
   in the window, so one slow step (a checkpoint, a page fault) moves nothing.
 - *relative* score: the rank's window median over the fleet's median of them. A host's is the
   median of its ranks' over the same fleet median: a host of eight slow ranks reads as one
@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "DEFAULT_WINDOW",
     "DEFAULT_SUSTAIN",
+    "MAX_CHARS",
     "Finding",
     "HostScore",
     "Scores",
@@ -55,6 +56,8 @@ DEFAULT_SUSTAIN = 3
 DEFAULT_LAG = 2
 """Windows open past the oldest before it is scored without the ranks that did not report."""
 _LIST_CHARS = 60
+MAX_CHARS = 200
+"""`slow_text` is at most this long (a metrics row's text field: zlaunch/wire/metrics_check.py)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,10 @@ def slow_text(findings: Sequence[Finding]) -> str:
         label = "rank" if len(ranks) == 1 else "ranks"
         on = host_ranges([f.host for f in lone], limit=_LIST_CHARS)
         parts.append(_group_text(lone, f"{label} {rank_ranges(ranks, limit=_LIST_CHARS)} on {on}"))
-    return "slow: " + "; ".join(parts)
+    text = "slow: " + "; ".join(parts)
+    if len(text) > MAX_CHARS and hosts and lone:  # the hosts, and how many ranks besides
+        text = f"slow: {parts[0]}; and {len(lone)} ranks on other hosts"
+    return text
 
 
 def _group_text(findings: Sequence[Finding], who: str) -> str:
@@ -177,7 +183,13 @@ class StragglerWatch:
         self._best: dict[int, float] = {}
         self._streaks: dict[tuple[str, int | None], _Streak] = {}
         self._slow: dict[tuple[str, int | None], Finding] = {}
+        self._ever_said = False
         self.scores: Scores | None = None
+
+    @property
+    def said(self) -> bool:
+        """Whether a host or rank was ever said to be slow in this attempt."""
+        return self._ever_said
 
     @property
     def slow(self) -> tuple[Finding, ...]:
@@ -186,11 +198,14 @@ class StragglerWatch:
 
     def add(self, rank: int, step: int, seconds: float) -> list[Finding]:
         """One rank's own time of one step. A sample of an unknown rank, of a window already
-        scored, or that is not a positive finite number is ignored (it cannot be scored)."""
+        scored, or that is not a positive finite number is ignored (it cannot be scored); so
+        is one more than ``lag`` windows ahead of where most ranks are (a rank that sends a
+        wrong step moves no window of the others)."""
         if rank not in self.hosts or not (0.0 < seconds < float("inf")) or step < 0:
             return []
         index = step // self.window
-        if index <= self._scored:
+        fleet = self._fleet_window()
+        if index <= self._scored or (fleet is not None and index > fleet + self.lag):
             return []
         self._open.setdefault(index, {}).setdefault(rank, []).append(seconds)
         before = self._latest.get(rank)
@@ -209,11 +224,23 @@ class StragglerWatch:
             oldest = min(self._open)
             # every rank has reported a later window (counted per window: 1,024 ranks)
             everyone_past = len(self._latest) == len(self.hosts) and min(self._at) > oldest
-            if not everyone_past and max(self._open) - oldest < self.lag:
+            fleet = self._fleet_window()
+            if not everyone_past and (fleet is None or fleet - oldest < self.lag):
                 break
             findings += self._score(oldest, self._open.pop(oldest))
             self._scored = oldest
         return findings
+
+    def _fleet_window(self) -> int | None:
+        """The newest window at least half the ranks have reached (None before half reported):
+        where the fleet is, whatever one rank says."""
+        need = (len(self.hosts) + 1) // 2
+        count = 0
+        for index in sorted(self._at, reverse=True):
+            count += self._at[index]
+            if count >= need:
+                return index
+        return None
 
     def _score(self, index: int, samples: dict[int, list[float]]) -> list[Finding]:
         if not samples:
@@ -268,6 +295,7 @@ class StragglerWatch:
         finding = Finding(key[0], ranks, factor, step, slow, key[1])
         if slow:
             self._slow[key] = finding
+            self._ever_said = True
         else:
             del self._slow[key]
         return [finding]

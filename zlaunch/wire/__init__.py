@@ -53,6 +53,7 @@ from zlaunch.wire.protocol import (
     STACKS_FALLBACK_SIGNAL,
     STACKS_READY,
     STACKS_SIGNAL_ENV,
+    STEP_BUSY_EVENT,
     TOTAL_STEPS_ENV,
 )
 
@@ -87,6 +88,7 @@ __all__ = [
     "STACKS_FALLBACK_SIGNAL",
     "STACKS_READY",
     "STACKS_SIGNAL_ENV",
+    "STEP_BUSY_EVENT",
     "SilenceClock",
     "TOTAL_STEPS_ENV",
     "TokenMismatch",

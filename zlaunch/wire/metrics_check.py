@@ -28,7 +28,8 @@ _COUNTS = frozenset(
 )  # fmt: skip
 # Measures that may legitimately be NaN or infinite: a diverged loss is news, not garbage.
 _MAY_DIVERGE = frozenset({"loss", "grad_norm", "loss_scale"})
-_TEXTS = frozenset({"memory_kind", "peak_source", "straggler", "host"})  # host: metrics.jsonl
+# host and slow (the slow hosts, zlaunch/launcher/stragglers.py): added by the controller
+_TEXTS = frozenset({"memory_kind", "peak_source", "straggler", "host", "slow"})
 _FLAGS = frozenset({"report"})
 _SOURCES = ("engine", "user")
 

@@ -145,6 +145,8 @@ def _engine_parts(event: dict[str, Any]) -> list[str]:
         parts.append(f"tokens/s {rate(event['tokens_per_s'])}")
     parts.append(f"{event.get('memory_kind') or 'mem'} {human_bytes(event.get('memory_bytes'))}")
     parts.append(f"comm {human_bytes(event.get('comm_bytes'))}")
+    if event.get("slow"):  # the controller's straggler scores (zlaunch/launcher/stragglers.py)
+        parts.append(str(event["slow"]))
     return parts + _breakdown_parts(event)
 
 

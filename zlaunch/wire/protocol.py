@@ -34,6 +34,7 @@ __all__ = [
     "COLLECTIVES_FILE_ENV",
     "RUNTIME_READY",
     "METRICS_EVENT",
+    "STEP_BUSY_EVENT",
     "INVALID_EVENT",
     "PROCESS_GROUP_EVENT",
     "SAVE_ACK_EVENT",
@@ -97,6 +98,10 @@ COLLECTIVES_EVENT = "collectives"
 COLLECTIVE_MISMATCH = "collective_mismatch"
 RUNTIME_READY = "runtime_ready"  # event kind: runtime.initialize finished (hang watch arms)
 METRICS_EVENT = "metrics"  # event kind: one row of step metrics (runtime/observe/metrics.py)
+# event kind, from every rank every few optimizer steps: {"step": the first, "busy": its own
+# seconds of that step and the next ones (wall time less the time it was blocked in
+# collectives)}, scored by zlaunch/launcher/stragglers.py
+STEP_BUSY_EVENT = "step_busy"
 INVALID_EVENT = "invalid"  # event kind the agent puts in place of a line that was not an event
 # event kind, from zlaunch.worker.boot as the script ends: {"size": the largest default process
 # group the rank joined (0: none), "accelerate": whether accelerate was loaded}

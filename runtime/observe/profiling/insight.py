@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 
-from zlaunch.wire import MFU_ENV, PEAK_TFLOPS_ENV
+from zlaunch.wire import EVENTS_FD_ENV, MFU_ENV, PEAK_TFLOPS_ENV
 
+from .busy import BusyClock
 from .comms import CommsLogger, format_summary
 from .flops import ModuleProfile, StepFlops, StepTimes, format_table
 from .peak import Peak, resolve_peak
@@ -91,7 +92,11 @@ class StepInsight:
                 rank=self.rank,
                 sync_cuda=cuda,
             )
-        observers = [o for o in (self.clock, self.comms) if o is not None]
+        # Each rank's own step time for zlaunch's straggler scores: under zlaunch, on CPU
+        # devices (where the host is blocked for as long as a collective waits).
+        under_zlaunch = os.environ.get(EVENTS_FD_ENV, "").isdigit()
+        self.busy = BusyClock() if under_zlaunch and engine.device.type == "cpu" else None
+        observers = [o for o in (self.clock, self.comms, self.busy) if o is not None]
         if observers:
             stats = engine.comm.stats
             stats.observer = observers[0] if len(observers) == 1 else _Fanout(*observers)
@@ -125,6 +130,8 @@ class StepInsight:
                 self._resume_count()
         if self.clock is not None:
             self.clock.start(Phase.FORWARD)
+        if self.busy is not None:
+            self.busy.start()
         self._phase_begin()
 
     def forward_end(self) -> None:

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from zlaunch.launcher.stragglers import Finding, StragglerWatch, slow_text
+from zlaunch.launcher.stragglers import MAX_CHARS, Finding, StragglerWatch, slow_text
+from zlaunch.wire import checked_metrics, format_line
 
 BASE = 0.100  # seconds of a rank's own work per step
 
@@ -129,3 +130,44 @@ def test_many_slow_hosts_are_one_bounded_line():
 def test_settings_that_cannot_work_are_refused(kwargs):
     with pytest.raises(ValueError):
         StragglerWatch({0: "a"}, **kwargs)
+
+
+def test_slow_hosts_and_lone_ranks_together_stay_within_a_metrics_text_field():
+    hosts = [
+        Finding(f"node{h:03d}", tuple(range(h * 8, h * 8 + 8)), 1.5, 29, True)
+        for h in range(0, 128, 3)
+    ]
+    lone = [
+        Finding(f"node{h:03d}", (h * 8 + 1,), 1.4, 29, True, h * 8 + 1) for h in range(1, 128, 3)
+    ]
+    text = slow_text(hosts + lone)
+    assert len(text) <= MAX_CHARS
+    assert text.startswith("slow: node[000,003,") and text.endswith("; and 43 ranks on other hosts")
+    assert slow_text([]) == ""
+
+
+def test_a_slow_field_on_the_metrics_row_is_kept_checked_and_printed():
+    row = {
+        "kind": "metrics",
+        "source": "engine",
+        "step": 31,
+        "slow": "slow: node7 at 1.38x the median step, ranks 56-63",
+    }
+    assert checked_metrics(row).problems == ()
+    assert format_line(row).endswith(" | slow: node7 at 1.38x the median step, ranks 56-63")
+    assert "slow" not in format_line({**row, "slow": None})
+    assert checked_metrics({**row, "slow": 3}).row == {k: v for k, v in row.items() if k != "slow"}
+
+
+def test_a_rank_that_sends_a_far_step_moves_no_window_of_the_others():
+    watch = StragglerWatch(fleet(4))
+    said = []
+    for step in range(60):
+        for rank in watch.hosts:
+            if rank == 5:  # a wrong step counter: far ahead, then back
+                said += watch.add(rank, 10**9 + step, BASE)
+            said += watch.add(rank, step, BASE * (1.6 if rank // 8 == 3 else 1.0))
+    assert [f.host for f in said] == ["node003"]
+    # one far window, opened before most ranks had reported: never more, never scored
+    assert [i for i in watch._open if i > 10] == [10**8]
+    assert watch.scores.last == 49

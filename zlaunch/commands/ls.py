@@ -35,7 +35,7 @@ def _ranks(record: dict) -> str:
 )
 @click.option("--no-color", is_flag=True, help="Plain table.")
 def command(log_dir: str | None, no_color: bool) -> None:
-    """List runs, oldest first: id, start, hosts, ranks, status, last step, where."""
+    """List runs, oldest first: id, start, hosts, ranks, attempts, status, last step, where."""
     runs, where = known_runs(log_dir)
     if not runs:
         click.echo(f"no runs in {where}")
@@ -61,6 +61,7 @@ def command(log_dir: str | None, no_color: bool) -> None:
                 _when(record.get("start_time")),
                 ",".join(record.get("hosts") or []) or "-",
                 _ranks(record),
+                str(len(record.get("attempts") or []) or 1),
                 status,
                 step,
                 parent,
@@ -68,7 +69,7 @@ def command(log_dir: str | None, no_color: bool) -> None:
         )
     print_table(
         f"runs in {where}",
-        ["RUN", "START", "HOSTS", "RANKS", "STATUS", "LAST STEP", "LOG DIR"],
+        ["RUN", "START", "HOSTS", "RANKS", "ATTEMPTS", "STATUS", "LAST STEP", "LOG DIR"],
         rows,
         color=False if no_color else None,
     )

@@ -70,6 +70,49 @@ def rank_rows(record: dict[str, Any], ranks: RanksFile | None, live: bool) -> li
     return rows
 
 
+def attempt_rows(attempts: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per attempt of the run: its hosts, world size and batch, and the fleet change
+    that started it with what it cost."""
+    rows = []
+    for entry in attempts:
+        if not isinstance(entry, dict):
+            continue
+        hosts = entry.get("hosts")
+        rows.append(
+            [
+                str(entry.get("attempt", "-")),
+                _when(entry.get("start_time")),
+                ",".join(hosts) if isinstance(hosts, list) else "-",
+                str(entry.get("world_size", "-")),
+                str(entry.get("batch") or "as configured"),
+                _change_words(entry),
+            ]
+        )
+    return rows
+
+
+def _change_words(entry: dict[str, Any]) -> str:
+    change = entry.get("change")
+    reason = str(entry.get("reason") or "-")
+    if not isinstance(change, dict):
+        return reason
+    hosts = ", ".join(map(str, change.get("hosts") or []))
+    if change.get("kind") == "lost":
+        return f"lost {hosts}"
+    words = [f"preempted {hosts}"]
+    if change.get("saved_step") is not None:
+        words.append(f"saved at step {change['saved_step']}")
+    elif change.get("deadline_missed"):
+        words.append("deadline passed before the save: resumed from the previous checkpoint")
+    else:
+        words.append("not saved: resumed from the latest checkpoint")
+    if change.get("steps_lost") is not None:
+        words.append(f"{change['steps_lost']} step(s) lost")
+    if isinstance(change.get("notice_to_restart_s"), (int, float)):
+        words.append(f"{change['notice_to_restart_s']:.1f} s from the notice to the restart")
+    return "; ".join(words)
+
+
 def _ago(seconds: float) -> str:
     seconds = int(max(0, seconds))
     if seconds < 60:
@@ -111,6 +154,7 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
                     "ranks": [r.to_json() for r in ranks.ranks] if ranks else None,
                     "last_metrics": last,
                     "root_cause": failure.root_cause.to_json() if failure else None,
+                    "attempts": record.get("attempts") or [],
                 },
                 indent=2,
             )
@@ -140,6 +184,14 @@ def command(run: str | None, log_dir: str | None, as_json: bool, no_color: bool)
         rank_rows(record, ranks, live),
         color=False if no_color else None,
     )
+    attempts = record.get("attempts") or []
+    if attempts:
+        print_table(
+            "attempts",
+            ["ATTEMPT", "STARTED", "HOSTS", "WORLD", "BATCH", "WHY"],
+            attempt_rows(attempts),
+            color=False if no_color else None,
+        )
     bars = progress_lines(ranks) if live else []
     if bars:
         click.echo("progress")

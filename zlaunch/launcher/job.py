@@ -606,7 +606,7 @@ class Job:
             self.console.failure_report(report)
         lost = {self.options.hosts[node].name for node in attempt.machine.lost_nodes}
         if outcome.ending == Ending.FLEET_CHANGED and outcome.fleet is not None:
-            self._after_fleet_change(outcome, lost)
+            self._after_fleet_change(outcome, lost, attempt.machine.ranks.last_step)
             return True
         decision = self.policy.after(outcome, lost, time.monotonic())
         if isinstance(decision, GiveUp):
@@ -630,7 +630,8 @@ class Job:
                 f"(world {self.options.world_size})"
             )
         self.number += 1
-        self.recorder.attempt(self.first, self.number, self.options, outcome.message)
+        change = {"kind": "lost", "hosts": sorted(decision.without)} if decision.without else None
+        self.recorder.attempt(self.first, self.number, self.options, outcome.message, change)
         self.recorder.restarting()
         resume = " from the latest checkpoint" if self.first.checkpoint_dir else ""
         self.console.note(
@@ -639,7 +640,7 @@ class Job:
             error=True,
         )
 
-    def _after_fleet_change(self, outcome: Outcome, lost: set[str]) -> None:
+    def _after_fleet_change(self, outcome: Outcome, lost: set[str], last_step: int | None) -> None:
         """Hosts were preempted: the next attempt runs without them, from the checkpoint the
         ranks saved for it (or the previous one, when the save could not finish in time). Not
         a failure: no restart of --max-restarts is spent. LaunchError when the job cannot go on
@@ -672,7 +673,25 @@ class Job:
         self.number += 1
         message = f"{names} preempted: {saved}"
         self.recorder.status(RunStatus.RESTARTING)
-        self.recorder.attempt(self.first, self.number, self.options, message)
+        now = time.monotonic()
+        change = {
+            "kind": "preempted",
+            "hosts": sorted(without),
+            "saved_step": fleet.saved_step if fleet.saved else None,
+            "last_step": last_step,
+            # A save at the step the ranks were in costs none; without one, the steps since the
+            # script's own last checkpoint are run again.
+            "steps_lost": (
+                max(0, last_step - fleet.saved_step)
+                if fleet.saved and last_step is not None and fleet.saved_step is not None
+                else None
+            ),
+            "deadline_missed": fleet.missed_deadline,
+            "notice_to_restart_s": round(now - min(n.at for n in fleet.leaving), 3)
+            if fleet.leaving
+            else None,
+        }
+        self.recorder.attempt(self.first, self.number, self.options, message, change)
         self.recorder.restarting()
         resume = " from that checkpoint" if fleet.saved else " from the latest checkpoint"
         self.console.note(

@@ -132,15 +132,26 @@ class Recorder:
         )
 
     def attempt(
-        self, first: LaunchOptions, attempt: int, options: LaunchOptions, reason: str
+        self,
+        first: LaunchOptions,
+        attempt: int,
+        options: LaunchOptions,
+        reason: str,
+        change: dict[str, Any] | None = None,
     ) -> None:
-        """run.json's "attempts": each attempt's hosts, world size, batch and why it started."""
+        """run.json's "attempts": each attempt's hosts, world size, batch and why it started;
+        ``change``: the fleet change that started it (which hosts were lost or preempted, the
+        step saved at, the steps and seconds it cost)."""
 
         def write() -> None:
             record = self.run_dir.record()
-            attempts = record.get("attempts") or [_attempt_entry(0, first, "start")]
+            started = record.get("start_time")
+            attempts = record.get("attempts") or [_attempt_entry(0, first, "start", started)]
             attempts = [a for a in attempts if a["attempt"] != attempt]  # a retried start
-            attempts.append(_attempt_entry(attempt, options, reason))
+            entry = _attempt_entry(attempt, options, reason, time.time())
+            if change is not None:
+                entry["change"] = change
+            attempts.append(entry)
             self.run_dir.update(attempts=attempts)
 
         self._guarded("run.json", write)
@@ -285,11 +296,14 @@ def _write_all(file: IO[bytes], data: bytes) -> None:
         view = view[file.write(view) :]
 
 
-def _attempt_entry(attempt: int, options: LaunchOptions, reason: str) -> dict[str, Any]:
+def _attempt_entry(
+    attempt: int, options: LaunchOptions, reason: str, at: float | None
+) -> dict[str, Any]:
     return {
         "attempt": attempt,
         "hosts": [h.name for h in options.hosts],
         "world_size": options.world_size,
         "batch": options.batch,
         "reason": reason,
+        "start_time": at,
     }

@@ -145,3 +145,77 @@ def test_a_deadline_shorter_than_the_way_to_a_save_is_reported_and_the_last_chec
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"at step {step}" in resumed.stdout
     assert _steps(tmp_path / "out2") == [step + 1]
+
+
+def test_with_min_nodes_the_job_goes_on_without_the_preempted_host_and_loses_no_step(tmp_path):
+    """Two local hosts (localhost and 127.0.0.1, one rank each): SIGTERM to one's agent (their
+    command lines are alike: whichever); the job goes on on the other alone with the global batch kept (6,1,6), from the
+    step it saved at, spending no restart, and the record says what the change cost."""
+    out = tmp_path / "out"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    cmd = _zlaunch(tmp_path, out, steps=12, sleep=0.3, save_interval=0)
+    cmd[cmd.index("--num-gpus") : cmd.index("--num-gpus") + 2] = ["--hostfile", str(hostfile)]
+    cmd[cmd.index("--config") : cmd.index("--config")] = ["--max-restarts", "1", "--min-nodes", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    job = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert seconds_until(lambda: len(_steps(out)) >= 4, 120) is not None
+        agents = [pid for pid in _children(job.pid) if b"zlaunch.agent" in _cmdline(pid)]
+        assert len(agents) == 2
+        os.kill(agents[0], signal.SIGTERM)
+        text, _ = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, text[-3000:]
+    gone = "127.0.0.1" if "127.0.0.1: preemption notice" in text else "localhost"
+    kept = "localhost" if gone == "127.0.0.1" else "127.0.0.1"
+    assert f"{gone}: preemption notice (the agent received SIGTERM)" in text, text[-3000:]
+    assert f"going on on {kept} without it (world 1, global batch kept)" in text, text[-3000:]
+    rows = [json.loads(line) for line in (out / "losses-0.jsonl").read_text().splitlines()]
+    first = sorted({r["step"] for r in rows if r["attempt"] == 0})
+    second = sorted({r["step"] for r in rows if r["attempt"] == 1})
+    assert first == list(range(1, first[-1] + 1))
+    assert second == list(range(first[-1] + 1, 13))  # none lost, none repeated
+    assert {r["world"] for r in rows if r["attempt"] == 1} == {1}
+
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir() and not p.is_symlink()]
+    attempts = json.loads((run / "run.json").read_text())["attempts"]
+    assert [(a["hosts"], a["batch"]) for a in attempts] == [
+        (["localhost", "127.0.0.1"], None),
+        ([kept], "6,1,6"),
+    ]
+    change = attempts[1]["change"]
+    assert change["kind"] == "preempted" and change["hosts"] == [gone]
+    assert change["saved_step"] == first[-1] and change["steps_lost"] == 0
+    assert 0 < change["notice_to_restart_s"] < 60
+    status = subprocess.run(
+        [sys.executable, "-m", "zlaunch", "status", "--log-dir", str(tmp_path / "runs"),
+         "--no-color"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert f"preempted {gone}; saved at step {first[-1]}; 0 step(s) lost" in status.stdout
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -1,0 +1,45 @@
+"""`zlaunch status`'s attempts table: each attempt's hosts, world size and batch, and the fleet
+change that started it with what it cost, from run.json's entries as the job records them."""
+
+from __future__ import annotations
+
+from zlaunch.commands.status import attempt_rows
+
+
+def test_each_attempt_says_its_fleet_change_and_what_it_cost():
+    attempts = [
+        {"attempt": 0, "hosts": ["node1", "node2", "node3"], "world_size": 3, "batch": None,
+         "reason": "start", "start_time": None},
+        {"attempt": 1, "hosts": ["node1", "node3"], "world_size": 2, "batch": "6,1,3",
+         "reason": "node2 preempted: saved at step 8", "start_time": None,
+         "change": {"kind": "preempted", "hosts": ["node2"], "saved_step": 8, "last_step": 8,
+                    "steps_lost": 0, "deadline_missed": False, "notice_to_restart_s": 4.25}},
+        {"attempt": 2, "hosts": ["node1"], "world_size": 1, "batch": "6,1,6",
+         "reason": "node3 preempted: not saved", "start_time": None,
+         "change": {"kind": "preempted", "hosts": ["node3"], "saved_step": None,
+                    "last_step": 11, "steps_lost": None, "deadline_missed": True,
+                    "notice_to_restart_s": 0.5}},
+        {"attempt": 3, "hosts": ["node1", "node4"], "world_size": 2, "batch": "6,1,3",
+         "reason": "rank 1 failed", "start_time": None,
+         "change": {"kind": "lost", "hosts": ["node9"]}},
+    ]  # fmt: skip
+    rows = attempt_rows(attempts)
+    assert [row[:5] for row in rows] == [
+        ["0", "-", "node1,node2,node3", "3", "as configured"],
+        ["1", "-", "node1,node3", "2", "6,1,3"],
+        ["2", "-", "node1", "1", "6,1,6"],
+        ["3", "-", "node1,node4", "2", "6,1,3"],
+    ]
+    assert [row[5] for row in rows] == [
+        "start",
+        "preempted node2; saved at step 8; 0 step(s) lost; 4.2 s from the notice to the restart",
+        "preempted node3; deadline passed before the save: resumed from the previous "
+        "checkpoint; 0.5 s from the notice to the restart",
+        "lost node9",
+    ]
+
+
+def test_a_damaged_entry_is_shown_as_what_can_be_read():
+    assert attempt_rows([{"attempt": 1, "change": "?"}, "junk"]) == [
+        ["1", "-", "-", "-", "as configured", "-"]
+    ]

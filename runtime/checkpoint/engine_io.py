@@ -350,6 +350,13 @@ def _commit(engine, staged: _Staged, request: LoadRequest) -> None:
         sched.load_state_dict(saved_sched)
     engine.precision.load_state_dict(reader.state("loss_scaler"))
     engine.counters.load_state_dict(reader.state("counters") or {})
+    # A resume starts a fresh accumulation: a checkpoint holds no half-accumulated gradients,
+    # and the run may resume with another accumulation count (zlaunch keeps the global batch
+    # on another world size). The counter moves up to this run's next boundary; kept as saved,
+    # the first step after the resume would step the optimizer after a fraction of its
+    # micro-batches (8 micro-steps saved at 2 a step, resumed at 3: after one).
+    gas = engine.gradient_accumulation_steps()
+    engine.counters.micro_steps = -(-engine.counters.micro_steps // gas) * gas
     set_rng_state(reader.rank_state(engine.comm.rank % reader.world_size))
 
 

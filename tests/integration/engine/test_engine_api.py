@@ -251,3 +251,25 @@ def test_fp16_overflow_skips_the_step_and_logs_one_line(caplog):
     assert engine.skipped_steps == 1 and engine.global_steps == 1
     assert engine.loss_scale == 32768.0 and engine.get_global_grad_norm() is None
     assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters(), strict=True))
+
+
+def test_a_resume_with_another_accumulation_count_starts_at_a_whole_step(tmp_path):
+    """Saved after 4 micro-steps at 2 a step, resumed at 3 a step: the next optimizer step
+    comes after 3 micro-steps, not 2 (the saved counter, 4, sits mid-step at 3)."""
+    engine, *_ = runtime.initialize(model=model(), config=config())
+    for i in range(4):
+        engine.backward(loss_of(engine, i))
+        engine.step()
+    engine.save_checkpoint(str(tmp_path))
+    resumed, *_ = runtime.initialize(
+        model=model(), config=config(gradient_accumulation_steps=3, train_batch_size=6)
+    )
+    resumed.load_checkpoint(str(tmp_path))
+    assert resumed.global_steps == 2
+    steps = []
+    for i in range(6):
+        assert resumed.is_gradient_accumulation_boundary() == (i % 3 == 2)
+        resumed.backward(loss_of(resumed, i))
+        resumed.step()
+        steps.append(resumed.global_steps)
+    assert steps == [2, 2, 3, 3, 3, 4]

@@ -3,7 +3,9 @@
 For each host: ssh reaches it, the interpreter exists, zlaunch and torch import (and their
 versions), the selected slots fit the visible GPUs, the working directory exists, and (on the
 master, the first host) the master port is free. One row per host; exit 1 if any host fails.
-The probe is a small stdlib script sent through the same transport the launcher uses.
+The probe is a small stdlib script sent through the same transport the launcher uses. With
+``--perf`` it also measures each host (check_perf.py) and names the hosts well below the
+fleet's median; ``--write-hostfile`` writes the hosts that passed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import click
 
+from zlaunch.commands.check_perf import PERF_PROBE, hostfile_line, outliers
 from zlaunch.commands.familiar import host_selection_options, resolve_nodes
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.worker import probe_code
@@ -57,9 +60,14 @@ if p.get("port"):
         r["port_error"] = e.strerror
     finally:
         s.close()
+"""
+PROBE_END = r"""
 print("ZLAUNCH-PROBE " + json.dumps(r))
 """
 PROBE_TIMEOUT = 120.0
+PERF_SECONDS = 1.0  # of matrix products per slot
+PERF_SIZE = 1024  # n of the n x n float32 matrices
+PERF_IO_BYTES = 64 << 20  # written, synced and read back in the checkpoint directory
 
 
 @dataclass
@@ -79,12 +87,15 @@ class HostReport:
         return self.reached and not self.problems
 
 
-def _probe(host, ssh, python: str, cwd: str, port: int | None) -> HostReport:
+def _probe(
+    host, ssh, python: str, cwd: str, port: int | None, perf: dict | None = None
+) -> HostReport:
     from zlaunch.transport import open_link
 
     report = HostReport(host.display, host.slots)
+    code = PROBE + (PERF_PROBE if perf is not None else "") + PROBE_END
     try:
-        link = open_link(host, [python, "-c", probe_code(PROBE)], ssh)
+        link = open_link(host, [python, "-c", probe_code(code)], ssh)
     except ZlaunchError as err:
         report.problems.append(err.message)
         if err.hint:
@@ -92,7 +103,10 @@ def _probe(host, ssh, python: str, cwd: str, port: int | None) -> HostReport:
         return report
     report.reached = True
     try:
-        link.write(json.dumps({"cwd": cwd, "port": port}).encode())
+        asked = {"cwd": cwd, "port": port}
+        if perf is not None:
+            asked["perf"] = {**perf, "slots": list(host.slots)}
+        link.write(json.dumps(asked).encode())
         link.close_stdin()
         out = b""
         while chunk := link.read():
@@ -127,17 +141,27 @@ def _probe(host, ssh, python: str, cwd: str, port: int | None) -> HostReport:
         report.problems.append(f"working directory {cwd} does not exist")
     if facts.get("port_free") is False:
         report.problems.append(f"master port {port} is in use ({facts.get('port_error')})")
+    if "perf_error" in facts:
+        report.problems.append(f"performance probe failed: {facts['perf_error']}")
     return report
 
 
 def check_hosts(
-    hosts: Sequence, ssh, *, python: str, cwd: str, master_port: int | None
+    hosts: Sequence,
+    ssh,
+    *,
+    python: str,
+    cwd: str,
+    master_port: int | None,
+    perf: dict | None = None,
 ) -> list[HostReport]:
-    """Probe every host in parallel; the master port is checked on the first host only."""
+    """Probe every host in parallel; the master port is checked on the first host only;
+    ``perf`` (the measurement's parameters, check_perf.PERF_PROBE) measures each host too."""
     from zlaunch.transport import MAX_PARALLEL_CONNECTS
 
     def one(index: int) -> HostReport:
-        return _probe(hosts[index], ssh, python, cwd, master_port if index == 0 else None)
+        port = master_port if index == 0 else None
+        return _probe(hosts[index], ssh, python, cwd, port, perf)
 
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL_CONNECTS, len(hosts)))) as pool:
         return list(pool.map(one, range(len(hosts))))
@@ -187,6 +211,22 @@ def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
 )
 @click.option("--python", help="Interpreter on the nodes. Default: this one.")
 @click.option("--chdir", help="Working directory the workers will use. Default: the current one.")
+@click.option(
+    "--perf",
+    is_flag=True,
+    help="Also measure every host (a slot's matrix-product rate, the checkpoint directory's "
+    "write and read rate) and name the hosts 1.25x or more below the median.",
+)
+@click.option(
+    "--checkpoint-dir",
+    help="Directory whose filesystem --perf measures (on every host). Default: the working one.",
+)
+@click.option(
+    "--write-hostfile",
+    type=click.Path(dir_okay=False),
+    help="Write the hosts that passed (no failure, no --perf outlier) to this hostfile.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print every host's facts as JSON.")
 @click.option("--no-color", is_flag=True, help="Plain table.")
 def command(
     hostfile,
@@ -204,6 +244,10 @@ def command(
     accept_new_hosts,
     python,
     chdir,
+    perf,
+    checkpoint_dir,
+    write_hostfile,
+    as_json,
     no_color,
 ) -> None:
     """Check that every host is ready to run a job: ssh, python, zlaunch, torch, GPUs, cwd, port."""
@@ -229,11 +273,47 @@ def command(
         accept_new_hosts=accept_new_hosts,
     )
     cwd = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
+    measure = None
+    if perf:
+        where = os.path.abspath(os.path.expanduser(checkpoint_dir)) if checkpoint_dir else cwd
+        measure = {
+            "seconds": PERF_SECONDS,
+            "size": PERF_SIZE,
+            "io_bytes": PERF_IO_BYTES,
+            "dir": where,
+        }
+    elif checkpoint_dir:
+        raise UsageError("--checkpoint-dir is what --perf measures: add --perf")
     reports = check_hosts(
-        hosts, ssh, python=python or sys.executable, cwd=cwd, master_port=master_port
+        hosts, ssh, python=python or sys.executable, cwd=cwd, master_port=master_port, perf=measure
     )
+    slow = outliers({r.host: r.facts["perf"] for r in reports if "perf" in r.facts})
+    for outlier in slow:
+        report = next(r for r in reports if r.host == outlier.host)
+        report.problems.append(outlier.text)
+    if write_hostfile:
+        kept = [h for h, r in zip(hosts, reports, strict=True) if r.ok]
+        with open(write_hostfile, "w") as handle:
+            handle.writelines(hostfile_line(h) + "\n" for h in kept)
+    if as_json:
+        click.echo(json.dumps({
+            "hosts": [{"host": r.host, "slots": list(r.slots), "ok": r.ok, "facts": r.facts,
+                       "problems": r.problems} for r in reports],
+            "outliers": [{"host": o.host, "figure": o.figure, "value": o.value,
+                          "median": o.median, "unit": o.unit, "factor": o.factor} for o in slow],
+        }, indent=2))  # fmt: skip
+        if any(not r.ok for r in reports):
+            raise click.exceptions.Exit(1)
+        return
     columns = ["host", "ssh", "python", "zlaunch", "torch", "slots / gpus", "cwd", "port", "status"]
     rows = [_row(r, i == 0, master_port) for i, r in enumerate(reports)]
+    if perf:
+        columns.insert(-1, "GFLOP/s per slot, write, read MB/s")
+        for row, report in zip(rows, reports, strict=True):
+            f = report.facts.get("perf") or {}
+            figures = [f.get(key) for key in ("gflops", "write_mbs", "read_mbs")]
+            shown = " / ".join("-" if v is None else f"{v:.4g}" for v in figures)
+            row.insert(-1, shown)
     failed = [r for r in reports if not r.ok]
     print_table(
         f"zlaunch check: {len(reports) - len(failed)} of {len(reports)} hosts ready",

@@ -1,0 +1,95 @@
+"""`zlaunch check --perf`: outliers against the fleet's median, named with figure and factor; the
+table, --json and --write-hostfile from the hosts' figures (the probe itself replaced by figures
+here; tests/integration/commands/test_check_perf.py runs the real one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from zlaunch.commands import check
+from zlaunch.commands.check import HostReport
+from zlaunch.commands.check_perf import hostfile_line, outliers
+from zlaunch.errors import UsageError
+from zlaunch.job import Host
+
+FIGURES = {"gflops": 40.0, "write_mbs": 900.0, "read_mbs": 2000.0}
+
+
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        pytest.param({}, [], id="an even fleet: nobody"),
+        pytest.param({"n3": {"gflops": 20.0}}, [("n3", "compute", 2.0)], id="half the compute"),
+        pytest.param({"n3": {"gflops": 33.0}}, [], id="1.21x below: within the factor"),
+        pytest.param({"n1": {"gflops": 400.0}}, [], id="a faster host is no outlier"),
+        pytest.param(
+            {"n2": {"write_mbs": 300.0}, "n4": {"gflops": 10.0}},
+            [("n4", "compute", 4.0), ("n2", "checkpoint-dir write", 3.0)],
+            id="two hosts, slowest first",
+        ),
+    ],
+)
+def test_outliers_against_the_median(changed, expected):
+    perf = {h: {**FIGURES, **changed.get(h, {})} for h in ("n1", "n2", "n3", "n4")}
+    found = outliers(perf)
+    assert [(o.host, o.figure, round(o.factor, 2)) for o in found] == expected
+
+
+def test_one_host_has_nothing_to_compare_with():
+    assert outliers({"n1": {"gflops": 1.0}}) == []
+
+
+def test_an_outlier_says_its_figure_the_median_and_the_factor():
+    (found,) = outliers({"a": FIGURES, "b": FIGURES, "c": {**FIGURES, "gflops": 16.0}})
+    assert found.text == "compute 16 GFLOP/s per slot, 2.50x below the median 40"
+
+
+def test_hostfile_lines_keep_user_and_port():
+    assert hostfile_line(Host("node1", (0, 1, 2))) == "node1 slots=3"
+    assert hostfile_line(Host("::1", (0,), "bob", 2222)) == "[::1] slots=1 user=bob port=2222"
+
+
+@pytest.fixture
+def fleet(tmp_path, monkeypatch):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"n{i} slots=2\n" for i in range(1, 5)))
+
+    def fake(hosts, ssh, *, python, cwd, master_port, perf=None):
+        assert perf is not None and perf["dir"] == str(tmp_path)
+        reports = []
+        for host in hosts:
+            figures = {**FIGURES, "gflops": 12.0 if host.name == "n3" else 40.0}
+            facts = {"python_version": "3.11", "cwd_exists": True, "perf": figures}
+            reports.append(HostReport(host.display, host.slots, True, facts))
+        return reports
+
+    monkeypatch.setattr(check, "check_hosts", fake)
+    return hostfile
+
+
+def test_the_slow_host_is_named_left_out_of_the_written_hostfile_and_fails_the_check(
+    fleet, tmp_path
+):
+    written = tmp_path / "healthy"
+    args = ["-H", str(fleet), "--perf", "--checkpoint-dir", str(tmp_path), "--no-color"]
+    result = CliRunner().invoke(check.command, [*args, "--write-hostfile", str(written)])
+    assert result.exit_code == 1, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("n3 "))
+    assert "compute 12 GFLOP/s per slot, 3.33x below the median 40" in row
+    assert "3 of 4 hosts ready" in result.output
+    assert written.read_text() == "n1 slots=2\nn2 slots=2\nn4 slots=2\n"
+
+    as_json = CliRunner().invoke(check.command, [*args, "--json"])
+    assert as_json.exit_code == 1
+    report = json.loads(as_json.output)
+    assert [(o["host"], o["figure"]) for o in report["outliers"]] == [("n3", "compute")]
+    assert [h["ok"] for h in report["hosts"]] == [True, True, False, True]
+
+
+def test_a_checkpoint_dir_without_perf_is_refused(fleet, tmp_path):
+    result = CliRunner().invoke(check.command, ["-H", str(fleet), "--checkpoint-dir", "x"])
+    assert isinstance(result.exception, UsageError), result.output  # the CLI prints it
+    assert "add --perf" in str(result.exception)

@@ -125,7 +125,7 @@ def _warn_of_visible_secrets(options: LaunchOptions) -> None:
 
 def _dialin_nodes(values: dict) -> None:
     """--launcher dialin --nodes N: the agents to wait for (--num-nodes), not an allocation."""
-    if (values.get("launcher") or "").strip().lower() != "dialin":
+    if (values.get("launcher") or "").strip().lower() not in ("dialin", "ray"):
         return
     nodes = values.pop("nodes", None)
     if nodes is None:
@@ -146,6 +146,12 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 
     if options.launcher == "ssh":
         return ""
+    if options.launcher == "ray":
+        return (
+            f"agents start as Ray actors, one per node of a STRICT_SPREAD placement group of "
+            f"{len(options.hosts)} bundles on {options.ray_address or 'RAY_ADDRESS or a local Ray'}"
+            ", each dialing in to this machine\n"
+        )
     if options.launcher == "dialin":
         where = options.controller_addr or "ADDR"
         port = options.controller_port or "PORT"
@@ -205,9 +211,15 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     "--launcher",
     default="auto",
     show_default=True,
-    metavar="auto|ssh|slurm|mpi|dialin",
+    metavar="auto|ssh|slurm|mpi|dialin|ray",
     help="How agents start: auto = slurm inside an allocation without --hostfile, else ssh; "
-    "dialin = started by someone else, they dial in (--nodes, --token-file).",
+    "dialin = started by someone else, they dial in (--nodes, --token-file); ray = as actors "
+    "on a Ray cluster (--ray-address, --num-nodes).",
+)
+@click.option(
+    "--ray-address",
+    help="--launcher ray: the Ray cluster (HOST:PORT of its head, or auto). Default: "
+    "RAY_ADDRESS, else a local Ray.",
 )
 @click.option("--slurm-args", help="Extra srun arguments for each agent's step (one string).")
 @click.option(

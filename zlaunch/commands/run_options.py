@@ -94,6 +94,7 @@ class RunArguments:
     controller_addr: str | None = None
     controller_port: int | None = None
     token_file: str | None = None
+    ray_address: str | None = None
     mpirun_args: str | None = None
     runtime: str = "auto"
     environ: Mapping[str, str] | None = None
@@ -165,6 +166,8 @@ def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
 
     if launcher == "dialin":
         return _dialin_hosts(args), []
+    if launcher == "ray":
+        return _ray_hosts(args), []
     if args.hostfile is not None:
         hosts = load_hostfile(os.path.expanduser(args.hostfile))
     elif launcher != "ssh":
@@ -213,6 +216,31 @@ def _dialin_hosts(args: RunArguments) -> list[Host]:
         )
     slots = tuple(range(args.num_gpus or 1))
     return dialin_hosts(args.num_nodes, slots)
+
+
+def _ray_hosts(args: RunArguments) -> list[Host]:
+    """--launcher ray: ``--num-nodes`` nodes of ``--num-gpus`` slots each (1 by default); Ray
+    chooses them (--include/--exclude name Ray nodes, not hostfile entries)."""
+    from zlaunch.transport import dialin_hosts
+
+    if args.hostfile is not None:
+        raise UsageError(
+            "--hostfile has no effect with --launcher ray: Ray places the agents",
+            hint="drop it; --num-nodes N says how many nodes, --include/--exclude which",
+        )
+    if args.num_nodes is None:
+        raise UsageError(
+            "--launcher ray needs --num-nodes N: how many Ray nodes the job runs on",
+            hint="e.g. zlaunch --launcher ray --num-nodes 3 train.py",
+        )
+    return dialin_hosts(args.num_nodes, tuple(range(args.num_gpus or 1)))
+
+
+def _ray_nodes(value: str | None) -> tuple[str, ...]:
+    """--include/--exclude with --launcher ray: Ray node ids or IPs, comma- or @-separated."""
+    if not value:
+        return ()
+    return tuple(part.strip() for part in value.replace("@", ",").split(",") if part.strip())
 
 
 def _config_path(args: RunArguments, cwd: str) -> str | None:
@@ -296,6 +324,9 @@ def _launch_options(
         controller_addr=_controller_addr(args.controller_addr),
         controller_port=_controller_port(args.controller_port, launcher),
         token_file=_token_file(args.token_file, launcher),
+        ray_address=_ray_address(args.ray_address, launcher),
+        ray_include=_ray_nodes(args.include) if launcher == "ray" else (),
+        ray_exclude=_ray_nodes(args.exclude) if launcher == "ray" else (),
         ssh=SshOptions(
             config_file=_existing_file(args.ssh_config, "--ssh-config"),
             port=args.ssh_port,
@@ -659,7 +690,7 @@ def _slurm_mode(name: str, launcher: str, nodes: int, controller_addr: str | Non
             f"--slurm-mode {clip(name)}: expected auto, {', '.join(SLURM_MODES)}",
             hint=f"auto: one-step above {ONE_STEP_ABOVE_NODES} nodes, step-per-node up to it",
         )
-    if launcher == "dialin" and name == "auto":
+    if launcher in ("dialin", "ray") and name == "auto":
         return "step-per-node"  # --controller-addr is dial-in's too
     if launcher != "slurm":
         if name != "auto" or controller_addr:
@@ -701,6 +732,13 @@ def _controller_port(value: int | None, launcher: str) -> int:
             hint="drop it (it is the port dial-in agents connect to)",
         )
     return value
+
+
+def _ray_address(value: str | None, launcher: str) -> str | None:
+    """--ray-address: --launcher ray's alone."""
+    if value is not None and launcher != "ray":
+        raise UsageError(f"--ray-address has no effect with --launcher {launcher}", hint="drop it")
+    return value or None
 
 
 def _token_file(value: str | None, launcher: str) -> str | None:

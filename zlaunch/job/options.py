@@ -31,7 +31,7 @@ DEFAULT_LOG_DIR = "zlaunch_runs"
 DEFAULT_GRACE_PERIOD = 5.0
 #: How agents are started: over SSH (a local subprocess for local hosts), by Slurm's srun, or
 #: by Open MPI's mpirun (zlaunch/transport/).
-LAUNCHERS = ("ssh", "slurm", "mpi", "dialin")
+LAUNCHERS = ("ssh", "slurm", "mpi", "dialin", "ray")
 #: How --launcher slurm starts the agents: one srun step per node, or one srun for all nodes
 #: whose agents connect back over TCP (zlaunch/transport/slurm_one_step.py).
 SLURM_MODES = ("step-per-node", "one-step")
@@ -98,7 +98,8 @@ class LaunchOptions:
     """How to reach remote hosts."""
     launcher: str = "ssh"
     """How agents start: "ssh", "slurm" (one srun step per node), "mpi" (mpirun per node) or
-    "dialin" (started by someone else, they dial in: zlaunch/transport/dialin.py)."""
+    "dialin" (started by someone else, they dial in: zlaunch/transport/dialin.py) or "ray"
+    (agent actors on a Ray cluster, dialing in: zlaunch/transport/ray_scheduler.py)."""
     launcher_args: tuple[str, ...] = ()
     """Extra arguments for srun (--slurm-args) or mpirun (--mpirun-args)."""
     slurm_mode: str = "step-per-node"
@@ -111,6 +112,11 @@ class LaunchOptions:
     """--launcher dialin: the port the agents dial in to; 0 = any free one (said at start)."""
     token_file: str | None = None
     """--launcher dialin: the private file holding the job's token (written if absent)."""
+    ray_address: str | None = None
+    """--launcher ray: the cluster (--ray-address); None = RAY_ADDRESS, else a local Ray."""
+    ray_include: tuple[str, ...] = ()
+    ray_exclude: tuple[str, ...] = ()
+    """--launcher ray: the Ray nodes (ids or IPs) the agents may, or may not, be placed on."""
     log_dir: str = DEFAULT_LOG_DIR
     """Root of the run directories (absolute once built by the CLI)."""
     ranks_filter: frozenset[int] | None = None

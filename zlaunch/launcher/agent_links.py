@@ -186,6 +186,7 @@ class AgentLinks:
             controller_port=options.controller_port,
             token_file=options.token_file,
             on_listening=self._say,
+            ray=(options.ray_address, options.ray_include, options.ray_exclude),
         )
 
     def _stop_signal_waiting(self) -> int | None:

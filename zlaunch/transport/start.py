@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +67,7 @@ def open_links(
     controller_port: int = 0,
     token_file: str | None = None,
     on_listening: Callable[[str], None] = lambda _what: None,
+    ray: tuple[str | None, tuple[str, ...], tuple[str, ...]] | None = None,
 ) -> list[Link]:
     """Start on every host in parallel (bounded). If any host fails, the ones that did start
     are terminated and the first failure (in host order) is raised, naming its host.
@@ -76,8 +78,36 @@ def open_links(
     (a signal number, or None) ends the wait for them (transport/slurm_one_step.py).
     ``--launcher dialin``: agents started by someone else dial in to ``controller_addr`` and
     ``controller_port`` with the token of ``token_file`` (transport/dialin.py); where they are
-    awaited is told to ``on_listening``.
+    awaited is told to ``on_listening``. ``--launcher ray``: the same, the agents placed as Ray
+    actors (``ray``: the cluster's address, the nodes included and excluded).
     """
+    if launcher == "ray":
+        from zlaunch.transport.dialin import open_dialin
+        from zlaunch.transport.ray_scheduler import (
+            RayScheduler,
+            cleanup_token_dir,
+            private_token_dir,
+        )
+
+        address, include, exclude = ray or (None, (), ())
+        argv = tuple(argv_for(hosts[0]))
+        slots = len(hosts[0].slots)
+        folder = private_token_dir()  # a new token per attempt, gone once the agents are in
+        try:
+            return open_dialin(
+                hosts,
+                argv,
+                token_file=os.path.join(folder, "token"),
+                scheduler=RayScheduler(address, slots, include, exclude),
+                controller_addr=controller_addr,
+                port=controller_port,
+                on_open=on_open,
+                on_listening=lambda _what: None,  # no one to tell: Ray starts the agents
+                on_refused=on_refused,
+                interrupted=interrupted,
+            )
+        finally:
+            cleanup_token_dir(folder)
     if launcher == "dialin":
         from zlaunch.transport.dialin import open_dialin
 

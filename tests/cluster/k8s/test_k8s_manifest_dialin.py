@@ -1,0 +1,247 @@
+"""``zlaunch k8s manifest | kubectl apply -f -`` against an emulated Kubernetes API
+(tests/fixtures/k8s_emulator.py: kmock's emulator, patched, and a test kubelet that runs each
+pod's command as a real process inside a host of the test cluster, so each pod has its own
+address and host name), with the controller waiting under ``--launcher dialin``.
+
+One run checks the whole path: kubectl (the real binary) creates the printed objects and reads
+them back, the pods' agents read the token from the mounted Secret and dial in, the job trains
+with the same per-step losses as over SSH on the same hosts, the token is in no pod spec, no
+argv or environment and no file of the run; a second job loses a pod mid-job (deleted, as when
+its node is lost) and the controller stops with that node named; after each, ``kubectl delete``
+leaves no object and no process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.launcher import helpers
+
+pytestmark = pytest.mark.cluster
+
+pytest.importorskip("kmock", reason="the Kubernetes API emulator (kmock, in the test extra)")
+pytest.importorskip("kubernetes", reason="the Kubernetes client (in the test extra)")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ZLAUNCH = [sys.executable, "-m", "zlaunch"]
+EMULATOR = os.path.join(REPO, "tests", "fixtures", "k8s_emulator.py")
+TRAIN = [
+    "examples/train_gpt.py", "--config", "examples/configs/zero2.json",
+    "--steps", "10", "--print-every", "5", "--threads", "1", "--max-chars", "50000",
+    "--n-layer", "1", "--d-model", "64", "--seq-len", "32",
+]  # fmt: skip
+SLOW_TRAIN = [*TRAIN[:4], "400", *TRAIN[5:]]  # long enough to lose a pod in the middle
+LINE = re.compile(r"^\[[^\]:]+:0\] step\s+(\d+)\s+loss ([0-9.]+)", re.MULTILINE)
+NODES = ["node1", "node2"]
+ENV = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+KIND = "job,pod,secret,service"
+
+idle_cluster = helpers.idle_cluster  # autouse: no process left on any host
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def _kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        [KUBECTL, "--kubeconfig", kubeconfig, *args], input=stdin, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+KUBECTL = shutil.which("kubectl")
+if KUBECTL is None:
+    pytest.skip("no kubectl on PATH (apt-get install kubernetes-client)", allow_module_level=True)
+
+
+def _holding(secret: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        for part in ("cmdline", "environ") if pid.isdigit() else ():
+            try:
+                with open(f"/proc/{pid}/{part}", "rb") as f:
+                    if secret.encode() in f.read():
+                        found.append(f"{pid} ({part})")
+            except OSError:
+                pass
+    return found
+
+
+def _controller(where: str, port: int, token_file, runs, train) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*ZLAUNCH, "run", "--launcher", "dialin", "--nodes", "2", "--token-file", str(token_file),
+         "--controller-addr", where, "--controller-port", str(port), "--log-dir", str(runs),
+         *train],
+        cwd=REPO, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _apply(kubeconfig, name: str, address: str, token_file) -> str:
+    manifest = subprocess.run(
+        [*ZLAUNCH, "k8s", "manifest", "--nodes", "2", "--image", "zlaunch-test:local",
+         "--namespace", "ml", "--k8s-name", name, "--connect", address,
+         "--token-file", str(token_file), "--k8s-python", sys.executable],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert manifest.returncode == 0, manifest.stderr
+    # no OpenAPI schema in the emulator: kubectl's own decoding still reads every object
+    _kubectl(kubeconfig, "apply", "--validate=false", "-f", "-", stdin=manifest.stdout)
+    return manifest.stdout
+
+
+def _token_written(controller, token_file) -> str:
+    deadline = time.monotonic() + 60
+    while not token_file.exists():
+        assert controller.poll() is None, controller.communicate()
+        assert time.monotonic() < deadline, "the controller wrote no token file"
+        time.sleep(0.05)
+    time.sleep(0.2)
+    return token_file.read_text().strip()
+
+
+def _pods(kubeconfig, name: str) -> list[dict]:
+    out = _kubectl(kubeconfig, "get", "pods", "-n", "ml", "-l", f"zlaunch/job={name}", "-o", "json")
+    return json.loads(out)["items"]
+
+
+def _delete_and_check_gone(kubeconfig, manifest: str, name: str) -> None:
+    _kubectl(kubeconfig, "delete", "-f", "-", stdin=manifest)
+    deadline = time.monotonic() + 30
+    while True:
+        left = _kubectl(kubeconfig, "get", KIND, "-n", "ml", "-o", "name")
+        if not left.strip():
+            return
+        assert time.monotonic() < deadline, f"left after kubectl delete: {left}"
+        time.sleep(0.2)
+
+
+@pytest.mark.multirank
+def test_the_manifest_applied_by_kubectl_trains_as_over_ssh_and_a_lost_pod_is_detected(
+    idle_cluster, tmp_path
+):
+    cluster = idle_cluster
+    ssh = subprocess.run(
+        [*ZLAUNCH, "--hostfile", cluster.hostfile(1, hosts=NODES), "--ssh-config",
+         cluster.ssh_config, "--log-dir", str(tmp_path / "ssh-runs"), *TRAIN],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert ssh.returncode == 0, (ssh.stdout + ssh.stderr)[-3000:]
+    reference = LINE.findall(ssh.stdout)
+    assert [s for s, _ in reference] == ["5", "10"], ssh.stdout
+
+    state = tmp_path / "k8s"
+    nodes = [f"--node={cluster.namespace(h)}={cluster.address(h)}" for h in NODES]
+    emulator_log = open(tmp_path / "emulator.log", "wb")
+    emulator = subprocess.Popen(
+        [sys.executable, EMULATOR, "--state", str(state), *nodes], env=ENV,
+        stdin=subprocess.DEVNULL, stdout=emulator_log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    emulator_log.close()
+    kubeconfig = str(state / "kubeconfig")
+    where = cluster.controller_address
+    procs = [emulator]
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(kubeconfig):
+            assert emulator.poll() is None, (tmp_path / "emulator.log").read_text()
+            assert time.monotonic() < deadline, "the emulator did not start"
+            time.sleep(0.1)
+
+        # 1. a whole job: same losses as over SSH, the token only in the Secret
+        port = _free_port(where)
+        token_file, runs = tmp_path / "job.token", tmp_path / "runs"
+        controller = _controller(where, port, token_file, runs, TRAIN)
+        procs.append(controller)
+        token = _token_written(controller, token_file)
+        manifest = _apply(kubeconfig, "train-a", f"{where}:{port}", token_file)
+        deadline = time.monotonic() + 120
+        while not list(runs.rglob("rank-*.log")) and controller.poll() is None:
+            assert time.monotonic() < deadline, "no rank started"
+            time.sleep(0.1)
+        assert _holding(token) == []
+        out, err = controller.communicate(timeout=300)
+        assert controller.returncode == 0, (out + err)[-3000:]
+        assert LINE.findall(out) == reference
+        # each pod dialed in from its own host, under its pod's host name
+        joined = dict(re.findall(r"(agent-[01]) is (train-a-[01]) \(", err))
+        assert sorted(joined.values()) == ["train-a-0", "train-a-1"], err
+        for host in NODES:
+            assert f"({cluster.address(host)})" in err
+        read = _kubectl(
+            kubeconfig, "get", KIND, "-n", "ml", "-l", "zlaunch/job=train-a", "-o", "json"
+        )
+        objects = json.loads(read)["items"]
+        assert sorted(o["kind"] for o in objects) == ["Job", "Pod", "Pod", "Secret", "Service"]
+        for obj in objects:
+            if obj["kind"] != "Secret":
+                assert token not in json.dumps(obj), obj["kind"]
+        assert sorted(p["status"]["phase"] for p in _pods(kubeconfig, "train-a")) == [
+            "Succeeded", "Succeeded",
+        ]  # fmt: skip
+        for path in runs.rglob("*"):
+            if path.is_file():
+                assert token not in path.read_text(errors="replace"), path
+        assert token not in out + err
+        for log in state.glob("pods/*/log"):  # the pods' own output
+            assert token not in log.read_text(errors="replace"), log
+        _delete_and_check_gone(kubeconfig, manifest, "train-a")
+
+        # 2. a pod lost mid-job (deleted: its node's kubelet kills it): the controller stops
+        # every rank and names that node
+        port = _free_port(where)
+        token_file, runs = tmp_path / "job2.token", tmp_path / "runs2"
+        controller = _controller(where, port, token_file, runs, SLOW_TRAIN)
+        procs.append(controller)
+        _token_written(controller, token_file)
+        manifest = _apply(kubeconfig, "train-b", f"{where}:{port}", token_file)
+        deadline = time.monotonic() + 180
+        while not any("step" in p.read_text(errors="replace") for p in runs.rglob("rank-*.log")):
+            assert controller.poll() is None, controller.communicate()
+            assert time.monotonic() < deadline, "no step logged"
+            time.sleep(0.2)
+        (lost,) = [p for p in _pods(kubeconfig, "train-b") if p["spec"]["hostname"] == "train-b-1"]
+        _kubectl(kubeconfig, "delete", "pod", "-n", "ml", lost["metadata"]["name"], "--wait=false")
+        out, err = controller.communicate(timeout=120)
+        assert controller.returncode != 0, (out + err)[-3000:]
+        (lost_agent,) = [a for a, pod in re.findall(r"(agent-[01]) is (train-b-[01]) \(", err)
+                         if pod == "train-b-1"]  # fmt: skip
+        assert "connection to the agent lost" in out + err, (out + err)[-3000:]
+        (failure,) = runs.rglob("failure.json")
+        report = failure.read_text()
+        assert lost_agent in report and "connection to the agent lost" in report, report
+        # the other pod's agent ended when the controller stopped its ranks
+        deadline = time.monotonic() + 30
+        while [p["status"]["phase"] in ("Succeeded", "Failed")
+               for p in _pods(kubeconfig, "train-b")] != [True]:  # fmt: skip
+            assert time.monotonic() < deadline, _pods(kubeconfig, "train-b")
+            time.sleep(0.2)
+        _delete_and_check_gone(kubeconfig, manifest, "train-b")
+    finally:
+        for proc in procs[1:]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        emulator.send_signal(signal.SIGTERM)
+        try:
+            emulator.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(emulator.pid, signal.SIGKILL)
+            emulator.wait()
+    assert emulator.returncode == 0, (tmp_path / "emulator.log").read_text()[-3000:]

@@ -6,9 +6,9 @@ address and host name), with the controller waiting under ``--launcher dialin``.
 One run checks the whole path: kubectl (the real binary) creates the printed objects and reads
 them back, the pods' agents read the token from the mounted Secret and dial in, the job trains
 with the same per-step losses as over SSH on the same hosts, the token is in no pod spec, no
-argv or environment and no file of the run; a second job loses a pod mid-job (deleted, as when
-its node is lost) and the controller stops with that node named; after each, ``kubectl delete``
-leaves no object and no process.
+argv or environment, no file of the run and no output; a second job loses a pod mid-job
+(deleted, as when its node is lost) and the controller stops with that node named; after
+each, ``kubectl delete`` leaves no object and no process.
 """
 
 from __future__ import annotations
@@ -92,6 +92,16 @@ def _controller(where: str, port: int, token_file, runs, train) -> subprocess.Po
     )  # fmt: skip
 
 
+def _nothing_left(kubeconfig: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        left = _kubectl(kubeconfig, "get", KIND, "-n", "ml", "-o", "name")
+        if not left.strip():
+            return
+        assert time.monotonic() < deadline, f"left after the run: {left}"
+        time.sleep(0.2)
+
+
 def _apply(kubeconfig, name: str, address: str, token_file) -> str:
     manifest = subprocess.run(
         [*ZLAUNCH, "k8s", "manifest", "--nodes", "2", "--image", "zlaunch-test:local",
@@ -122,13 +132,7 @@ def _pods(kubeconfig, name: str) -> list[dict]:
 
 def _delete_and_check_gone(kubeconfig, manifest: str, name: str) -> None:
     _kubectl(kubeconfig, "delete", "-f", "-", stdin=manifest)
-    deadline = time.monotonic() + 30
-    while True:
-        left = _kubectl(kubeconfig, "get", KIND, "-n", "ml", "-o", "name")
-        if not left.strip():
-            return
-        assert time.monotonic() < deadline, f"left after kubectl delete: {left}"
-        time.sleep(0.2)
+    _nothing_left(kubeconfig)
 
 
 @pytest.mark.multirank
@@ -192,9 +196,10 @@ def test_the_manifest_applied_by_kubectl_trains_as_over_ssh_and_a_lost_pod_is_de
         for obj in objects:
             if obj["kind"] != "Secret":
                 assert token not in json.dumps(obj), obj["kind"]
-        assert sorted(p["status"]["phase"] for p in _pods(kubeconfig, "train-a")) == [
-            "Succeeded", "Succeeded",
-        ]  # fmt: skip
+        deadline = time.monotonic() + 30  # each agent has ended: its pod follows
+        while [p["status"]["phase"] for p in _pods(kubeconfig, "train-a")] != ["Succeeded"] * 2:
+            assert time.monotonic() < deadline, _pods(kubeconfig, "train-a")
+            time.sleep(0.2)
         for path in runs.rglob("*"):
             if path.is_file():
                 assert token not in path.read_text(errors="replace"), path

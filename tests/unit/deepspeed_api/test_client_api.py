@@ -151,3 +151,14 @@ def test_add_config_arguments_as_the_examples_call_it():
     assert ds.add_config_arguments(parser) is parser
     args = parser.parse_args(["--deepspeed", "--deepspeed_config", "ds.json", "--local_rank", "0"])
     assert (args.deepspeed, args.deepspeed_config, args.local_rank) == (True, "ds.json", 0)
+
+
+def test_repeating_loader_and_real_accelerator_paths():
+    real = pytest.importorskip("deepspeed.runtime.dataloader")
+    ours = importlib.import_module(f"{COMPAT}.runtime.dataloader").RepeatingLoader
+    assert ds.utils.RepeatingLoader is ours
+    loader = [1, 2, 3]
+    a, b = ours(loader), real.RepeatingLoader(loader)
+    assert [next(a) for _ in range(7)] == [next(b) for _ in range(7)] == [1, 2, 3, 1, 2, 3, 1]
+    path = importlib.import_module(f"{COMPAT}.accelerator.real_accelerator")
+    assert path.get_accelerator() is ds.accelerator.get_accelerator() is ds.get_accelerator()

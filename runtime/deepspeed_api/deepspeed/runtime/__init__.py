@@ -4,7 +4,7 @@ Hugging Face integration imports by DeepSpeed's module paths."""
 from __future__ import annotations
 
 from .._missing import module_getattr
-from . import engine, lr_schedules, zero
+from . import dataloader, engine, lr_schedules, zero
 
-__all__ = ["engine", "lr_schedules", "zero"]
+__all__ = ["dataloader", "engine", "lr_schedules", "zero"]
 __getattr__ = module_getattr(__name__)

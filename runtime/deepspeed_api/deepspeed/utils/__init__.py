@@ -15,6 +15,7 @@ from runtime.zero import (
 )
 
 from .._missing import module_getattr
+from ..runtime.dataloader import RepeatingLoader
 from . import logging, zero_to_fp32
 from .logging import log_dist, log_dist_once, logger, set_log_level_from_string
 from .zero_to_fp32 import (
@@ -24,6 +25,7 @@ from .zero_to_fp32 import (
 )
 
 __all__ = [
+    "RepeatingLoader",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "get_fp32_state_dict_from_zero_checkpoint",
     "get_z3_leaf_modules",

@@ -285,6 +285,16 @@ class DeepSpeedReader:
         module = self._model.get("module") or {}
         out = {n: module[n] for n in self._model.get("buffer_names") or [] if n in module}
         frozen = self._model.get("frozen_param_shapes") or {}
+        if self.stage != 3 and not frozen:
+            # DeepSpeed 0.19 records no frozen_param_shapes at stage 1/2: the module's state
+            # holds them whole, beside the trained weights (whose fp32 masters are in the
+            # partitions) and the tied names of those.
+            aliases = self._model.get("shared_params") or {}
+            frozen = {
+                n: tuple(t.shape)
+                for n, t in module.items()
+                if n not in self._places and n not in aliases and n not in out
+            }
         if not frozen:
             return out
         if self.stage != 3:

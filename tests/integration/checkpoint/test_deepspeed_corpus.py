@@ -18,8 +18,12 @@ pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "deepspeed" / "corpus"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
 WORKER = "tests/integration/checkpoint/ds_corpus_worker.py"
-# fp32: float reduction order only. bf16: another world size rounds other partial sums.
-TOLERANCE = {"fp32": 2e-6, "bf16": 2e-4}
+# fp32: float reduction order only. bf16: the first step after the load is the loaded weights'
+# loss (DeepSpeed's to 1e-7); the next ones are bf16 arithmetic rounded elsewhere, amplified
+# by Adam's normalised steps on a model this small: DeepSpeed's own continuations of the same
+# bf16 run at other stages and world sizes differ from each other by up to 3.3e-4.
+TOLERANCE = {"fp32": 2e-6, "bf16": 5e-4}
+FIRST_STEP = {"fp32": 2e-6, "bf16": 1e-5}
 
 
 def test_the_corpus_is_deepspeeds_and_complete():
@@ -50,7 +54,13 @@ def test_every_checkpoint_resumes_with_deepspeeds_own_losses(world):
         if "error" in result:
             failures.append(f"{case} at ZeRO-{stage}: {result['error']}")
             continue
+        precision = CASES[case].precision
         diff = max(abs(a - b) for a, b in zip(result["losses"], expected, strict=True))
-        if diff >= TOLERANCE[CASES[case].precision] or result["global_steps"] != 3:
+        first = abs(result["losses"][0] - expected[0])
+        if (
+            diff >= TOLERANCE[precision]
+            or first >= FIRST_STEP[precision]
+            or result["global_steps"] != 3
+        ):
             failures.append(f"{case} at ZeRO-{stage}: {result} vs DeepSpeed's {expected}")
     assert not failures, "\n".join(failures)

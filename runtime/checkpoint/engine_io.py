@@ -12,6 +12,7 @@ all-reduce), and only then copies into the engine: a failed load changes nothing
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -160,6 +161,16 @@ def save_engine(engine, save_dir=None, tag=None, request: SaveRequest = SaveRequ
     rank = engine.comm.rank
     extra = gather_extra(extra, rank)
     engine.checkpoint_saver.wait()  # one save at a time, in order
+    with _resident(engine):  # NVMe offload: the state in memory while it is written/copied
+        return _save_pieces(engine, save_dir, tag, request, rank, extra, aliases, excluded, client)
+
+
+def _resident(engine):
+    resident = getattr(engine.optimizer, "resident", None)
+    return resident() if resident is not None else contextlib.nullcontext()
+
+
+def _save_pieces(engine, save_dir, tag, request, rank, extra, aliases, excluded, client) -> str:
     pieces = rank_pieces(engine.sharding, engine.optimizer.state, rank, engine.comm.world_size)
     write = dict(
         rank=rank,
@@ -335,13 +346,14 @@ def load_engine(engine, load_dir=None, tag=None, request: LoadRequest = LoadRequ
 @torch.no_grad()
 def _commit(engine, staged: _Staged, request: LoadRequest) -> None:
     """Copy what every rank read into the engine (nothing here may fail on good input)."""
-    for master, per_kind in staged.masters:
-        for at, t in per_kind.get(PARAM, []):
-            master.narrow(0, at, t.numel()).copy_(t)
-    engine.sharding.refresh_params_from_master()
+    with _resident(engine):
+        for master, per_kind in staged.masters:
+            for at, t in per_kind.get(PARAM, []):
+                master.narrow(0, at, t.numel()).copy_(t)
+        engine.sharding.refresh_params_from_master()
+        if staged.optimizer is not None:
+            load_optimizer_state(engine.optimizer, staged.masters, staged.optimizer)
     load_extra(engine.module, staged.extra, engine.comm.rank)
-    if staged.optimizer is not None:
-        load_optimizer_state(engine.optimizer, staged.masters, staged.optimizer)
     if request.module_only:
         return
     reader = staged.reader

@@ -114,31 +114,36 @@ class OffloadConfig:
     """`zero_optimization.offload_*`: keep state in CPU memory (`offload_optimizer`: master
     weights and optimizer state; `offload_param`: parameter shards)."""
 
-    device: Literal["none", "cpu"] = "none"
-    """Where the state lives between uses: "none" (the accelerator) or "cpu"."""
+    device: Literal["none", "cpu", "nvme"] = "none"
+    """Where the state lives between uses: "none" (the accelerator), "cpu", or "nvme" (files
+    under `nvme_path`; `offload_optimizer` only, stages 1-3)."""
     pin_memory: bool = True
     """Page-locked CPU memory: faster host-device copies, costs locked RAM."""
     nvme_path: str | None = None
-    """Kept for compatibility; NVMe offload is not supported."""
+    """With device "nvme": the directory (on a local disk) the swap files go under; each rank
+    keeps a private directory there, removed at the end of the job."""
     buffer_count: int = 4
-    """NVMe buffer pool size (compatibility only)."""
+    """DeepSpeed's NVMe buffer pool size; accepted, no effect here: the optimizer swap holds
+    about three sub-groups in memory (the one updated, the next read, the last written)."""
     buffer_size: int = int(1e8)
-    """NVMe buffer size in elements (compatibility only)."""
+    """DeepSpeed's NVMe parameter buffer size in elements; accepted, no effect here."""
     max_in_cpu: int = int(1e9)
-    """Elements kept in CPU memory under NVMe offload (compatibility only)."""
+    """DeepSpeed's elements kept in CPU memory under parameter NVMe offload; accepted, no
+    effect here."""
 
     def __post_init__(self) -> None:
-        if self.device == "nvme":
-            raise ConfigError(
-                'is "nvme", which this runtime does not support; use "cpu" (or "none")', "device"
-            )
-        check_field(self, "device", as_choice, ("none", "cpu"))
+        check_field(self, "device", as_choice, ("none", "cpu", "nvme"))
         check_field(self, "pin_memory", as_bool)
         if self.nvme_path is not None and not isinstance(self.nvme_path, str):
             raise ConfigError(f"must be a path string, got {describe(self.nvme_path)}", "nvme_path")
         check_field(self, "buffer_count", as_int, 0)
         check_field(self, "buffer_size", as_int, 0)
         check_field(self, "max_in_cpu", as_int, 0)
+        if self.device == "nvme" and not self.nvme_path:
+            raise ConfigError(
+                'is "nvme" without "nvme_path": set nvme_path to a directory on a local disk',
+                "device",
+            )
 
     @property
     def enabled(self) -> bool:
@@ -220,6 +225,12 @@ class ZeroConfig:
         for name in ("offload_optimizer", "offload_param"):
             if not isinstance(getattr(self, name), OffloadConfig):
                 raise ConfigError("must be an OffloadConfig", name)
+        if self.offload_param.device == "nvme":
+            raise ConfigError(
+                'is "nvme", which this runtime supports for offload_optimizer only; use "cpu" '
+                '(or "none")',
+                "offload_param.device",
+            )
         check_field(self, "stage3_prefetch_bucket_size", as_int, 0, auto=True)
         check_field(self, "stage3_param_persistence_threshold", as_int, 0, auto=True)
         check_field(self, "stage3_max_live_parameters", as_int, 0)

@@ -162,7 +162,8 @@ TOP_LEVEL_KEYS: dict[str, Rule] = {
     "graph_harvesting": accepted,
     "use_data_before_expert_parallelism": accepted,
     "seq_parallel_communication_data_type": accepted,
-    # Only read with NVMe offload, which is refused where it is asked for.
+    # Read with offload_optimizer.device "nvme" (block_size, queue_depth, thread_count; the
+    # rest have no meaning for a thread pool): docs/nvme-offload.md.
     "aio": accepted,
     "weight_quantization": accepted,
     "data_types": Rule(

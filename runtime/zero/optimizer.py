@@ -8,7 +8,10 @@ of every group. Master weights are one tensor per owned group range:
 * mixed precision: an fp32 copy; the step's fp32 gradient is made from the 16-bit shard and
   freed after the step;
 * offload: an fp32 copy in (pinned) CPU memory with a persistent CPU gradient buffer; the
-  update runs there and the result is copied back into the device parameters.
+  update runs there and the result is copied back into the device parameters;
+* NVMe offload: as CPU offload, but the masters and their optimizer state live in swap files
+  between steps (`zero.nvme.OptimizerSwap`), and the step runs chunk by chunk with the next
+  chunk read ahead and the previous written behind.
 
 After the update each rank writes its shard into the flat parameter buffer and every group is
 all-gathered in place (stages 1-2), so all ranks hold the full updated parameters.
@@ -16,8 +19,9 @@ all-gathered in place (stages 1-2), so all ranks hold the full updated parameter
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +31,7 @@ from runtime.optim import GradStats, Precision, StepRiders, global_grad_stats
 
 from .buckets import GradReducer
 from .flat import FlatBuffer
+from .nvme import OptimizerSwap, Swapper
 from .partition import FlatGroup
 
 __all__ = ["NormScope", "OwnedRange", "StepOutcome", "ZeroOptimizer"]
@@ -109,6 +114,7 @@ class ZeroOptimizer:
         group_options: list[dict],
         norm_scope: NormScope | None = None,
         riders: StepRiders | None = None,
+        open_swapper: Callable[[], Swapper] | None = None,
     ):
         self.layout = params.layout
         self.params = params
@@ -136,8 +142,12 @@ class ZeroOptimizer:
                 ).copy_(s)
                 for s in self._sources
             ]
+        # Under NVMe offload a step's gradients are copied per chunk: a persistent buffer
+        # would keep 4 bytes per parameter in memory, the cost the swap files exist to avoid.
         self._grad_buffers = (
-            [torch.zeros_like(m, pin_memory=pin) for m in self.master] if offload else None
+            [torch.zeros_like(m, pin_memory=pin) for m in self.master]
+            if offload and open_swapper is None
+            else None
         )
         groups = []
         for pg, options in enumerate(group_options):
@@ -149,6 +159,21 @@ class ZeroOptimizer:
             groups.append({**options, "params": tensors})
         self.optimizer = make_optimizer(groups)
         self.last_grad_norm: float | None = None
+        self.swap: OptimizerSwap | None = None
+        if open_swapper is not None:
+            self.swap = OptimizerSwap(open_swapper(), self.master, self.optimizer)
+
+    def resident(self, indices: Iterable[int] | None = None):
+        """A context in which the masters at ``indices`` (all by default) and their optimizer
+        state are in memory (NVMe offload swaps them in, and out after); a no-op otherwise."""
+        if self.swap is None:
+            return contextlib.nullcontext()
+        return self.swap.resident(indices)
+
+    def close(self) -> None:
+        """Release the swap files (NVMe offload)."""
+        if self.swap is not None:
+            self.swap.close()
 
     # torch.optim.Optimizer look-alikes ----------------------------------------------------
     @property
@@ -169,7 +194,10 @@ class ZeroOptimizer:
         self.reducer.zero()
 
     def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
+        if self.swap is None:
+            return self.optimizer.state_dict()
+        with self.resident():  # a copy: the swapped tensors are released after
+            return _cloned(self.optimizer.state_dict())
 
     @property
     def kind(self) -> str:
@@ -186,7 +214,8 @@ class ZeroOptimizer:
         return out
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
+        with self.resident():
+            self.optimizer.load_state_dict(state)
 
     # the step -------------------------------------------------------------------------------
     def _check_and_clip(self, grads: list[torch.Tensor], partitioned: bool) -> _Clipping | None:
@@ -210,6 +239,8 @@ class ZeroOptimizer:
         """The fp32 gradients of the masters at ``indices``, scaled by the caller."""
         if self.masters_are_views:
             return [grads[i] for i in indices]
+        if self.swap is not None:
+            return [grads[i].to("cpu", torch.float32, copy=True) for i in indices]
         if self.offload:
             master_grads = [self._grad_buffers[i] for i in indices]
             for i, buf in zip(indices, master_grads, strict=True):
@@ -230,20 +261,30 @@ class ZeroOptimizer:
         if clipping is None:
             return StepOutcome(True, None)
         norm, coef = clipping.norm, clipping.coef
-        master_grads = self._master_grads(grads, range(len(grads)))
-        if coef != 1.0:
-            torch._foreach_mul_(master_grads, coef)
-        for m, g in zip(self.master, master_grads, strict=True):
-            m.grad = g
-        self.optimizer.step()
-        for m in self.master:
-            m.grad = None
-        if not self.masters_are_views:
-            for dst, m in zip(self._sources, self.master, strict=True):
-                dst.copy_(m, non_blocking=True)
+        if self.swap is not None:
+            self.swap.run([[i] for i in range(len(grads))], lambda c: self._update(grads, c, coef))
+        else:
+            self._update(grads, range(len(grads)), coef)
         self.gather_params()
         self.last_grad_norm = norm
         return StepOutcome(False, norm)
+
+    def _update(self, grads: list[torch.Tensor], indices, coef: float) -> None:
+        """Apply the gradients of the masters at ``indices`` and write the results into the
+        parameters' shards."""
+        indices = list(indices)
+        masters = [self.master[i] for i in indices]
+        master_grads = self._master_grads(grads, indices)
+        if coef != 1.0:
+            torch._foreach_mul_(master_grads, coef)
+        for m, g in zip(masters, master_grads, strict=True):
+            m.grad = g
+        self.optimizer.step()
+        for m in masters:
+            m.grad = None
+        if not self.masters_are_views:
+            for i in indices:
+                self._sources[i].copy_(self.master[i], non_blocking=True)
 
     def gather_params(self) -> None:
         """All-gather every group in place so each rank holds the full parameters."""
@@ -262,6 +303,17 @@ class ZeroOptimizer:
         """Write the master weights into the parameters and gather them on every rank (after
         the masters were replaced, e.g. by a checkpoint load)."""
         if not self.masters_are_views:
-            for dst, m in zip(self._sources, self.master, strict=True):
-                dst.copy_(m)
+            with self.resident():
+                for dst, m in zip(self._sources, self.master, strict=True):
+                    dst.copy_(m)
         self.gather_params()
+
+
+def _cloned(value):
+    if torch.is_tensor(value):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _cloned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cloned(v) for v in value]
+    return value

@@ -8,6 +8,7 @@ picks one from the config. The engine holds that one object and calls nothing el
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,8 +17,10 @@ import torch
 
 from runtime.distributed import Communicator
 from runtime.optim import Precision, StepRiders
+from zlaunch.wire import protocol
 
-from ..errors import InvalidTypeError
+from ..errors import InvalidTypeError, InvalidValueError
+from .nvme import SwapDir, Swapper
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
 from .partition import FlatLayout
 
@@ -47,6 +50,7 @@ class StrategyInputs:
     def optimizer_options(self) -> dict[str, Any]:
         """The `ZeroOptimizer` arguments every stage takes from the config and the script."""
         zero = self.config.zero_optimization
+        off = zero.offload_optimizer
         return {
             "precision": self.precision,
             "offload": zero.offload_optimizer.enabled,
@@ -55,7 +59,30 @@ class StrategyInputs:
             "make_optimizer": self.make_optimizer,
             "group_options": [opts for opts, _ in self.groups],
             "riders": self.step_riders,
+            "open_swapper": self._optimizer_swapper() if off.device == "nvme" else None,
         }
+
+    def _optimizer_swapper(self) -> Callable[[], Swapper]:
+        nvme_path = self.config.zero_optimization.offload_optimizer.nvme_path
+        run_id = os.environ.get(protocol.RUN_ID_ENV)
+        rank = self.global_rank
+        # DeepSpeed's aio block, read for the meaning it has for a thread pool: a request is
+        # block_size bytes, and thread_count x queue_depth requests are in flight at once.
+        aio = (getattr(self.config, "raw", None) or {}).get("aio") or {}
+        knobs = {"block_size": 1 << 20, "queue_depth": 8, "thread_count": 1}
+        for key in knobs:
+            value = aio.get(key, knobs[key])
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidValueError(
+                    f"aio.{key} must be a positive integer, got {value!r}; fix it in the config"
+                )
+            knobs[key] = value
+        workers = knobs["thread_count"] * knobs["queue_depth"]
+        return lambda: Swapper(
+            SwapDir(nvme_path, rank=rank, run_id=run_id),
+            workers=workers,
+            block_size=knobs["block_size"],
+        )
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,19 @@
 `swap_dir` owns the rank's private directory (0700, unnamed files, removed at the end, stale
 ones of dead processes removed at the next start); `swapper` moves tensors between memory and
 those files on a thread pool (`os.preadv`/`os.pwritev`, direct I/O where the filesystem takes
-it), read-ahead and write-behind through `Pending` handles.
+it), read-ahead and write-behind through `Pending` handles; `optimizer_swap` keeps the
+partitioned optimizer's fp32 masters and their state there between steps.
 """
 
 from __future__ import annotations
 
+from runtime.zero.nvme.optimizer_swap import OptimizerSwap
 from runtime.zero.nvme.swap_dir import SwapDir, sweep_stale
 from runtime.zero.nvme.swapper import ALIGN, Pending, SwapError, Swapper, SwapStats, aligned_buffer
 
 __all__ = [
     "ALIGN",
+    "OptimizerSwap",
     "Pending",
     "SwapDir",
     "SwapError",

@@ -11,11 +11,13 @@ are left alone: their owners cannot be asked from here.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
 import shutil
 import socket
+import time
 
 from runtime.errors import UsageError
 
@@ -24,6 +26,8 @@ __all__ = ["PREFIX", "SwapDir", "sweep_stale"]
 # A dot name: listings of checkpoint directories (tags, `latest`) never show it.
 PREFIX = ".zlaunch-swap-"
 OWNER = "owner"
+# How long a directory may stand without its owner note before a sweep calls it stale.
+_NOTE_GRACE_S = 300
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -63,9 +67,11 @@ def sweep_stale(nvme_path: str) -> list[str]:
             with open(os.path.join(entry.path, OWNER)) as f:
                 owner = json.load(f)
         except (OSError, ValueError):
-            # No readable note: a process killed between mkdir and writing it, or not ours to
-            # judge. Only the first is ours, and it holds nothing: remove it only when empty.
+            # No readable note: a process killed between mkdir and writing it, or one doing
+            # that right now (another rank starting beside us). Only an old one is stale.
             try:
+                if time.time() - entry.stat(follow_symlinks=False).st_mtime < _NOTE_GRACE_S:
+                    continue
                 os.rmdir(entry.path)
                 removed.append(entry.path)
             except OSError:
@@ -119,6 +125,9 @@ class SwapDir:
         with open(os.path.join(self.path, OWNER), "w") as f:
             json.dump(note, f)
         self.closed = False
+        # An engine has no close: the directory goes at interpreter exit (after a kill, the
+        # next start's sweep removes it; the unnamed files are freed by the kernel either way).
+        atexit.register(self.close)
 
     def _owner(self) -> dict:
         try:
@@ -148,4 +157,5 @@ class SwapDir:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            atexit.unregister(self.close)
             shutil.rmtree(self.path, ignore_errors=True)

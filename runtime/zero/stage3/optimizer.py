@@ -11,8 +11,6 @@ the global norm decided by one all-reduce, same fused optimizers). Two differenc
 
 from __future__ import annotations
 
-import torch
-
 from ..optimizer import StepOutcome, ZeroOptimizer
 from .sequence import SEAT
 
@@ -50,19 +48,11 @@ class Stage3Optimizer(ZeroOptimizer):
         if clipping is None:
             return StepOutcome(True, None)
         norm, coef = clipping.norm, clipping.coef
-        for chunk in self.sub_groups:
-            masters = [self.master[i] for i in chunk]
-            master_grads = self._master_grads(grads, chunk)
-            if coef != 1.0:
-                torch._foreach_mul_(master_grads, coef)
-            for m, g in zip(masters, master_grads, strict=True):
-                m.grad = g
-            self.optimizer.step()
-            for m in masters:
-                m.grad = None
-            if not self.masters_are_views:
-                for i in chunk:
-                    self._sources[i].copy_(self.master[i], non_blocking=True)
+        if self.swap is not None:
+            self.swap.run(self.sub_groups, lambda c: self._update(grads, c, coef))
+        else:
+            for chunk in self.sub_groups:
+                self._update(grads, chunk, coef)
         self.gather_params()
         self.last_grad_norm = norm
         return StepOutcome(False, norm)
@@ -74,4 +64,5 @@ class Stage3Optimizer(ZeroOptimizer):
         """``unit``'s shard was overwritten (GatheredParameters with a modifier rank): copy it
         into the fp32 master where the master is a copy, not a view of the shard."""
         if not self.masters_are_views and not unit.frozen:
-            self.master[unit.index].copy_(unit.store.shard(unit.group))
+            with self.resident([unit.index]):
+                self.master[unit.index].copy_(unit.store.shard(unit.group))

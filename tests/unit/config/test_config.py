@@ -218,7 +218,7 @@ def test_fp16_and_bf16_both_enabled_is_an_error():
         ),
         (
             {"zero_optimization": {"offload_optimizer": {"device": "gpu"}}},
-            "ds.json: zero_optimization.offload_optimizer.device must be one of 'none', 'cpu', got 'gpu'",
+            "ds.json: zero_optimization.offload_optimizer.device must be one of 'none', 'cpu', 'nvme', got 'gpu'",
         ),
         (
             {
@@ -227,7 +227,11 @@ def test_fp16_and_bf16_both_enabled_is_an_error():
                     "offload_param": {"device": "nvme", "nvme_path": "/nvme"},
                 }
             },
-            'ds.json: zero_optimization.offload_param.device is "nvme", which this runtime does not support; use "cpu" (or "none")',
+            'ds.json: zero_optimization.offload_param.device is "nvme", which this runtime supports for offload_optimizer only; use "cpu" (or "none")',
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
+            'ds.json: zero_optimization.offload_optimizer.device is "nvme" without "nvme_path": set nvme_path to a directory on a local disk',
         ),
         ({"optimizer": {"params": {"lr": 1}}}, 'ds.json: optimizer needs a "type" key'),
         (

@@ -205,12 +205,14 @@ def test_stale_directories_of_dead_processes_are_removed_at_the_next_start(tmp_p
     here = socket.gethostname()
     dead = left("dead", {"host": here, "pid": os.getpid(), "start": -1})  # pid reused since
     noted_never = left("killed-at-birth", None)
+    os.utime(noted_never, (0, 0))  # long ago: a directory being set up now is left alone
+    starting = left("starting-now", None)
     elsewhere = left("other-host", {"host": here + "-not", "pid": 1, "start": -1})
     (tmp_path / "checkpoint").mkdir()
     s = Swapper(SwapDir(str(tmp_path), rank=0), workers=1)
     try:
         assert not dead.exists() and not noted_never.exists()
-        assert elsewhere.exists() and (tmp_path / "checkpoint").exists()
+        assert elsewhere.exists() and starting.exists() and (tmp_path / "checkpoint").exists()
         # The live one (this process) survives a sweep by another starting rank.
         assert sweep_stale(str(tmp_path)) == []
         assert os.path.isdir(s.directory.path)

@@ -120,7 +120,8 @@ def test_ls_status_and_logs_read_the_finished_run(job):
     listing = zlaunch("ls", "--log-dir", str(job["runs"]), cwd=job["tmp"])
     assert listing.returncode == 0
     row = next(line for line in listing.stdout.decode().splitlines() if line.startswith(run_id))
-    assert row.split()[3:] == ["localhost", "2", "succeeded", "12/12", str(job["runs"])]
+    # hosts, ranks, attempts (one: nothing restarted it), status, last step, log dir
+    assert row.split()[3:] == ["localhost", "2", "1", "succeeded", "12/12", str(job["runs"])]
 
     status = zlaunch("status", run_id[:12], "--log-dir", str(job["runs"]), cwd=job["tmp"])
     text = status.stdout.decode()

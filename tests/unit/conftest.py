@@ -9,10 +9,10 @@ seconds, and the launcher's part of it runs without torch installed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,71 +21,68 @@ class UnitTierViolation(AssertionError):
     pass
 
 
-def _refuse(what: str):
-    def refuse(*_args, **_kwargs):
-        raise UnitTierViolation(
-            f"a unit test started {what}: move it to tests/integration/ (tests/unit/ runs "
-            "without processes or process groups)"
-        )
+_GUARD = {"on": False}
+"""True while a unit test's setup or call runs (the phases the guard covers)."""
 
-    return refuse
+
+def _guarded(original, what: str):
+    """`original`, refused while the guard is on.
+
+    The wrappers are installed once and stay: the guard is a flag, not a patch. Patching per
+    test leaked, because a test that monkeypatches one of these names (init_process_group, say)
+    saves the guard's patch as the value to restore and restores it after the guard is undone,
+    so every later test in that worker (integration tests too) found the refusal."""
+
+    @functools.wraps(original)
+    def refuse_while_guarded(*args, **kwargs):
+        if _GUARD["on"]:
+            raise UnitTierViolation(
+                f"a unit test started {what}: move it to tests/integration/ (tests/unit/ runs "
+                "without processes or process groups)"
+            )
+        return original(*args, **kwargs)
+
+    refuse_while_guarded.unit_tier_guard = True
+    return refuse_while_guarded
+
+
+def _install(owner, name: str, what: str) -> None:
+    current = getattr(owner, name)
+    if not getattr(current, "unit_tier_guard", False):
+        setattr(owner, name, _guarded(current, what))
+
+
+def _install_all() -> None:
+    import _posixsubprocess
+
+    _install(_posixsubprocess, "fork_exec", "a process")
+    _install(subprocess.Popen, "__init__", "a process")
+    _install(os, "fork", "a forked process")
+    if hasattr(os, "posix_spawn"):
+        _install(os, "posix_spawn", "a process")
+    if "torch.distributed" in sys.modules:  # never imported here for the check's sake
+        _install(sys.modules["torch.distributed"], "init_process_group", "a process group")
 
 
 @contextlib.contextmanager
 def _no_processes():
-    import _posixsubprocess
-
-    patch = pytest.MonkeyPatch()
+    _install_all()
+    _GUARD["on"] = True
     try:
-        patch.setattr(_posixsubprocess, "fork_exec", _refuse("a process"))
-        patch.setattr(subprocess.Popen, "__init__", _refuse("a process"))
-        patch.setattr(os, "fork", _refuse("a forked process"))
-        if hasattr(os, "posix_spawn"):
-            patch.setattr(os, "posix_spawn", _refuse("a process"))
-        if "torch.distributed" in sys.modules:  # never imported here for the check's sake
-            patch.setattr(
-                sys.modules["torch.distributed"],
-                "init_process_group",
-                _refuse("a process group"),
-            )
         yield
     finally:
-        patch.undo()
+        _GUARD["on"] = False
 
 
-UNIT = Path(__file__).resolve().parent
+# Setup and call only: a unit test's teardown may also finalize the session's fixtures (those
+# of the cluster tier among them) when it is the worker's last test.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _no_processes():
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """One guard over a unit test's setup, call and teardown together.
-
-    Patching each phase on its own leaked: a test that monkeypatches one of the guarded names
-    (torch.distributed.init_process_group, say) saves the guard's refusal as the value to
-    restore, and restores it at teardown, after the call phase's guard was undone, so every
-    later test in that worker (integration tests included) found the refusal. Spanning all
-    three phases puts the undo orders right: the test's monkeypatch restores the refusal, then
-    the guard restores the original."""
-    if UNIT not in Path(str(item.fspath)).resolve().parents:
-        yield
-        return
+def pytest_runtest_call(item):
     with _no_processes():
         yield
-    leaked = [name for name, value in _guarded() if getattr(value, "__name__", "") == "refuse"]
-    if leaked:
-        raise UnitTierViolation(f"{item.nodeid} left the unit-tier guard on {', '.join(leaked)}")
-
-
-def _guarded():
-    import _posixsubprocess
-
-    yield "_posixsubprocess.fork_exec", _posixsubprocess.fork_exec
-    yield "subprocess.Popen.__init__", subprocess.Popen.__init__
-    yield "os.fork", os.fork
-    if hasattr(os, "posix_spawn"):
-        yield "os.posix_spawn", os.posix_spawn
-    if "torch.distributed" in sys.modules:
-        yield (
-            "torch.distributed.init_process_group",
-            sys.modules["torch.distributed"].init_process_group,
-        )

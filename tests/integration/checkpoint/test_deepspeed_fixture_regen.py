@@ -41,7 +41,10 @@ def test_deepspeed_writes_what_the_fixture_holds(tmp_path, monkeypatch):
     assert got["before"] == want["before"] and got["after"] == want["after"]
     with DeepSpeedReader(str(tmp_path / "global_step3")) as reader:
         for name, (total, _) in want["fp32_fingerprint"].items():
-            assert math.isclose(float(reader.read_full(name).double().sum()), total, rel_tol=1e-12)
+            # Real DeepSpeed's fp32 masters of the same run have come out ~2e-8 apart (relative,
+            # over a tensor's sum) from the committed ones with the same losses: compare to fp32
+            # rounding, not bit for bit.
+            assert math.isclose(float(reader.read_full(name).double().sum()), total, rel_tol=1e-6)
 
 
 def test_deepspeeds_dynamic_loss_scaler_becomes_the_runtimes(tmp_path):

@@ -257,7 +257,7 @@ class DeepSpeedReader:
                     )
                 found = {}
                 for k, v in entry.items():
-                    if not (torch.is_tensor(v) and v.dim() > 0):
+                    if k in _SCALAR_STATE or not (torch.is_tensor(v) and v.dim() > 0):
                         continue
                     if v.numel() not in (part.numel(), part.numel() + pads[i]):
                         raise CheckpointError(
@@ -383,7 +383,11 @@ class DeepSpeedReader:
             hyper.append({k: v for k, v in group.items() if k != "params"})
             first = (group.get("params") or [None])[0]
             entry = base["state"].get(first, {})
-            values = {k: v for k, v in entry.items() if not (torch.is_tensor(v) and v.dim() > 0)}
+            values = {
+                k: _scalar(v, k, self._optim[0]["_file"])
+                for k, v in entry.items()
+                if k in _SCALAR_STATE or not (torch.is_tensor(v) and v.dim() > 0)
+            }
             scalars.append({"values": jsonable.encode(values, "optimizer state"), "on_device": []})
         return {"class": self._optimizer_class(), "param_groups": hyper, "scalar_state": scalars}
 
@@ -430,6 +434,29 @@ class DeepSpeedReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Optimizer state that is one number whatever its shape in the file.
+_SCALAR_STATE = frozenset({"step"})
+
+
+def _scalar(value: Any, key: str, file: str) -> Any:
+    """A scalar optimizer state entry as torch's optimizers keep it: ``step`` a 0-dim float32
+    tensor (DeepSpeed's FusedAdam and CPUAdam keep a plain int, torch's Adam a tensor; torch's
+    Adam refuses to step with anything but a singleton tensor)."""
+    if key != "step":
+        return value
+    if torch.is_tensor(value) and value.numel() == 1 and value.dtype != torch.bool:
+        number = float(value.reshape(()))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise CheckpointError(
+            f"{file}: optimizer state 'step' is {value!r:.60}, not a number or a one-element tensor"
+        )
+    if not (math.isfinite(number) and number >= 0 and number == int(number)):
+        raise CheckpointError(f"{file}: optimizer state 'step' is {number}, not a count of steps")
+    return torch.tensor(number, dtype=torch.float32)
 
 
 def _flat_slice(parts: list[torch.Tensor], at: int, count: int) -> torch.Tensor:

@@ -217,3 +217,51 @@ def test_under_an_mpu_a_deepspeed_checkpoint_is_refused_not_skipped():
     with pytest.raises(CheckpointError, match="with model parallelism"):
         refuse_foreign_under_mpu(str(FIXTURE / "zero2_fp32"), None)
     refuse_foreign_under_mpu(str(FIXTURE / "no-such-dir"), None)  # the load says what is missing
+
+
+def _plain(content: dict) -> dict:
+    """The file's content with the stand-ins of DeepSpeed's types made plain again (the
+    reader's stand-ins are not on its allow-list), to be saved back."""
+    state = content["optimizer_state_dict"]
+    state["zero_stage"], state["loss_scaler"] = int(state["zero_stage"]), None
+    return content
+
+
+@pytest.mark.parametrize("stored", [3, torch.tensor([3.0]), torch.tensor(3.0)])
+def test_step_becomes_the_singleton_tensor_torchs_adam_steps_with(copy_of, stored):
+    """DeepSpeed's FusedAdam and CPUAdam keep ``step`` as a plain int; a one-element tensor
+    of another shape is the same count. Loaded into torch's AdamW, each must train."""
+    from runtime.checkpoint import jsonable
+
+    d = copy_of("zero3_fp32")
+    for rank in (0, 1):
+        f = d / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        content = _plain(load_ds_file(str(f)))
+        for entry in content["optimizer_state_dict"]["optimizer_state_dict"]["state"].values():
+            entry["step"] = stored
+        _rewrite(f, content)
+    with DeepSpeedReader(str(d)) as reader:
+        values = jsonable.decode(reader.state("optimizer")["scalar_state"][0]["values"])
+        name = next(iter(reader.shapes))
+        moments = {k: reader.read_full(name, k) for k in ("exp_avg", "exp_avg_sq")}
+        weight = torch.nn.Parameter(reader.read_full(name))
+    assert torch.is_tensor(values["step"]) and values["step"].shape == ()
+    assert float(values["step"]) == 3.0
+    opt = torch.optim.AdamW([weight], lr=1e-2)
+    opt.state[weight] = {"step": values["step"], **moments}
+    weight.grad = torch.ones_like(weight)
+    opt.step()
+    assert float(opt.state[weight]["step"]) == 4.0
+
+
+def test_a_step_that_is_no_count_is_refused_naming_the_file(copy_of):
+    d = copy_of("zero3_fp32")
+    f = d / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    content = _plain(load_ds_file(str(f)))
+    content["optimizer_state_dict"]["optimizer_state_dict"]["state"][0]["step"] = "three"
+    _rewrite(f, content)
+    with pytest.raises(
+        CheckpointError, match="zero_pp_rank_0_mp_rank_00_optim_states.pt: optimizer state 'step'"
+    ):
+        with DeepSpeedReader(str(d)) as reader:
+            reader.state("optimizer")

@@ -99,8 +99,11 @@ def test_sigkill_restart_resume_is_bitwise_exact(tmp_path, stage):
     assert f"resumed from {ckpt / 'global_step10'} at step 10" in text
     assert (ckpt / "latest").read_text().strip() == "global_step20"
     assert_same_run(reference, resumed, 20)
-    # Steps 11 and 12 ran twice (before the kill and after the restart).
-    assert len(losses(resumed)[12]) == 2
+    # Steps 11 and 12 ran twice (before the kill and after the restart). Step 11's first loss
+    # line is always out before rank 1 can finish step 12; step 12's may not be: rank 0 can be
+    # stopped between finishing step 12 and printing it, so it is logged once or twice.
+    assert len(losses(resumed)[11]) == 2
+    assert len(losses(resumed)[12]) in (1, 2)
 
 
 def test_crash_while_saving_keeps_the_previous_checkpoint(tmp_path):

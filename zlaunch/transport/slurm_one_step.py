@@ -231,9 +231,24 @@ class SlurmStep:
 
     def stderr_tail(self, task: int | None, lines: int = 40) -> list[str]:
         """Task ``task``'s lines and srun's own (all tasks' lines for ``None``)."""
+        if not self.ended.is_set() and self._exited():
+            # srun is dead but its watcher has not said so yet (it first waits up to 1 s for
+            # srun's last lines): an agent lost with srun must be told it went with srun
+            self.ended.wait(2.0)
         with self._lock:
             picked = [t for k, t in self._lines if task is None or k is None or k == task]
         return picked[-lines:]
+
+    def _exited(self) -> bool:
+        """srun has exited: reaped by its watcher, or a zombie the watcher is about to reap."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                # the state follows the command name's closing parenthesis
+                return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except (OSError, IndexError):
+            return False
 
     def unclaimed_tail(self, lines: int = 10) -> list[str]:
         """Lines of tasks that never connected, and srun's own."""

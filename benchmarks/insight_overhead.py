@@ -25,11 +25,8 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 import torch.multiprocessing as mp
@@ -37,13 +34,7 @@ import torch.multiprocessing as mp
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-
-def model(hidden: int, layers: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    parts: list[torch.nn.Module] = []
-    for _ in range(layers):
-        parts += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
-    return torch.nn.Sequential(*parts, torch.nn.Linear(hidden, 1))
+from interleaved import QuietSink, free_port, mlp, rank_env, run_interleaved  # noqa: E402
 
 
 def configs(args, out: str) -> tuple[dict, dict]:
@@ -69,24 +60,8 @@ def configs(args, out: str) -> tuple[dict, dict]:
     return base, full
 
 
-class _Quiet:
-    """Drops rank 0's log lines (both engines), so printing costs neither of them."""
-
-    fd = None
-
-    def emit(self, event):
-        pass
-
-
 def worker(rank: int, args, port: int, out: str, results) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(args.world),
-        LOCAL_WORLD_SIZE=str(args.world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    rank_env(rank, args.world, port)
     torch.set_num_threads(args.threads)
     import runtime
 
@@ -96,46 +71,17 @@ def worker(rank: int, args, port: int, out: str, results) -> None:
     # this order cancels that to first order.
     engines: dict[str, list] = {"none": [], "all": []}
     for name, cfg in (("none", base), ("all", full), ("all", full), ("none", base)):
-        engine, *_ = runtime.initialize(model=model(args.hidden, args.layers), config=cfg)
-        engine.step_metrics.sink = _Quiet()
+        engine, *_ = runtime.initialize(model=mlp(args.hidden, args.layers), config=cfg)
+        engine.step_metrics.sink = QuietSink()
         engines[name].append(engine)
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randn(args.batch, args.hidden, generator=g)
+    x = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(rank))
 
-    cpu: dict[str, list[float]] = {"none": [], "all": []}
+    def step(engine) -> None:
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
 
-    def run(pair: list, steps: int, name: str | None = None) -> list[float]:
-        times = []
-        for engine in pair:
-            for _ in range(steps):
-                start, start_cpu = time.perf_counter(), time.process_time()
-                loss = engine(x).pow(2).mean()
-                engine.backward(loss)
-                engine.step()
-                times.append(time.perf_counter() - start)
-                if name is not None:
-                    cpu[name].append(time.process_time() - start_cpu)
-        return times
-
-    for pair in engines.values():  # warm-up, the FLOP count and the profile step included
-        run(pair, 5)
-    samples: dict[str, list[float]] = {"none": [], "all": []}
-    ratios = []
-    for r in range(args.rounds):
-        order = ("none", "all") if r % 2 == 0 else ("all", "none")
-        got = {}
-        for name in order:
-            got[name] = run(engines[name], args.steps_per_round, name)
-            samples[name] += got[name]
-        ratios.append(statistics.fmean(got["all"]) / statistics.fmean(got["none"]))
-    results[rank] = {k: statistics.median(v) for k, v in samples.items()} | {
-        "mean_none": statistics.fmean(samples["none"]),
-        "mean_all": statistics.fmean(samples["all"]),
-        "median_round_ratio": statistics.median(ratios),
-        "cpu_none": statistics.median(cpu["none"]),
-        "cpu_all": statistics.median(cpu["all"]),
-        "steps": len(samples["none"]),
-    }
+    rounds = run_interleaved(engines, step, args.rounds, args.steps_per_round)
+    results[rank] = rounds.summary("none", "all")
     import torch.distributed as dist
 
     dist.barrier()
@@ -160,9 +106,7 @@ def main() -> None:
     )
     p.add_argument("--json")
     args = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="insight-") as out:
         manager = mp.Manager()
         results = manager.dict()

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -31,22 +29,7 @@ import torch.multiprocessing as mp
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-
-def model(hidden: int, layers: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    parts: list[torch.nn.Module] = []
-    for _ in range(layers):
-        parts += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
-    return torch.nn.Sequential(*parts, torch.nn.Linear(hidden, 1))
-
-
-class _Quiet:
-    """Drops rank 0's metrics events (every engine alike)."""
-
-    fd = None
-
-    def emit(self, event):
-        pass
+from interleaved import QuietSink, free_port, mlp, rank_env, run_interleaved  # noqa: E402
 
 
 def _drained_pipe() -> tuple[int, subprocess.Popen]:
@@ -58,10 +41,7 @@ def _drained_pipe() -> tuple[int, subprocess.Popen]:
 
 
 def worker(rank: int, args, port: int, results) -> None:
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world),
-        LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
+    rank_env(rank, args.world, port)
     torch.set_num_threads(1)
     import runtime
     from runtime.observe.metrics import EventSink
@@ -76,8 +56,8 @@ def worker(rank: int, args, port: int, results) -> None:
     fd, reader = _drained_pipe()
     engines: dict[str, list] = {"off": [], "on": []}
     for name in ("off", "on", "on", "off"):  # creation order cancels a later engine's drift
-        engine, *_ = runtime.initialize(model=model(args.hidden, args.layers), config=config)
-        engine.step_metrics.sink = _Quiet()
+        engine, *_ = runtime.initialize(model=mlp(args.hidden, args.layers), config=config)
+        engine.step_metrics.sink = QuietSink()
         engine.step_metrics.busy_sink = None
         if name == "on" and not args.floor:  # what the engine does under zlaunch on CPU
             engine.insight.busy = BusyClock()
@@ -87,30 +67,12 @@ def worker(rank: int, args, port: int, results) -> None:
     assert all(e.comm.stats.observer is None for e in engines["off"]), "engines share a counter"
     x = torch.randn(args.batch, args.hidden, generator=torch.Generator().manual_seed(rank))
 
-    def run(pair: list, steps: int) -> list[float]:
-        times = []
-        for engine in pair:
-            for _ in range(steps):
-                start = time.perf_counter()
-                engine.backward(engine(x).pow(2).mean())
-                engine.step()
-                times.append(time.perf_counter() - start)
-        return times
+    def step(engine) -> None:
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
 
-    for pair in engines.values():
-        run(pair, 5)
-    samples: dict[str, list[float]] = {"off": [], "on": []}
-    ratios = []
-    for r in range(args.rounds):
-        got = {}
-        for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            got[name] = run(engines[name], args.steps_per_round)
-            samples[name] += got[name]
-        ratios.append(statistics.fmean(got["on"]) / statistics.fmean(got["off"]))
-    results[rank] = {k: statistics.median(v) for k, v in samples.items()} | {
-        "median_round_ratio": statistics.median(ratios),
-        "steps": len(samples["off"]),
-    }
+    rounds = run_interleaved(engines, step, args.rounds, args.steps_per_round)
+    results[rank] = rounds.summary("off", "on")
     import torch.distributed as dist
 
     dist.barrier()
@@ -149,9 +111,7 @@ def main() -> None:
     per_sample = controller_cost(args.ranks)
     print(f"controller: {per_sample:.2f} us per sample at {args.ranks} ranks "
           f"({per_sample * args.ranks / 1e3:.2f} ms of controller time per step)")  # fmt: skip
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     results = mp.Manager().dict()
     mp.spawn(worker, args=(args, port, results), nprocs=args.world, join=True)
     rows = []

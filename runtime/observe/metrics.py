@@ -102,7 +102,9 @@ class EventSink:
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.fd is not None:
-            data = (json.dumps(event, allow_nan=False, default=_jsonable) + "\n").encode()
+            # NaN and infinity as JSON's common extension (NaN, Infinity): a script's diverged
+            # validation loss is news for the controller, which reads them (wire/metrics_check)
+            data = (json.dumps(event, default=_jsonable) + "\n").encode()
             try:
                 # One write of a short line (< PIPE_BUF) is atomic: lines never interleave.
                 os.write(self.fd, data)

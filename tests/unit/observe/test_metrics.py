@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from runtime.observe.metrics import EventSink, _token_count
+from zlaunch.agent.events import parse_event
 from zlaunch.console.live_view import PlainView, format_metrics
 from zlaunch.console.terminal import Console
+from zlaunch.wire.metrics_check import checked_metrics
 
 EVENT = {
     "kind": "metrics", "source": "engine", "step": 20, "samples": 640, "total_steps": 100,
@@ -38,6 +40,25 @@ def test_sink_writes_one_json_line_per_event_to_the_events_fd():
         EVENT,
         {"kind": "metrics", "source": "user", "step": 3, "acc": 0.5},
     ]
+
+
+def test_a_script_s_diverged_value_reaches_the_controller_and_does_not_stop_training():
+    # a NaN validation loss or an infinite perplexity from log_metrics is written as JSON's
+    # NaN/Infinity, read back by the agent and kept by the controller's check
+    read_fd, write_fd = os.pipe()
+    try:
+        sink = EventSink({"ZLAUNCH_EVENTS_FD": str(write_fd)})
+        sink.emit({"kind": "metrics", "source": "user", "step": 4,
+                   "val_loss": float("nan"), "ppl": torch.tensor(float("inf"))})  # fmt: skip
+        os.close(write_fd)
+        (line,) = os.read(read_fd, 1 << 16).splitlines()
+    finally:
+        os.close(read_fd)
+    event = parse_event(line)
+    assert event["kind"] == "metrics" and event["step"] == 4, event
+    assert event["val_loss"] != event["val_loss"] and event["ppl"] == float("inf")
+    row = checked_metrics(event).row
+    assert row is not None and set(row) >= {"val_loss", "ppl"}, checked_metrics(event)
 
 
 def test_sink_with_a_closed_fd_warns_and_logs_instead(caplog):

@@ -42,6 +42,8 @@ class JobView:
         self.breakdown = BreakdownPanel()
         self.fleet_line = ""
         """The fleet change under way (a preemption, hosts joining); empty when none."""
+        self.start_line = ""
+        """Which agents have answered and which are still starting; empty once all are in."""
 
     def start(self, run_id: str, expected: dict[str, int]) -> None:
         self.run_id = run_id
@@ -95,6 +97,10 @@ class JobView:
     def fleet(self, line: str) -> None:
         """What the fleet change under way waits for (the notes said how it began)."""
         self.fleet_line = line
+
+    def starting(self, line: str) -> None:
+        """Who has answered while the agents start (empty: every one has)."""
+        self.start_line = line
 
     def tick(self) -> None:
         pass

@@ -54,6 +54,8 @@ def render_panel(view: JobView) -> Any:
     parts.append(_ranks_line(view))
     if view.fleet_line:
         parts.append(Text(f"fleet: {view.fleet_line}", style="yellow"))
+    if view.start_line:
+        parts.append(Text(view.start_line, style="yellow"))
     parts.extend(_silence_notes(view))
     return Panel(
         Group(*parts),

@@ -69,6 +69,11 @@ class PlainView(JobView):
         if event.get("report", True) is not False:
             self.console.note(format_metrics(event))
 
+    def starting(self, line: str) -> None:
+        super().starting(line)
+        if line:  # a line per call: the caller says it at a plain console's pace
+            self.console.note(line)
+
     def progress(self, rank: int, host: str, stream: str, text: str | None) -> None:
         super().progress(rank, host, stream, text)
         # A readable record: a rank's bar at most every PLAIN_PROGRESS_INTERVAL seconds (its
@@ -213,6 +218,10 @@ class LiveView(JobView):
     def rank_lost(self, rank: int, host: str) -> None:
         super().rank_lost(rank, host)
         self._redraw_soon()
+
+    def starting(self, line: str) -> None:
+        super().starting(line)
+        self._redraw()
 
     def _redraw_soon(self) -> None:
         """Draw now unless the panel was drawn in the last PRINT_INTERVAL; then the next tick

@@ -140,6 +140,8 @@ class AgentLinks:
         self.hosts = tuple(hosts)
         self.queue: queue.Queue = queue.Queue()
         self.links: list[Link | None] = [None] * len(self.hosts)
+        self.opened_at: list[float | None] = [None] * len(self.hosts)
+        """Per node: when its connection opened (monotonic); first contact counts from it."""
         self._done = done
         """Per node: whether nothing more is sent to it (it said bye, was lost or dropped);
         the caller's state machine knows, read from the heartbeat thread too."""
@@ -163,6 +165,7 @@ class AgentLinks:
         """Start every agent in parallel; each one's frames flow into the queue at once."""
 
         def on_open(index: int, link: Link) -> None:
+            self.opened_at[index] = time.monotonic()
             self._trace(f"connected to {self.hosts[index].display}")
             self.links[index] = link
             threading.Thread(
@@ -256,6 +259,12 @@ class AgentLinks:
     def silent_for(self, index: int, now: float) -> float:
         """Seconds node ``index`` has sent nothing, counted while the controller ran."""
         return self.heard.silent_for(index, now)
+
+    def running(self, index: int) -> bool:
+        """Node ``index``'s agent process still runs, as its transport knows it (no round
+        trip to the host)."""
+        link = self.links[index]
+        return link is not None and link.running()
 
     def send(self, index: int, data: bytes) -> bool:
         link = self.links[index]

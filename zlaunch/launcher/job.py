@@ -47,6 +47,7 @@ from zlaunch.job import (
 )
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
+from zlaunch.launcher.first_contact import FirstContact, Judgement, hello_bound, hello_deadline
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
 from zlaunch.launcher.hang_records import decode_records
 from zlaunch.launcher.open_files import ensure_open_files
@@ -100,6 +101,10 @@ controller takes its node as lost: a link down, a partition, a host that stopped
 the agent's own heartbeat timeout, so by then that agent has already stopped its workers if it
 still runs. Both grow with the job's ranks (zlaunch/wire/liveness.py); these are a small job's."""
 POLL = 0.25
+PLAIN_PROGRESS_INTERVAL = 5.0
+"""Seconds between two lines saying which agents are still starting, on a plain console."""
+LIVE_PROGRESS_INTERVAL = 1.0
+"""The same line, updated in place on the live panel."""
 MAX_BUSY_BATCH = 100
 """Step times read from one step_busy event at most (the runtime sends 10)."""
 WATCH_INTERVAL = 0.05
@@ -187,27 +192,79 @@ class Attempt:
         return outcome
 
     def _await_hellos(self) -> None:
-        deadline = time.monotonic() + max(self.options.ssh.timeout, 10.0) + 5.0
-        while not all(self.hellos) and self.machine.interrupt is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                late = [self.hosts[i].display for i, h in enumerate(self.hellos) if h is None]
-                raise LaunchError(f"no answer from the agent on {', '.join(late)}")
-            match self.links.next(min(remaining, POLL)):
-                case FrameIn(node, frames.Hello() as hello):
-                    self.hellos[node] = hello
-                case FrameIn():
-                    pass  # nothing but a hello comes before the specs
-                case Garbled(node, why):
-                    self.console.note(f"{self.hosts[node].display}: {why}", error=True)
-                case LinkClosed(node):
-                    raise _ended_before_start(self.options, self.links, node)
-                case SignalIn(signum):
-                    self._handle(SignalReceived(signum))
-                case None:
-                    pass
-                case unexpected:
-                    assert_never(unexpected)
+        """Every agent's hello, each agent judged from its own connection's opening: silent
+        past a deadline that grows with the hosts, it is probed; gone, it is named at once;
+        still running, it is named as slow and waited for up to a bound
+        (zlaunch/launcher/first_contact.py). Meanwhile the console says who has answered."""
+        hosts, ssh_timeout = len(self.hosts), self.options.ssh.timeout
+        contact = FirstContact(
+            [host.display for host in self.hosts],
+            hello_deadline(hosts, ssh_timeout),
+            hello_bound(hosts, ssh_timeout),
+        )
+        opened = [at for at in self.links.opened_at if at is not None]
+        for node, at in enumerate(self.links.opened_at):
+            if at is not None:
+                contact.opened(node, at)
+        started = min(opened, default=time.monotonic())
+        plain = isinstance(self.view, PlainView)
+        interval = PLAIN_PROGRESS_INTERVAL if plain else LIVE_PROGRESS_INTERVAL
+        try:
+            while not contact.done and self.machine.interrupt is None:
+                match self.links.next(POLL):
+                    case FrameIn(node, frames.Hello() as hello):
+                        self.hellos[node] = hello
+                        contact.answered(node)
+                    case FrameIn():
+                        pass  # nothing but a hello comes before the specs
+                    case Garbled(node, why):
+                        self.console.note(f"{self.hosts[node].display}: {why}", error=True)
+                    case LinkClosed(node):
+                        raise _ended_before_start(self.options, self.links, node)
+                    case SignalIn(signum):
+                        self._handle(SignalReceived(signum))
+                    case None:
+                        pass
+                    case unexpected:
+                        assert_never(unexpected)
+                if self.links.waiting():
+                    continue  # frames first: a hello already read is no silence
+                now = time.monotonic()
+                self._judge_first_contact(contact, contact.look(now, self.links.running))
+                line = contact.progress(now, started, interval)
+                if line is not None:
+                    self.view.starting(line)
+        finally:
+            self.view.starting("")
+
+    def _judge_first_contact(self, contact: FirstContact, judged: Judgement) -> None:
+        if judged.gone:
+            node = judged.gone[0]
+            status = self.links.links[node].wait(0.0) if self.links.links[node] else None
+            detail = "\n".join(f"    {line}" for line in self.links.stderr_tail(node, 10))
+            raise LaunchError(
+                f"no answer from the agent on {contact.names(judged.gone)}: silent "
+                f"{contact.deadline:.0f}s after its connection opened, and its process is "
+                "no longer running"
+                + (f" (exit status {status})" if status is not None else "")
+                + (f":\n{detail}" if detail else ""),
+                hint=f"check that {self.options.python} starts there and can import zlaunch"
+                " (--python sets the interpreter on the nodes)",
+            )
+        if judged.overdue:
+            raise LaunchError(
+                f"no answer from the agent on {contact.names(judged.overdue)} within "
+                f"{contact.bound:.0f}s of its connection, though its process still runs",
+                hint="something holds up the agent's start there (a login script, a slow or "
+                "hung shared filesystem under Python): time it by hand with "
+                f"ssh HOST {self.options.python} -c 'import zlaunch.agent'",
+            )
+        if judged.newly_slow:
+            self.console.note(
+                f"agent slow to start on {contact.names(judged.newly_slow)}: still running, "
+                f"no hello {contact.deadline:.0f}s after connecting; waiting up to "
+                f"{contact.bound:.0f}s"
+            )
 
     def _send_specs(self) -> None:
         master_addr, master_port = rendezvous(self.options, self.hellos)

@@ -119,6 +119,9 @@ class ConnectBackLink(Link):
         except OSError:
             pass
 
+    def running(self) -> bool:
+        return not self._eof.is_set() and super().running()
+
     def wait(self, timeout: float | None = None) -> int | None:
         """The exit status of what started the agent (one for all nodes)."""
         return self.starter.wait(timeout)

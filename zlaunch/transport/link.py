@@ -43,6 +43,12 @@ class Link:
         seconds for it to exit, then drop it and the connection."""
         raise NotImplementedError
 
+    def running(self) -> bool:
+        """Whether the started process still runs, as far as this end knows without asking
+        the host: its exit status is not in. Cheap: the controller probes a silent agent
+        with it while waiting for its hello (zlaunch/launcher/first_contact.py)."""
+        return self.wait(0.0) is None
+
     def write(self, data: bytes) -> bool:
         """Thread-safe write; False when the other end is gone."""
         with self._send_lock:

@@ -272,6 +272,13 @@ class SshLink(Link):
             return None
         return self.channel.exit_status
 
+    def running(self) -> bool:
+        """sshd sends the command's exit status as it ends; a connection that died (keepalive
+        unanswered, reset) runs nothing zlaunch can still talk to."""
+        transport = self.channel.get_transport()
+        alive = transport is not None and transport.is_active()
+        return alive and not self.channel.closed and not self.channel.exit_status_ready()
+
     def terminate(self, wait: float = 5.0) -> None:
         self.close_stdin()
         self.closed = True

@@ -410,6 +410,16 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     help="How often --preemption-check runs (a run that takes longer is killed: no notice).",
 )
 @click.option(
+    "--slow-node",
+    type=click.Choice(["warn", "exclude"]),
+    default="warn",
+    show_default=True,
+    help="A host whose ranks' own step time stays at 1.25x the fleet's median or more for 3 "
+    "windows of 10 steps is named (warn); with exclude (needs --checkpoint-dir and "
+    "--min-nodes) every rank also saves at its next step and the job goes on without it, "
+    "global batch kept, never below --min-nodes. See docs/slow-nodes.md.",
+)
+@click.option(
     "--collective-timeout",
     type=float,
     default=None,

@@ -88,6 +88,7 @@ class RunArguments:
     preemption_deadline: float = 30.0
     preemption_check: str | None = None
     preemption_check_interval: float = 5.0
+    slow_node: str = "warn"
     launcher: str = "auto"
     slurm_args: str | None = None
     slurm_mode: str = "auto"
@@ -352,6 +353,7 @@ def _launch_options(
         preemption_deadline=args.preemption_deadline,
         preemption_check=args.preemption_check,
         preemption_check_interval=args.preemption_check_interval,
+        slow_node=args.slow_node,
         collective_timeout=args.collective_timeout,
         deepspeed_api=_deepspeed_api(args, worker_env),
     )

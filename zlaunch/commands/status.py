@@ -99,7 +99,12 @@ def _change_words(entry: dict[str, Any]) -> str:
     hosts = ", ".join(map(str, change.get("hosts") or []))
     if change.get("kind") == "lost":
         return f"lost {hosts}"
-    words = [f"preempted {hosts}"]
+    if change.get("kind") == "slow":
+        slow = change.get("slow")
+        figures = ", ".join(f"{h} {w}" for h, w in slow.items()) if isinstance(slow, dict) else ""
+        words = [f"slow {hosts} taken out" + (f" ({figures})" if figures else "")]
+    else:
+        words = [f"preempted {hosts}"]
     if change.get("saved_step") is not None:
         words.append(f"saved at step {change['saved_step']}")
     elif change.get("deadline_missed"):

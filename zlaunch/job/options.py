@@ -159,6 +159,10 @@ class LaunchOptions:
     """A shell command every agent runs every preemption_check_interval seconds; exit 0 is
     that host's preemption notice."""
     preemption_check_interval: float = DEFAULT_PREEMPTION_CHECK_INTERVAL
+    slow_node: str = "warn"
+    """--slow-node: "warn" (a host that stays slow is named) or "exclude" (it is also taken
+    out at the next step boundary after a save, and the job goes on without it:
+    zlaunch/launcher/slow_nodes.py)."""
     batch: str | None = None
     """The batch triple the ranks use instead of their config's ("TB,MICRO,GAS"), set for a
     restart on another world size; exported as ZLAUNCH_BATCH."""
@@ -229,6 +233,15 @@ class LaunchOptions:
             )
         if self.preemption_check is not None and not self.preemption_check.strip():
             raise UsageError("--preemption-check needs a command", hint="e.g. ./about-to-go.sh")
+        if self.slow_node not in ("warn", "exclude"):
+            raise UsageError(f"--slow-node must be warn or exclude, got {self.slow_node!r}")
+        if self.slow_node == "exclude" and (self.min_nodes is None or not self.checkpoint_dir):
+            raise UsageError(
+                "--slow-node exclude takes a slow host out by saving and going on without it: "
+                "it needs --checkpoint-dir DIR and --min-nodes M (with --max-restarts N)",
+                hint="add --checkpoint-dir DIR --max-restarts 1 --min-nodes M, or use "
+                "--slow-node warn",
+            )
         if not 0 <= self.grace_period < float("inf"):  # also refuses nan
             raise UsageError(f"--grace-period must be 0 or more (seconds), got {self.grace_period}")
         # Own copies, so later changes to the caller's dict or lists do not leak in.

@@ -61,12 +61,15 @@ class FleetPhase(enum.Enum):
 
 @dataclass(frozen=True)
 class Notice:
-    """A host's preemption notice: it goes away at ``deadline`` (monotonic seconds)."""
+    """A host's preemption notice: it goes away at ``deadline`` (monotonic seconds). A slow
+    host taken out (``slow``, --slow-node exclude) leaves the same way but does not go away:
+    its deadline is infinite, the save is waited for as long as the ranks take."""
 
     host: str
     deadline: float
     why: str
     at: float
+    slow: bool = False
 
 
 class NoticeAnswer(enum.Enum):
@@ -186,6 +189,9 @@ class FleetStep(enum.Enum):
     """No rank answered a preemption's save request: stop every rank."""
     GROW_UNANSWERED = "grow unanswered"
     """No rank answered a grow's save request: the attempt goes on, without growing."""
+    SLOW_UNANSWERED = "slow unanswered"
+    """No rank answered the save request that takes a slow host out: the attempt goes on with
+    it (as with --slow-node warn)."""
     HOST_WENT = "host went"
     """A preempted host's ranks ended before the save was complete: stop every rank."""
 
@@ -219,6 +225,12 @@ class FleetIntent:
     def under_way(self) -> bool:
         return self.phase is not FleetPhase.STEADY
 
+    def going(self, node: int) -> bool:
+        """``node`` was preempted (its host is going away: its ranks' ends are expected); a
+        slow host taken out is not going anywhere until the attempt ends."""
+        notice = self.notices.get(node)
+        return notice is not None and not notice.slow
+
     def deadline(self) -> float | None:
         """The earliest deadline of the notices (when the first preempted host goes)."""
         return min((n.deadline for n in self.notices.values()), default=None)
@@ -232,13 +244,21 @@ class FleetIntent:
     # ---- transitions ------------------------------------------------------------------------
 
     def notice(
-        self, node: int, host: str, deadline: float, why: str, facts: FleetFacts, now: float
+        self,
+        node: int,
+        host: str,
+        deadline: float,
+        why: str,
+        facts: FleetFacts,
+        now: float,
+        slow: bool = False,
     ) -> NoticeAnswer | None:
-        """A preemption notice for ``node``; None when that node had one already."""
+        """A preemption notice for ``node`` (``slow``: the slow host taken out); None when that
+        node had one already."""
         if node in self.notices:
             return None
         answer = notice_answer(facts)
-        self.notices[node] = Notice(host, deadline, why, now)
+        self.notices[node] = Notice(host, deadline, why, now, slow)
         if answer is NoticeAnswer.STOP and self.phase is FleetPhase.STEADY:
             self.phase = FleetPhase.STOPPING
             self.why_unsaved = "no save was possible"
@@ -285,13 +305,17 @@ class FleetIntent:
             if self.asked_at is not None and now - self.asked_at >= ack_wait:
                 self.asked_at = None
                 self.unanswered = "no rank answered the save request"
-                if self.notices:
+                if any(self.going(node) for node in self.notices):
                     self.phase = FleetPhase.STOPPING
                     self.why_unsaved = self.unanswered
                     return FleetStep.UNANSWERED
+                # Only hosts that may join, or slow hosts, wanted the save: none of them is
+                # going away, so the attempt goes on as it is rather than lose its progress.
+                step = FleetStep.SLOW_UNANSWERED if self.notices else FleetStep.GROW_UNANSWERED
                 self.phase = FleetPhase.STEADY
                 self.joining.clear()
-                return FleetStep.GROW_UNANSWERED
+                self.notices.clear()
+                return step
         if not self.waiting:
             return FleetStep.NOTHING
         answer = grow_answer(facts)
@@ -339,12 +363,15 @@ class FleetIntent:
                 f"no rank answered the save request for the preemption of {hosts}; stopping "
                 "every rank (steps since the script's own last checkpoint are lost)"
             )
+        if step is FleetStep.SLOW_UNANSWERED:
+            return (
+                "no rank answered the save request: the slow host stays in the job (as with "
+                "--slow-node warn); training goes on"
+            )
         return "no rank answered the save request: the job does not grow; training goes on"
 
     def ending_words(self) -> str:
-        parts = []
-        if self.notices:
-            parts.append(f"{', '.join(n.host for n in self.notices.values())} preempted")
+        parts = _leaving_words(self.notices.values())
         if self.joining:
             parts.append(f"{', '.join(self.joining)} joining")
         what = " and ".join(parts) or "the fleet changed"
@@ -372,11 +399,14 @@ class FleetIntent:
     def describe(self, now: float) -> str:
         """One line for the live panel: what the change under way is waiting for."""
         parts = []
-        if self.notices:
-            hosts = ", ".join(n.host for n in self.notices.values())
-            deadline = self.deadline()
-            left = max(0.0, deadline - now) if deadline is not None else 0.0
+        preempted = [n for n in self.notices.values() if not n.slow]
+        if preempted:
+            hosts = ", ".join(n.host for n in preempted)
+            left = max(0.0, min(n.deadline for n in preempted) - now)
             parts.append(f"{hosts} preempted (goes in {left:.0f} s)")
+        slow = [n.host for n in self.notices.values() if n.slow]
+        if slow:
+            parts.append(f"{', '.join(slow)} slow: taken out")
         if self.joining:
             parts.append(f"{', '.join(self.joining)} joining")
         if self.waiting:
@@ -388,6 +418,17 @@ class FleetIntent:
             FleetPhase.STOPPING: "stopping without a new checkpoint",
         }[self.phase]
         return "; ".join(parts + ([state] if state else []))
+
+
+def _leaving_words(notices) -> list[str]:
+    """``node2 preempted``, ``node3 slow``: the hosts a change takes out, by why."""
+    preempted = [n.host for n in notices if not n.slow]
+    slow = [n.host for n in notices if n.slow]
+    return [
+        f"{', '.join(hosts)} {what}"
+        for hosts, what in ((preempted, "preempted"), (slow, "slow"))
+        if hosts
+    ]
 
 
 def notice_words(

@@ -53,6 +53,7 @@ from zlaunch.launcher.hang_records import decode_records
 from zlaunch.launcher.open_files import ensure_open_files
 from zlaunch.launcher.rank_output import RankOutput
 from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
+from zlaunch.launcher.slow_nodes import slow_kept_words, slow_why, why_kept
 from zlaunch.launcher.state import (
     Action,
     AgentCutOff,
@@ -83,12 +84,13 @@ from zlaunch.launcher.state import (
     SetStatus,
     SignalRanks,
     SignalReceived,
+    SlowHost,
     StacksReady,
     StepReached,
     StopRanks,
     Tick,
 )
-from zlaunch.launcher.stragglers import StragglerWatch, slow_text
+from zlaunch.launcher.stragglers import Finding, StragglerWatch, slow_text
 from zlaunch.rundir import FailureReport, Recorder, RunStatus
 from zlaunch.wire import checked_metrics, frames, liveness, protocol
 
@@ -145,6 +147,7 @@ class Attempt:
         """Each rank's own step time scored (zlaunch/launcher/stragglers.py), from the first
         step_busy event on."""
         self._bad_records_said: set[int] = set()  # ranks whose unreadable records were said
+        self._kept_said: set[str] = set()  # slow hosts said to stay in (--slow-node exclude)
         self.ranks_dirty = False
         """ranks.json is behind the machine's rank states (written within a second)."""
         self._trace_start = time.monotonic() if os.environ.get("ZLAUNCH_TRACE") else None
@@ -480,6 +483,28 @@ class Attempt:
                 continue  # the watch also ignores what is not a positive finite number
             for finding in self.stragglers.add(rank, step + offset, float(busy)):
                 self.console.note(finding.text, error=finding.slow)
+                if finding.slow and self.options.slow_node == "exclude":
+                    self._exclude(finding)
+
+    def _exclude(self, finding: Finding) -> None:
+        """--slow-node exclude: take the host out as a preempted one is (a save at the next
+        step boundary, then the job goes on without it), unless that would leave fewer hosts
+        than --min-nodes: then it is said, once per host, and the host stays."""
+        names = [h.display for h in self.hosts]
+        if finding.host not in names:
+            return
+        node = names.index(finding.host)
+        watch = self.stragglers
+        why = slow_why(finding, watch.window * watch.sustain if watch else 0)
+        leaving = [n.host for n in self.machine.fleet.notices.values()]
+        kept = why_kept(
+            finding.host, names, len(self.options.spare_hosts), leaving, self.options.min_nodes
+        )
+        if kept is None:
+            self._handle(SlowHost(node, why))
+        elif finding.host not in self._kept_said:
+            self._kept_said.add(finding.host)
+            self.console.note(slow_kept_words(finding.host, why, kept), error=True)
 
     def _checked_metrics(self, rank: int, event: dict[str, Any]) -> dict[str, Any] | None:
         """The event with its bad fields dropped (zlaunch/wire/metrics_check.py); the first bad one
@@ -716,6 +741,8 @@ class Job:
         else:
             saved = "nothing saved (no --checkpoint-dir)"
         names = ", ".join(sorted(without))
+        slow = sorted(h.name for h in self.options.hosts if h.display in _slow_hosts(fleet))
+        taken = "preempted" if len(slow) < len(without) else "slow: taken out"
         if self.first.min_nodes is None:
             raise LaunchError(
                 f"{names} preempted: {saved}; the job does not go on without it (no --min-nodes)",
@@ -728,12 +755,14 @@ class Job:
             raise LaunchError(f"{stop.message}; {saved}") from None
         self.policy.reach_deadline = time.monotonic() + self.policy.window
         self.number += 1
-        message = f"{names} preempted: {saved}"
+        message = f"{names} {taken}: {saved}"
         self.recorder.status(RunStatus.RESTARTING)
         now = time.monotonic()
         change = {
-            "kind": "preempted",
+            "kind": "preempted" if len(slow) < len(without) else "slow",
             "hosts": sorted(without),
+            # the slow hosts taken out (--slow-node exclude), each with its figure
+            **({"slow": {n.host: n.why for n in fleet.leaving if n.slow}} if slow else {}),
             "saved_step": fleet.saved_step if fleet.saved else None,
             "last_step": last_step,
             # A save at the step the ranks were in costs none; without one, the steps since the
@@ -807,6 +836,10 @@ def _policy_of(options: LaunchOptions) -> Policy:
         save_signal=int(save_signal) if save_signal is not None else None,
         goes_on_without=options.min_nodes is not None,
     )
+
+
+def _slow_hosts(fleet) -> set[str]:
+    return {n.host for n in fleet.leaving if n.slow}
 
 
 def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str, int]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import math
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,8 +39,10 @@ from zlaunch.launcher.fleet_state import (
     GrowAnswer,
     NoticeAnswer,
     grow_words,
+    notice_answer,
     notice_words,
 )
+from zlaunch.launcher.slow_nodes import slow_kept_words, slow_out_words
 from zlaunch.launcher.world_check import GroupReport, alone_warning
 from zlaunch.rundir import Failure, RankPhase, RankRow, RunStatus
 from zlaunch.text import rank_ranges
@@ -60,6 +63,7 @@ __all__ = [
     "CheckpointState",
     "CheckpointReported",
     "PreemptionNotice",
+    "SlowHost",
     "HostReturned",
     "GroupReported",
     "StepReached",
@@ -211,6 +215,16 @@ class PreemptionNotice:
 
 
 @dataclass(frozen=True)
+class SlowHost:
+    """The host of ``node`` stayed slow for the sustained window and --slow-node exclude takes
+    it out (``why``: its figure): like a preemption notice without a deadline, every rank saves
+    at its next step boundary and the next attempt runs without the host."""
+
+    node: int
+    why: str
+
+
+@dataclass(frozen=True)
 class HostReturned:
     """``host`` answers and the next attempt could run on it too (the launcher probed it and
     checked that the fleet with it is one the job can run on): the job may grow."""
@@ -295,6 +309,7 @@ AttemptEvent = (
     | SaveReady
     | CheckpointReported
     | PreemptionNotice
+    | SlowHost
     | HostReturned
     | GroupReported
     | StepReached
@@ -584,6 +599,8 @@ class AttemptMachine:
                 return self._on_CheckpointReported(event, now)
             case PreemptionNotice():
                 return self._on_PreemptionNotice(event, now)
+            case SlowHost():
+                return self._on_SlowHost(event, now)
             case HostReturned():
                 return self._on_HostReturned(event, now)
             case GroupReported():
@@ -707,6 +724,26 @@ class AttemptMachine:
             case _:
                 assert_never(answer)
 
+    def _on_SlowHost(self, event: SlowHost, now: float) -> list[Action]:
+        if not 0 <= event.node < len(self.hosts) or event.node in self.fleet.notices:
+            return []
+        host = self.hosts[event.node]
+        facts = self._fleet_facts(now)
+        answer = notice_answer(facts)
+        if answer in (NoticeAnswer.STOP, NoticeAnswer.WITH_USER_SAVE):
+            # Taking a slow host out must not cost the job's progress: without a save it stays.
+            why = (
+                self._why_no_save(facts)
+                if answer is NoticeAnswer.STOP
+                else "the job ends with the save under way"
+            )
+            return [Note(slow_kept_words(host, event.why, why), error=True)]
+        self.fleet.notice(event.node, host, math.inf, event.why, facts, now, slow=True)
+        note = Note(slow_out_words(host, event.why, answer), error=True)
+        if answer is NoticeAnswer.SAVE:
+            return [note, *self._fleet_save(now)]
+        return [note, RecordFleet()]
+
     def _on_HostReturned(self, event: HostReturned, now: float) -> list[Action]:
         facts = self._fleet_facts(now)
         answer = self.fleet.returned(event.host, facts)
@@ -758,7 +795,7 @@ class AttemptMachine:
             case FleetStep.DEADLINE_PASSED | FleetStep.UNANSWERED:
                 note = Note(self.fleet.stop_words(step), error=True)
                 return [note, *self._stop(self.policy.grace, now), RecordFleet()]
-            case FleetStep.GROW_UNANSWERED:
+            case FleetStep.GROW_UNANSWERED | FleetStep.SLOW_UNANSWERED:
                 return [Note(self.fleet.stop_words(step), error=True), RecordFleet()]
             case _:
                 assert_never(step)
@@ -779,7 +816,7 @@ class AttemptMachine:
         if state is None:
             return []
         actions: list[Action] = [RecordRanks()]
-        if state.exit_code != 0 and not self.stopping and state.slot.node in self.fleet.notices:
+        if state.exit_code != 0 and not self.stopping and self.fleet.going(state.slot.node):
             # A preempted host's rank ended (its host is going): expected, not a failure.
             return [*actions, *self._preempted_host_went(state.slot.node, now)]
         if state.exit_code != 0 and not self.stopping:
@@ -812,7 +849,7 @@ class AttemptMachine:
         self.lost_nodes.add(event.node)
         lost = self.ranks.lose_node(event.node)
         actions: list[Action] = [RecordRanks()] if lost else []
-        if lost and not self.stopping and event.node in self.fleet.notices:
+        if lost and not self.stopping and self.fleet.going(event.node):
             return [*actions, *self._preempted_host_went(event.node, now)]
         if lost and not self.stopping:
             first = lost[0]

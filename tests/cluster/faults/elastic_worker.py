@@ -5,7 +5,8 @@ Step ``s`` trains on the same 6 rows at any world size: micro-step ``m`` of rank
 the same global batch. The batch triple comes from the config (micro 1, accumulation 2 at 3
 ranks) or, after zlaunch restarted the job on fewer hosts, from ZLAUNCH_BATCH. Every rank
 appends each micro-step's loss to ``OUT/losses-<rank>.jsonl``; saves every ``--save-interval``
-steps into $ZLAUNCH_CHECKPOINT_DIR (resumed from by zlaunch on a restart).
+steps into $ZLAUNCH_CHECKPOINT_DIR (resumed from by zlaunch on a restart). ``--slow-rank R
+--slow-sleep S``: rank R spends S seconds more in every step (a slow host).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> int:
     parser.add_argument("--save-interval", type=int, default=2)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--slow-rank", type=int, default=-1, help="sleeps --slow-sleep more")
+    parser.add_argument("--slow-sleep", type=float, default=0.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     engine, *_ = runtime.initialize(model=make_model())
@@ -60,7 +63,7 @@ def main() -> int:
             log.flush()
         if args.save_interval and engine.global_steps % args.save_interval == 0:
             engine.save_checkpoint()
-        time.sleep(args.step_sleep)
+        time.sleep(args.step_sleep + (args.slow_sleep if rank == args.slow_rank else 0.0))
     return 0
 
 

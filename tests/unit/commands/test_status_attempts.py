@@ -43,3 +43,20 @@ def test_a_damaged_entry_is_shown_as_what_can_be_read():
     assert attempt_rows([{"attempt": 1, "change": "?"}, "junk"]) == [
         ["1", "-", "-", "-", "as configured", "-"]
     ]
+
+
+def test_a_slow_host_taken_out_is_said_with_its_figure():
+    why = "1.62x the median step for 30 steps"
+    attempts = [
+        {"attempt": 0, "hosts": ["node1", "node2"], "world_size": 2, "batch": None,
+         "reason": "start", "start_time": None},
+        {"attempt": 1, "hosts": ["node1"], "world_size": 1, "batch": "6,1,6",
+         "reason": "node2 slow: taken out: saved at step 41", "start_time": None,
+         "change": {"kind": "slow", "hosts": ["node2"], "slow": {"node2": why},
+                    "saved_step": 41, "last_step": 41, "steps_lost": 0,
+                    "deadline_missed": False, "notice_to_restart_s": 2.5}},
+    ]  # fmt: skip
+    assert attempt_rows(attempts)[1][5] == (
+        f"slow node2 taken out (node2 {why}); saved at step 41; 0 step(s) lost; "
+        "2.5 s from the notice to the restart"
+    )

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from zlaunch.commands.check_perf import PERF_PROBE, hostfile_line, outliers
+from zlaunch.commands.check_perf import PERF_PROBE, kept_hosts, outliers
 from zlaunch.commands.familiar import host_selection_options, resolve_nodes
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.worker import probe_code
@@ -258,10 +258,10 @@ def command(
         num_nodes=num_nodes, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile
     )
     if hostfile is not None:
-        hosts = load_hostfile(os.path.expanduser(hostfile))
+        listed = load_hostfile(os.path.expanduser(hostfile))
     else:
-        hosts = default_hosts(num_gpus)
-    hosts = select_hosts(hosts, include, exclude, num_nodes, num_gpus)
+        listed = default_hosts(num_gpus)
+    hosts = select_hosts(listed, include, exclude, num_nodes, num_gpus)
     for path, flag in ((ssh_config, "--ssh-config"), (identity, "--identity")):
         if path is not None and not os.path.isfile(os.path.expanduser(path)):
             raise UsageError(f"{flag} {path}: no such file")
@@ -291,12 +291,15 @@ def command(
     for outlier in slow:
         report = next(r for r in reports if r.host == outlier.host)
         report.problems.append(outlier.text)
+    kept = kept_hosts(listed, hosts, {r.host for r in reports if r.ok})
     if write_hostfile:
-        kept = [h for h, r in zip(hosts, reports, strict=True) if r.ok]
         with open(write_hostfile, "w") as handle:
-            handle.writelines(hostfile_line(h) + "\n" for h in kept)
+            handle.writelines(line + "\n" for line in kept.lines)
     if as_json:
         click.echo(json.dumps({
+            "exclude": kept.exclude,
+            **({"write_hostfile": {"path": write_hostfile, "include": kept.include}}
+               if write_hostfile else {}),
             "hosts": [{"host": r.host, "slots": list(r.slots), "ok": r.ok, "facts": r.facts,
                        "problems": r.problems} for r in reports],
             "outliers": [{"host": o.host, "figure": o.figure, "value": o.value,
@@ -321,6 +324,16 @@ def command(
         rows,
         color=False if no_color else None,
     )
+    if failed and kept.exclude:
+        click.echo(f"left out: --exclude '{kept.exclude}' runs on the others", err=True)
+    if write_hostfile:
+        click.echo(f"wrote {write_hostfile}: {len(kept.lines)} host(s)", err=True)
+        if kept.include:
+            click.echo(
+                f"{write_hostfile} lists whole hosts: add --include '{kept.include}' to run "
+                "on the slots checked here",
+                err=True,
+            )
     if failed:
         for hint in dict.fromkeys(h for r in failed for h in r.hints):
             click.echo(f"hint: {hint}", err=True)

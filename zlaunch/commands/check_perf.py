@@ -11,10 +11,19 @@ median and names the hosts that are slower by ``factor`` or more.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["PERF_PROBE", "FIGURES", "DEFAULT_FACTOR", "Outlier", "outliers", "hostfile_line"]
+__all__ = [
+    "PERF_PROBE",
+    "FIGURES",
+    "DEFAULT_FACTOR",
+    "Outlier",
+    "outliers",
+    "hostfile_line",
+    "Kept",
+    "kept_hosts",
+]
 
 DEFAULT_FACTOR = 1.25
 """A host is an outlier at this factor below the fleet's median rate (the straggler scores'
@@ -124,11 +133,62 @@ def outliers(
     return sorted(found, key=lambda o: -o.factor)
 
 
-def hostfile_line(host) -> str:
-    """A `zlaunch.job.Host` as a hostfile line (its selected slots as a count)."""
-    line = f"{host.display} slots={len(host.slots)}"
+def hostfile_line(host, slots: int | None = None) -> str:
+    """A `zlaunch.job.Host` as a hostfile line: ``slots`` of them (default: its selected slots
+    as a count, which is what they are when they are 0..N-1)."""
+    line = f"{host.display} slots={len(host.slots) if slots is None else slots}"
     if host.user:
         line += f" user={host.user}"
     if host.port:
         line += f" port={host.port}"
     return line
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What ``--write-hostfile`` writes, and the selectors that go with it."""
+
+    lines: tuple[str, ...]
+    include: str | None
+    """The --include that selects, from the written file, the slots selected for the check;
+    None when the file alone does (every kept host's selection is its slots 0..N-1)."""
+    exclude: str | None
+    """The hosts left out as an --exclude of the hostfile checked; None when none was."""
+
+
+def kept_hosts(listed: Sequence, selected: Sequence, passed: Collection[str]) -> Kept:
+    """The hostfile of the ``selected`` hosts (`zlaunch.job.Host`, with the slots chosen for
+    the check) whose display name is in ``passed``. A hostfile line means slots 0..N-1, so a
+    host checked on other slots (``--include node1:2,3``) is written with all its slots from
+    ``listed`` (the hostfile as read) and `Kept.include` names the ones checked: the written
+    file never puts a job on slots nobody checked."""
+    total = {h.display: len(h.slots) for h in listed}
+    lines, terms, subset = [], [], False
+    for host in selected:
+        if host.display not in passed:
+            continue
+        if host.slots == tuple(range(len(host.slots))):
+            lines.append(hostfile_line(host))
+            terms.append(host.display)
+        else:
+            subset = True
+            lines.append(hostfile_line(host, total.get(host.display, max(host.slots) + 1)))
+            terms.append(f"{host.display}:{_slot_ranges(host.slots)}")
+    out = [h.display for h in selected if h.display not in passed]
+    return Kept(tuple(lines), "@".join(terms) if subset else None, "@".join(out) or None)
+
+
+def _slot_ranges(slots: Sequence[int]) -> str:
+    """``0-3,6``: the selector grammar's slot list (zlaunch/job/selectors.py)."""
+    parts: list[str] = []
+    start = prev = None
+    for slot in sorted(slots):
+        if prev is not None and slot == prev + 1:
+            prev = slot
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = slot
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(parts)

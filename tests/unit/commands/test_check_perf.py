@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from zlaunch.commands import check
 from zlaunch.commands.check import HostReport
-from zlaunch.commands.check_perf import hostfile_line, outliers
+from zlaunch.commands.check_perf import hostfile_line, kept_hosts, outliers
 from zlaunch.errors import UsageError
 from zlaunch.job import Host
 
@@ -93,3 +93,41 @@ def test_a_checkpoint_dir_without_perf_is_refused(fleet, tmp_path):
     result = CliRunner().invoke(check.command, ["-H", str(fleet), "--checkpoint-dir", "x"])
     assert isinstance(result.exception, UsageError), result.output  # the CLI prints it
     assert "add --perf" in str(result.exception)
+
+
+LISTED = (Host("n1", (0, 1, 2, 3)), Host("n2", (0, 1, 2, 3), "bob", 2222), Host("n3", (0, 1)))
+
+
+@pytest.mark.parametrize(
+    "selected,passed,lines,include,exclude",
+    [
+        pytest.param(LISTED, {"n1", "n2", "n3"},
+                     ("n1 slots=4", "n2 slots=4 user=bob port=2222", "n3 slots=2"), None, None,
+                     id="whole-hosts"),
+        pytest.param((Host("n1", (0, 1)), Host("n3", (0, 1))), {"n1"}, ("n1 slots=2",), None,
+                     "n3", id="first-slots-are-a-count"),
+        pytest.param((Host("n1", (2, 3)), Host("n2", (0, 2, 3), "bob", 2222), Host("n3", (0, 1))),
+                     {"n1", "n2", "n3"},
+                     ("n1 slots=4", "n2 slots=4 user=bob port=2222", "n3 slots=2"),
+                     "n1:2-3@n2:0,2-3@n3", None, id="other-slots-kept-as-include"),
+        pytest.param((Host("n1", (1,)), Host("n2", (0, 1), "bob", 2222)), {"n1"}, ("n1 slots=4",),
+                     "n1:1", "n2", id="one-kept-on-slot-1"),
+    ],
+)  # fmt: skip
+def test_the_written_hostfile_keeps_the_slots_checked(selected, passed, lines, include, exclude):
+    kept = kept_hosts(LISTED, selected, passed)
+    assert (kept.lines, kept.include, kept.exclude) == (lines, include, exclude)
+
+
+def test_write_hostfile_with_slots_selected_says_the_include(fleet, tmp_path):
+    written = tmp_path / "healthy"
+    args = ["-H", str(fleet), "--include", "n1:1@n3:1@n4", "--perf", "--no-color"]
+    args += ["--checkpoint-dir", str(tmp_path), "--write-hostfile", str(written)]
+    result = CliRunner().invoke(check.command, args)
+    assert result.exit_code == 1, result.output
+    assert written.read_text() == "n1 slots=2\nn4 slots=2\n"
+    assert "add --include 'n1:1@n4' to run on the slots checked here" in result.output
+    assert "left out: --exclude 'n3' runs on the others" in result.output
+    as_json = CliRunner().invoke(check.command, [*args, "--json"])
+    report = json.loads(as_json.output)
+    assert report["exclude"] == "n3" and report["write_hostfile"]["include"] == "n1:1@n4"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from runtime.checkpoint.errors import CheckpointError
-from runtime.checkpoint.storage import LATEST, MANIFEST, resolve_checkpoint, validate_tag
+from runtime.checkpoint.storage import MANIFEST, read_latest, resolve_checkpoint, validate_tag
 
 __all__ = [
     "NATIVE",
@@ -46,13 +46,10 @@ def open_checkpoint(path: str):
 def _named_tag(load_dir: str, tag: str | None) -> str | None:
     if tag is not None:
         return os.path.join(load_dir, validate_tag(str(tag)))
-    latest = os.path.join(load_dir, LATEST)
-    try:
-        with open(latest, encoding="utf-8") as f:
-            name = f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return os.path.join(load_dir, validate_tag(name)) if name else None
+    # A small regular file, or a CheckpointError naming it: never a FIFO waited on, a device
+    # read until memory runs out, or a file elsewhere read through a link.
+    name = read_latest(load_dir)
+    return os.path.join(load_dir, name) if name is not None else None
 
 
 def resolve(load_dir: str, tag: str | None) -> str | None:

@@ -25,6 +25,7 @@ import torch
 
 from .. import jsonable
 from ..errors import CheckpointError
+from .ds_fields import check_fragments, check_model_fields, check_optim_fields
 from .ds_layout import ParamPlace, zero3_places, zero12_places
 from .ds_pickle import DSObject, load_ds_file
 
@@ -136,11 +137,12 @@ class DeepSpeedReader:
 
     def _check_model_file(self) -> None:
         m = self._model
-        if not isinstance(m, dict) or not isinstance(m.get("param_shapes"), list):
+        if not isinstance(m, dict) or "param_shapes" not in m:
             raise CheckpointError(
                 f"{self.manifest_path} has no param_shapes: it is not a DeepSpeed ZeRO "
                 "model-states file"
             )
+        check_model_fields(m, self.manifest_path)
         mp = m.get("mp_world_size", 1)
         if mp not in (None, 1):
             raise self._bad(f"it was saved at tensor-parallel size {mp}; only 1 is read")
@@ -154,6 +156,7 @@ class DeepSpeedReader:
         state = content.get("optimizer_state_dict") if isinstance(content, dict) else None
         if not isinstance(state, dict) or "zero_stage" not in state:
             raise CheckpointError(f"{file} is not a DeepSpeed ZeRO optimizer-states file")
+        check_optim_fields(state, file)
         state["_file"] = file
         return state
 
@@ -304,15 +307,24 @@ class DeepSpeedReader:
                 out[name] = module[name]
             return out
         fragments = [self._model.get("frozen_param_fragments") or {}]
-        fragments += [
-            (load_ds_file(f).get("frozen_param_fragments") or {}) for f in model_files[1:]
-        ]
+        for file in model_files[1:]:
+            content = load_ds_file(file)
+            if not isinstance(content, dict):
+                raise CheckpointError(f"{file} is not a DeepSpeed model-states file")
+            check_fragments(content, file)
+            fragments.append(content.get("frozen_param_fragments") or {})
         for name, shape in frozen.items():
             numel = math.prod(shape)
             parts = [f.get(name) for f in fragments]
             if any(p is None for p in parts):
                 raise self._bad(f"a rank's part of frozen parameter {name} is missing")
-            out[name] = torch.cat([p.reshape(-1) for p in parts])[:numel].view(tuple(shape))
+            flat = torch.cat([p.reshape(-1) for p in parts])
+            if flat.numel() < numel:
+                raise self._bad(
+                    f"the ranks' parts of frozen parameter {name} (frozen_param_fragments) hold "
+                    f"{flat.numel()} elements, its shape {list(shape)} needs {numel}"
+                )
+            out[name] = flat[:numel].view(tuple(shape))
         return out
 
     # ------------------------------------------------------------------ reads

@@ -125,7 +125,7 @@ def _warn_of_visible_secrets(options: LaunchOptions) -> None:
 
 def _dialin_nodes(values: dict) -> None:
     """--launcher dialin --nodes N: the agents to wait for (--num-nodes), not an allocation."""
-    if (values.get("launcher") or "").strip().lower() not in ("dialin", "ray"):
+    if (values.get("launcher") or "").strip().lower() not in ("dialin", "ray", "k8s"):
         return
     nodes = values.pop("nodes", None)
     if nodes is None:
@@ -151,6 +151,12 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
             f"agents start as Ray actors, one per node of a STRICT_SPREAD placement group of "
             f"{len(options.hosts)} bundles on {options.ray_address or 'RAY_ADDRESS or a local Ray'}"
             ", each dialing in to this machine\n"
+        )
+    if options.launcher == "k8s" and options.k8s is not None:
+        return (
+            f"agents start as the {len(options.hosts)} pods of an Indexed Job in namespace "
+            f"{options.k8s.namespace} (image {options.k8s.image}), each dialing in with the "
+            "token of a Secret mounted as a file (zlaunch k8s manifest prints such objects)\n"
         )
     if options.launcher == "dialin":
         where = options.controller_addr or "ADDR"
@@ -211,10 +217,11 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     "--launcher",
     default="auto",
     show_default=True,
-    metavar="auto|ssh|slurm|mpi|dialin|ray",
+    metavar="auto|ssh|slurm|mpi|dialin|ray|k8s",
     help="How agents start: auto = slurm inside an allocation without --hostfile, else ssh; "
     "dialin = started by someone else, they dial in (--nodes, --token-file); ray = as actors "
-    "on a Ray cluster (--ray-address, --num-nodes).",
+    "on a Ray cluster (--ray-address, --num-nodes); k8s = as the pods of a Kubernetes Indexed "
+    "Job, dialing in (--nodes, --image).",
 )
 @click.option(
     "--ray-address",
@@ -245,11 +252,28 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     help="--launcher dialin: the job's token, in a private file the agents get a copy of "
     "(written if it does not exist).",
 )
+@click.option("--image", help="--launcher k8s: the pods' image (zlaunch installed in it).")
+@click.option(
+    "--namespace", help="--launcher k8s: the namespace of the job's objects. Default: default."
+)
+@click.option(
+    "--k8s-context", help="--launcher k8s: the kubeconfig context. Default: its current one."
+)
+@click.option("--k8s-cpu", help="--launcher k8s: CPUs per pod, as Kubernetes writes it (8, 500m).")
+@click.option(
+    "--k8s-memory", help="--launcher k8s: memory per pod, as Kubernetes writes it (64Gi)."
+)
+@click.option(
+    "--k8s-gpus", type=click.IntRange(0), help="--launcher k8s: GPUs (nvidia.com/gpu) per pod."
+)
+@click.option(
+    "--k8s-python", help="--launcher k8s: the image's interpreter that runs the agent (python)."
+)
 @click.option(
     "--nodes",
     type=click.IntRange(1),
     help="From a login node: ask Slurm (salloc) for N nodes and run the job in them. "
-    "--launcher dialin: how many agents to wait for.",
+    "--launcher dialin: how many agents to wait for; --launcher k8s: how many pods.",
 )
 @click.option("--partition", help="With --nodes: the Slurm partition.")
 @click.option("--time", "time_limit", help="With --nodes: the allocation's time limit.")

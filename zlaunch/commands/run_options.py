@@ -96,6 +96,13 @@ class RunArguments:
     controller_port: int | None = None
     token_file: str | None = None
     ray_address: str | None = None
+    image: str | None = None
+    namespace: str | None = None
+    k8s_context: str | None = None
+    k8s_cpu: str | None = None
+    k8s_memory: str | None = None
+    k8s_gpus: int | None = None
+    k8s_python: str | None = None
     mpirun_args: str | None = None
     runtime: str = "auto"
     environ: Mapping[str, str] | None = None
@@ -165,8 +172,8 @@ def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     """The selected hosts, and the spares that may replace lost ones (with --min-nodes)."""
     from zlaunch.job import default_hosts, load_hostfile, select_hosts
 
-    if launcher == "dialin":
-        return _dialin_hosts(args), []
+    if launcher in ("dialin", "k8s"):
+        return _dialin_hosts(args, launcher), []
     if launcher == "ray":
         return _ray_hosts(args), []
     if args.hostfile is not None:
@@ -188,8 +195,8 @@ def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     return selected, spares
 
 
-def _dialin_hosts(args: RunArguments) -> list[Host]:
-    """--launcher dialin: ``--nodes`` nodes of ``--num-gpus`` slots each (1 by default), named
+def _dialin_hosts(args: RunArguments, launcher: str = "dialin") -> list[Host]:
+    """--launcher dialin or k8s: ``--nodes`` nodes of ``--num-gpus`` slots each (1 by default), named
     in the order their agents dial in (the controller does not choose them)."""
     from zlaunch.transport import dialin_hosts
 
@@ -200,18 +207,18 @@ def _dialin_hosts(args: RunArguments) -> list[Host]:
     ):
         if value is not None:
             raise UsageError(
-                f"{flag} has no effect with --launcher dialin: the nodes are whichever agents "
+                f"{flag} has no effect with --launcher {launcher}: the nodes are whichever agents "
                 "dial in",
                 hint="drop it; --nodes N says how many agents to wait for",
             )
     if args.num_nodes is None:
         raise UsageError(
-            "--launcher dialin needs --nodes N: how many agents to wait for",
+            f"--launcher {launcher} needs --nodes N: how many agents to wait for",
             hint="e.g. zlaunch run --launcher dialin --nodes 2 --token-file ~/job.token train.py",
         )
     if args.min_nodes is not None:
         raise UsageError(
-            "--min-nodes is not supported with --launcher dialin yet: a restart would wait for "
+            f"--min-nodes is not supported with --launcher {launcher} yet: a restart would wait for "
             "agents nobody starts again",
             hint="drop --min-nodes",
         )
@@ -328,6 +335,7 @@ def _launch_options(
         ray_address=_ray_address(args.ray_address, launcher),
         ray_include=_ray_nodes(args.include) if launcher == "ray" else (),
         ray_exclude=_ray_nodes(args.exclude) if launcher == "ray" else (),
+        k8s=_k8s(args, launcher),
         ssh=SshOptions(
             config_file=_existing_file(args.ssh_config, "--ssh-config"),
             port=args.ssh_port,
@@ -692,7 +700,7 @@ def _slurm_mode(name: str, launcher: str, nodes: int, controller_addr: str | Non
             f"--slurm-mode {clip(name)}: expected auto, {', '.join(SLURM_MODES)}",
             hint=f"auto: one-step above {ONE_STEP_ABOVE_NODES} nodes, step-per-node up to it",
         )
-    if launcher in ("dialin", "ray") and name == "auto":
+    if launcher in ("dialin", "ray", "k8s") and name == "auto":
         return "step-per-node"  # --controller-addr is dial-in's too
     if launcher != "slurm":
         if name != "auto" or controller_addr:
@@ -728,7 +736,7 @@ def _controller_port(value: int | None, launcher: str) -> int:
     """--controller-port: dial-in's alone (one srun step's agents are told a free port)."""
     if value is None:
         return 0
-    if launcher != "dialin":
+    if launcher not in ("dialin", "k8s"):
         raise UsageError(
             f"--controller-port has no effect with --launcher {launcher}",
             hint="drop it (it is the port dial-in agents connect to)",
@@ -773,6 +781,45 @@ def _preemption_signal(value: str | None, checkpoint_dir: str | None) -> str | N
             hint="e.g. SIGTERM (what Slurm's --signal and most schedulers send first)",
         )
     return name
+
+
+def _k8s(args: RunArguments, launcher: str):
+    """--image, --namespace, --k8s-*: --launcher k8s's alone, checked as the API server would
+    (transport/k8s_manifest.py) before anything is created."""
+    from zlaunch.job import K8sOptions
+    from zlaunch.transport import k8s_manifest
+
+    given = {
+        "--image": args.image, "--namespace": args.namespace, "--k8s-context": args.k8s_context,
+        "--k8s-cpu": args.k8s_cpu, "--k8s-memory": args.k8s_memory, "--k8s-gpus": args.k8s_gpus,
+        "--k8s-python": args.k8s_python,
+    }  # fmt: skip
+    if launcher != "k8s":
+        for flag, value in given.items():
+            if value is not None:
+                raise UsageError(f"{flag} has no effect with --launcher {launcher}", hint="drop it")
+        return None
+    if not args.image:
+        raise UsageError(
+            "--launcher k8s needs --image IMAGE: the pods' image, with zlaunch installed",
+            hint="e.g. --image registry.example.com/team/train:1.4",
+        )
+    options = K8sOptions(
+        image=args.image,
+        namespace=args.namespace or "default",
+        context=args.k8s_context,
+        cpu=args.k8s_cpu,
+        memory=args.k8s_memory,
+        gpus=args.k8s_gpus or 0,
+        python=args.k8s_python or "python",
+    )
+    resources = k8s_manifest.PodResources(options.cpu, options.memory, options.gpus)
+    k8s_manifest.K8sJob(
+        name="zlaunch-00000000", namespace=options.namespace, image=options.image,
+        nodes=args.num_nodes or 1, address="controller:1", resources=resources,
+        python=options.python,
+    ).check()  # fmt: skip
+    return options
 
 
 def _save_on_signal(value: str | None) -> str | None:

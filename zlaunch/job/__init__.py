@@ -14,6 +14,7 @@ from zlaunch.job.options import (
     DEFAULT_LOG_DIR,
     LAUNCHERS,
     SLURM_MODES,
+    K8sOptions,
     LaunchOptions,
     SshOptions,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "RESERVED_ENV",
     "SLURM_MODES",
     "SshOptions",
+    "K8sOptions",
     "THREADS_ENV",
     "build_plan",
     "bundled_path",

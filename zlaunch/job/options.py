@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SshOptions",
+    "K8sOptions",
     "LaunchOptions",
     "DEFAULT_LOG_DIR",
     "DEFAULT_GRACE_PERIOD",
@@ -31,7 +32,7 @@ DEFAULT_LOG_DIR = "zlaunch_runs"
 DEFAULT_GRACE_PERIOD = 5.0
 #: How agents are started: over SSH (a local subprocess for local hosts), by Slurm's srun, or
 #: by Open MPI's mpirun (zlaunch/transport/).
-LAUNCHERS = ("ssh", "slurm", "mpi", "dialin", "ray")
+LAUNCHERS = ("ssh", "slurm", "mpi", "dialin", "ray", "k8s")
 #: How --launcher slurm starts the agents: one srun step per node, or one srun for all nodes
 #: whose agents connect back over TCP (zlaunch/transport/slurm_one_step.py).
 SLURM_MODES = ("step-per-node", "one-step")
@@ -68,6 +69,21 @@ class SshOptions:
             raise UsageError(
                 f"--ssh-timeout must be more than 0 seconds (and finite), got {self.timeout}"
             )
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """--launcher k8s: where and as what the pods run (zlaunch/transport/k8s.py)."""
+
+    image: str
+    namespace: str = "default"
+    context: str | None = None
+    """The kubeconfig context (None: its current one, else the in-cluster configuration)."""
+    cpu: str | None = None
+    memory: str | None = None
+    gpus: int = 0
+    python: str = "python"
+    """The interpreter in the image that runs the agent."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,8 @@ class LaunchOptions:
     ray_include: tuple[str, ...] = ()
     ray_exclude: tuple[str, ...] = ()
     """--launcher ray: the Ray nodes (ids or IPs) the agents may, or may not, be placed on."""
+    k8s: K8sOptions | None = None
+    """--launcher k8s: the pods' namespace, image, context and resources."""
     log_dir: str = DEFAULT_LOG_DIR
     """Root of the run directories (absolute once built by the CLI)."""
     ranks_filter: frozenset[int] | None = None
@@ -192,6 +210,8 @@ class LaunchOptions:
             raise UsageError(
                 f"--slurm-mode must be one of {', '.join(SLURM_MODES)}, got {self.slurm_mode!r}"
             )
+        if self.launcher == "k8s" and self.k8s is None:
+            raise UsageError("--launcher k8s needs --image IMAGE: the pods' image with zlaunch")
         if self.launcher == "dialin" and not self.token_file:
             raise UsageError(
                 "--launcher dialin needs --token-file FILE: where the job's token is kept "

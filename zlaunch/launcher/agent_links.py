@@ -190,6 +190,7 @@ class AgentLinks:
             token_file=options.token_file,
             on_listening=self._say,
             ray=(options.ray_address, options.ray_include, options.ray_exclude),
+            k8s=options.k8s,
         )
 
     def _stop_signal_waiting(self) -> int | None:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,8 +42,10 @@ __all__ = [
     "Placement",
     "Rendezvous",
     "Scheduler",
+    "cleanup_token_dir",
     "dialin_hosts",
     "open_dialin",
+    "private_token_dir",
     "token_from_file",
 ]
 
@@ -153,6 +157,16 @@ def dialin_hosts(nodes: int, slots: Sequence[int]) -> list[Host]:
     return [Host(f"{NODE_PREFIX}{i}", tuple(slots)) for i in range(nodes)]
 
 
+def private_token_dir() -> str:
+    """A directory only this user may enter, for the controller's copy of the token it made
+    for a scheduler's agents (the scheduler hands it to them its own way)."""
+    return tempfile.mkdtemp(prefix="zlaunch-dialin-")
+
+
+def cleanup_token_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def token_from_file(path: str) -> str:
     """The token in ``path``, which is written (a new token, mode 0600, never over another
     file) when it does not exist yet. A file that others may read is refused: the token is
@@ -212,11 +226,14 @@ def open_dialin(
     if controller_addr is None:  # bound to every address: tell the agents one that routes
         address = f"{_this_machine()}:{address.rpartition(':')[2]}"
     rendezvous = Rendezvous(address, token, token_file, tuple(agent_argv), len(hosts))
-    on_listening(
-        f"waiting for {len(hosts)} agents to dial in at {address}: on each node run\n  "
-        f"zlaunch agent --connect {address} --token-file FILE\n"
-        f"  (FILE: a private copy of {token_file})"
-    )
+    if scheduler is None:  # the user starts them: say how
+        on_listening(
+            f"waiting for {len(hosts)} agents to dial in at {address}: on each node run\n  "
+            f"zlaunch agent --connect {address} --token-file FILE\n"
+            f"  (FILE: a private copy of {token_file})"
+        )
+    else:  # the scheduler starts them with the token; the address is what the nodes must reach
+        on_listening(f"waiting for {len(hosts)} agents to dial in at {address}")
     try:
         placement = (scheduler or _HandStarting()).place(rendezvous)
     except BaseException:

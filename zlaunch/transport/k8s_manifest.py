@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from zlaunch.errors import UsageError
+from zlaunch.worker import module_argv
 
 __all__ = [
     "JOB_LABEL",
@@ -139,10 +140,8 @@ class K8sJob:
 
 def agent_command(python: str, address: str) -> list[str]:
     """The pod's command: the agent dialing ``address``, its token read from the mounted file."""
-    from zlaunch.transport.start import agent_argv
-
     return [
-        *agent_argv(python),
+        *module_argv(python, "zlaunch.agent"),  # as transport/start.py's agent_argv
         "--connect",
         address,
         "--token-file",

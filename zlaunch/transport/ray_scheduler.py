@@ -18,7 +18,6 @@ Ray is imported here only, and only when ``--launcher ray`` runs (``pip install
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from zlaunch.transport.connect_back import ConnectBackLink
 from zlaunch.transport.dialin import Rendezvous
 from zlaunch.wire import Answer
 
-__all__ = ["PLACEMENT_TIMEOUT", "RayPlacement", "RayScheduler", "import_ray", "private_token_dir"]
+__all__ = ["PLACEMENT_TIMEOUT", "RayPlacement", "RayScheduler", "import_ray"]
 
 PLACEMENT_TIMEOUT = 120.0
 """Seconds the placement group may take to be placed (a cluster that cannot place it says why
@@ -49,11 +48,6 @@ def import_ray():
             "cluster's",
         ) from None
     return ray
-
-
-def private_token_dir() -> str:
-    """A directory only this user may enter, for the controller's copy of a generated token."""
-    return tempfile.mkdtemp(prefix="zlaunch-ray-")
 
 
 class _AgentActor:
@@ -313,7 +307,3 @@ class RayPlacement:
                     link = self.links.get(index)
                 if link is not None:
                     link.cut()
-
-
-def cleanup_token_dir(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

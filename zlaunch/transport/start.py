@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zlaunch.errors import HostUnreachable, LaunchError
-from zlaunch.job import Host, SshOptions
+from zlaunch.job import Host, K8sOptions, SshOptions
 from zlaunch.transport.link import Link
 from zlaunch.worker import module_argv
 
@@ -52,6 +52,26 @@ def open_link(
     return SshLink.start(host, argv, ssh)
 
 
+def _scheduler(
+    launcher: str,
+    slots: int,
+    ray: tuple[str | None, tuple[str, ...], tuple[str, ...]] | None,
+    k8s: K8sOptions | None,
+):
+    """The dial-in scheduler that places ``launcher``'s agents (each imports its client only
+    when it places them)."""
+    if launcher == "ray":
+        from zlaunch.transport.ray_scheduler import RayScheduler
+
+        address, include, exclude = ray or (None, (), ())
+        return RayScheduler(address, slots, include, exclude)
+    if k8s is None:
+        raise LaunchError("--launcher k8s needs its options (--image)")
+    from zlaunch.transport.k8s import K8sScheduler
+
+    return K8sScheduler(k8s)
+
+
 def open_links(
     hosts: Sequence[Host],
     argv_for: Callable[[Host], Sequence[str]],
@@ -68,6 +88,7 @@ def open_links(
     token_file: str | None = None,
     on_listening: Callable[[str], None] = lambda _what: None,
     ray: tuple[str | None, tuple[str, ...], tuple[str, ...]] | None = None,
+    k8s: K8sOptions | None = None,
 ) -> list[Link]:
     """Start on every host in parallel (bounded). If any host fails, the ones that did start
     are terminated and the first failure (in host order) is raised, naming its host.
@@ -78,31 +99,27 @@ def open_links(
     (a signal number, or None) ends the wait for them (transport/slurm_one_step.py).
     ``--launcher dialin``: agents started by someone else dial in to ``controller_addr`` and
     ``controller_port`` with the token of ``token_file`` (transport/dialin.py); where they are
-    awaited is told to ``on_listening``. ``--launcher ray``: the same, the agents placed as Ray
-    actors (``ray``: the cluster's address, the nodes included and excluded).
+    awaited is told to ``on_listening``. ``--launcher ray`` and ``--launcher k8s``: the same,
+    the agents placed by a scheduler (``ray``: the cluster's address, the nodes included and
+    excluded, transport/ray_scheduler.py; ``k8s``: the pods' namespace, image and resources,
+    transport/k8s.py), each attempt with a new token that is gone once the agents are in.
     """
-    if launcher == "ray":
-        from zlaunch.transport.dialin import open_dialin
-        from zlaunch.transport.ray_scheduler import (
-            RayScheduler,
-            cleanup_token_dir,
-            private_token_dir,
-        )
+    if launcher in ("ray", "k8s"):
+        from zlaunch.transport.dialin import cleanup_token_dir, open_dialin, private_token_dir
 
-        address, include, exclude = ray or (None, (), ())
         argv = tuple(argv_for(hosts[0]))
-        slots = len(hosts[0].slots)
-        folder = private_token_dir()  # a new token per attempt, gone once the agents are in
+        scheduler = _scheduler(launcher, len(hosts[0].slots), ray, k8s)
+        folder = private_token_dir()
         try:
             return open_dialin(
                 hosts,
                 argv,
                 token_file=os.path.join(folder, "token"),
-                scheduler=RayScheduler(address, slots, include, exclude),
+                scheduler=scheduler,
                 controller_addr=controller_addr,
                 port=controller_port,
                 on_open=on_open,
-                on_listening=lambda _what: None,  # no one to tell: Ray starts the agents
+                on_listening=on_listening,
                 on_refused=on_refused,
                 interrupted=interrupted,
             )

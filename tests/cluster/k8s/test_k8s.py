@@ -1,18 +1,18 @@
-"""``zlaunch k8s manifest | kubectl apply -f -`` against an emulated Kubernetes API
-(tests/fixtures/k8s_emulator.py: kmock's emulator, patched, and a test kubelet that runs each
-pod's command as a real process inside a host of the test cluster, so each pod has its own
-address and host name), with the controller waiting under ``--launcher dialin``.
+"""Kubernetes against an emulated API (tests/fixtures/k8s_emulator.py: kmock's emulator,
+patched, and a test kubelet that runs each pod's command as a real process inside a host of the
+test cluster, so each pod has its own address and host name).
 
-One run checks the whole path: kubectl (the real binary) creates the printed objects and reads
-them back, the pods' agents read the token from the mounted Secret and dial in, the job trains
-with the same per-step losses as over SSH on the same hosts, the token is in no pod spec, no
-argv or environment, no file of the run and no output; a second job loses a pod mid-job
-(deleted, as when its node is lost) and the controller stops with that node named; after
-each, ``kubectl delete`` leaves no object and no process.
+One run checks both ways in: ``zlaunch k8s manifest | kubectl apply -f -`` with the controller
+under ``--launcher dialin``, then ``--launcher k8s`` creating the objects itself. Each trains
+with the same per-step losses as the same job over SSH on the same hosts; the real kubectl
+binary reads what was created; the token is in no pod spec, no argv or environment, no file
+of the run and no output; a pod deleted mid-job (its node lost) or evicted is taken as its
+agent lost; after each ending no Job, pod, Secret or Service is left, and no process.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -92,6 +92,37 @@ def _controller(where: str, port: int, token_file, runs, train) -> subprocess.Po
     )  # fmt: skip
 
 
+def _k8s_controller(where: str, kubeconfig: str, runs, train) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*ZLAUNCH, "run", "--launcher", "k8s", "--nodes", "2", "--image", "zlaunch-test:local",
+         "--namespace", "ml", "--k8s-python", sys.executable, "--k8s-cpu", "1",
+         "--controller-addr", where, "--log-dir", str(runs), *train],
+        cwd=REPO, env={**ENV, "KUBECONFIG": kubeconfig}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _objects_while_running(kubeconfig: str, controller, runs) -> list[dict]:
+    """The job's objects as kubectl reads them once the ranks run."""
+    deadline = time.monotonic() + 120
+    while not list(runs.rglob("rank-*.log")):
+        assert controller.poll() is None, controller.communicate()
+        assert time.monotonic() < deadline, "no rank started"
+        time.sleep(0.1)
+    read = _kubectl(
+        kubeconfig,
+        "get",
+        KIND,
+        "-n",
+        "ml",
+        "-l",
+        "app.kubernetes.io/managed-by=zlaunch",
+        "-o",
+        "json",
+    )
+    return json.loads(read)["items"]
+
+
 def _nothing_left(kubeconfig: str) -> None:
     deadline = time.monotonic() + 30
     while True:
@@ -136,7 +167,7 @@ def _delete_and_check_gone(kubeconfig, manifest: str, name: str) -> None:
 
 
 @pytest.mark.multirank
-def test_the_manifest_applied_by_kubectl_trains_as_over_ssh_and_a_lost_pod_is_detected(
+def test_pods_of_an_indexed_job_train_as_over_ssh_a_lost_pod_is_detected_nothing_is_left(
     idle_cluster, tmp_path
 ):
     cluster = idle_cluster
@@ -238,6 +269,88 @@ def test_the_manifest_applied_by_kubectl_trains_as_over_ssh_and_a_lost_pod_is_de
             assert time.monotonic() < deadline, _pods(kubeconfig, "train-b")
             time.sleep(0.2)
         _delete_and_check_gone(kubeconfig, manifest, "train-b")
+
+        # 3. --launcher k8s: zlaunch creates the objects itself through the client, the same
+        # losses, and once the job ends nothing of it is left
+        runs = tmp_path / "runs3"
+        launched = _k8s_controller(where, kubeconfig, runs, TRAIN)
+        procs.append(launched)
+        seen_objects = _objects_while_running(kubeconfig, launched, runs)
+        out, err = launched.communicate(timeout=300)
+        assert launched.returncode == 0, (out + err)[-3000:]
+        assert LINE.findall(out) == reference
+        kinds = sorted(o["kind"] for o in seen_objects)
+        assert kinds == ["Job", "Pod", "Pod", "Secret", "Service"], kinds
+        job = next(o for o in seen_objects if o["kind"] == "Job")
+        for obj in seen_objects:  # the Job owns the Secret and the Service (and its pods)
+            if obj["kind"] != "Job":
+                owners = obj["metadata"].get("ownerReferences") or []
+                assert [r["uid"] for r in owners] == [job["metadata"]["uid"]], obj["kind"]
+        secret = next(o for o in seen_objects if o["kind"] == "Secret")
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        for obj in seen_objects:
+            if obj["kind"] != "Secret":
+                assert token not in json.dumps(obj), obj["kind"]
+        assert token not in out + err
+        for path in runs.rglob("*"):
+            if path.is_file():
+                assert token not in path.read_text(errors="replace"), path
+        _nothing_left(kubeconfig)
+
+        # 4. --launcher k8s, a pod evicted mid-job: its agent is lost, the run fails naming it,
+        # and again nothing is left
+        runs = tmp_path / "runs4"
+        launched = _k8s_controller(where, kubeconfig, runs, SLOW_TRAIN)
+        procs.append(launched)
+        deadline = time.monotonic() + 180
+        while not any("step" in p.read_text(errors="replace") for p in runs.rglob("rank-*.log")):
+            assert launched.poll() is None, launched.communicate()
+            assert time.monotonic() < deadline, "no step logged"
+            time.sleep(0.2)
+        pods = json.loads(_kubectl(kubeconfig, "get", "pods", "-n", "ml", "-o", "json"))["items"]
+        (evicted,) = [p for p in pods if p["spec"]["hostname"].endswith("-1")]
+        _kubectl(
+            kubeconfig, "patch", "pod", "-n", "ml", evicted["metadata"]["name"],
+            "--subresource=status", "--type=merge", "-p",
+            '{"status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}}',
+        )  # fmt: skip
+        out, err = launched.communicate(timeout=120)
+        assert launched.returncode != 0, (out + err)[-3000:]
+        failures = list(runs.rglob("failure.json"))
+        assert len(failures) == 1, (out + err)[-3000:]
+        report = json.loads(failures[0].read_text())
+        (lost_agent,) = [a for a, pod in re.findall(r"(agent-[01]) is (zlaunch-[0-9a-f]{8}-[01]) \(", err)
+                         if pod == evicted["spec"]["hostname"]]  # fmt: skip
+        rank = int(lost_agent.rpartition("-")[2])  # one rank per node, agents in joining order
+        root = report["root_cause"]  # the evicted pod's agent lost, as over SSH
+        assert (root["host"], root["rank"]) == (lost_agent, rank), report
+        assert report["stopped_ranks"] == [1 - rank], report
+        why = f"connection to the agent lost: pod {evicted['metadata']['name']} failed: Evicted"
+        assert root["message"] == why + " (low on memory)", report
+        assert launched.returncode == report["exit_code"] != 143, report
+        _nothing_left(kubeconfig)
+
+        # 5. --launcher k8s ended by `zlaunch stop` mid-job: again nothing is left
+        runs = tmp_path / "runs5"
+        launched = _k8s_controller(where, kubeconfig, runs, SLOW_TRAIN)
+        procs.append(launched)
+        deadline = time.monotonic() + 180
+        while not any("step" in p.read_text(errors="replace") for p in runs.rglob("rank-*.log")):
+            assert launched.poll() is None, launched.communicate()
+            assert time.monotonic() < deadline, "no step logged"
+            time.sleep(0.2)
+        live = _kubectl(kubeconfig, "get", KIND, "-n", "ml", "-o", "name").split()
+        assert sorted(name.partition("/")[0] for name in live) == [
+            "job.batch", "pod", "pod", "secret", "service",
+        ], live  # fmt: skip
+        stop = subprocess.run(
+            [*ZLAUNCH, "stop", "--log-dir", str(runs)], cwd=REPO, env=ENV, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        out, err = launched.communicate(timeout=120)
+        assert launched.returncode != 0, (out + err)[-3000:]
+        _nothing_left(kubeconfig)
     finally:
         for proc in procs[1:]:
             if proc.poll() is None:

@@ -27,6 +27,7 @@ import pickle
 import re
 import stat
 import zipfile
+import zlib
 from typing import Any
 
 import torch
@@ -185,16 +186,17 @@ def check_archive(path: str) -> None:
 
 
 def _inflate_within(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, path: str) -> None:
-    """Inflate ``entry`` in pieces, refusing it as soon as it exceeds its declared size."""
-    total = 0
-    with archive.open(entry) as stream:
-        while chunk := stream.read(1 << 20):
-            total += len(chunk)
-            if total > entry.file_size:
-                raise CheckpointError(
-                    f"{path}: zip entry {entry.filename} inflates beyond the {entry.file_size} "
-                    "bytes it declares; the file is corrupt or crafted"
-                )
+    """Inflate ``entry`` in pieces: zipfile stops at its declared size and checks its CRC, so
+    an entry that inflates to more (or other bytes) than it declares is refused unread."""
+    try:
+        with archive.open(entry) as stream:
+            while stream.read(1 << 20):
+                pass
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise CheckpointError(
+            f"{path}: zip entry {entry.filename} does not inflate to the {entry.file_size} "
+            f"bytes it declares ({err}); the file is corrupt or crafted"
+        ) from None
 
 
 def _children(obj: Any) -> list | None:

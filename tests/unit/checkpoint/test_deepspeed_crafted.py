@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import zipfile
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def _deflated(path: Path, inflate: dict[str, int]) -> None:
                 continue
             info = zipfile.ZipInfo(entry.filename)
             info.compress_type = zipfile.ZIP_DEFLATED
-            with dst.open(info, "w", force_zip64=True) as out:
+            with dst.open(info, "w") as out:
                 out.write(data)
                 zeros, left = bytes(1 << 20), inflate[suffix] - len(data)
                 while left > 0:
@@ -145,3 +146,30 @@ def test_a_latest_that_is_no_small_regular_file_is_refused(save_dir, kind):
         locate(str(save_dir))
     with pytest.raises(CheckpointError, match="latest"):
         convert(str(save_dir), str(save_dir.parent / "out"), "safetensors")
+
+
+def _declare(path: Path, name_suffix: str, size: int) -> None:
+    """Patch the uncompressed size the zip declares for one entry (its local header and its
+    central-directory record), leaving its data as it is."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        entry = next(e for e in archive.infolist() if e.filename.endswith(name_suffix))
+    struct.pack_into("<I", data, entry.header_offset + 22, size)  # local file header
+    central = data.find(b"PK\x01\x02")
+    while central >= 0:
+        name_len = struct.unpack_from("<H", data, central + 28)[0]
+        if bytes(data[central + 46 : central + 46 + name_len]).decode() == entry.filename:
+            struct.pack_into("<I", data, central + 24, size)
+            break
+        central = data.find(b"PK\x01\x02", central + 4)
+    path.write_bytes(bytes(data))
+
+
+def test_a_deflated_pickle_that_inflates_beyond_its_declared_size_is_refused(save_dir):
+    model = _tag(save_dir) / MODEL
+    _deflated(model, {"/data.pkl": 32 << 20})  # 32 MiB of pickle and zeros, KBs on disk
+    _declare(model, "/data.pkl", 1024)  # said to be 1 KiB
+    with pytest.raises(
+        CheckpointError, match=rf"{MODEL}: zip entry \S+/data.pkl does not inflate to the 1024"
+    ):
+        DeepSpeedReader(str(_tag(save_dir)))

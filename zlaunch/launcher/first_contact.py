@@ -33,6 +33,7 @@ __all__ = [
     "Judgement",
     "PROGRESS_AFTER",
     "Verdict",
+    "connecting_text",
     "hello_bound",
     "hello_deadline",
     "judge",
@@ -95,12 +96,20 @@ def judge(silent: float, running: bool | None, deadline: float, bound: float) ->
     return Verdict.SLOW if silent < bound else Verdict.OVERDUE
 
 
+def _names(hosts: Sequence[str]) -> str:
+    more = len(hosts) - NAMES_SHOWN
+    return ", ".join(hosts[:NAMES_SHOWN]) + (f" (+{more})" if more > 0 else "")
+
+
 def progress_text(answered: int, total: int, starting: Sequence[str]) -> str:
     """``agents: 41/64 answered; starting: 127.0.1.2, ... (+20)``."""
-    names = ", ".join(starting[:NAMES_SHOWN])
-    more = len(starting) - NAMES_SHOWN
-    tail = f" (+{more})" if more > 0 else ""
-    return f"agents: {answered}/{total} answered; starting: {names}{tail}"
+    return f"agents: {answered}/{total} answered; starting: {_names(starting)}"
+
+
+def connecting_text(connected: int, total: int, connecting: Sequence[str]) -> str:
+    """The same while connections are still opening (slow logins: PAM, a directory service):
+    ``agents: 96/500 connected; connecting: node097, ... (+396)``."""
+    return f"agents: {connected}/{total} connected; connecting: {_names(connecting)}"
 
 
 @dataclass

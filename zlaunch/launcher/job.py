@@ -47,7 +47,14 @@ from zlaunch.job import (
 )
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
 from zlaunch.launcher.elastic import options_after_loss
-from zlaunch.launcher.first_contact import FirstContact, Judgement, hello_bound, hello_deadline
+from zlaunch.launcher.first_contact import (
+    PROGRESS_AFTER,
+    FirstContact,
+    Judgement,
+    connecting_text,
+    hello_bound,
+    hello_deadline,
+)
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
 from zlaunch.launcher.hang_records import decode_records
 from zlaunch.launcher.open_files import ensure_open_files
@@ -165,7 +172,7 @@ class Attempt:
         self.view = self.output.view = open_view(self.console)  # rich panel on a terminal
         outcome: Outcome | None = None
         try:
-            self.links.open(self.options)
+            self._open_links()
             self._trace("every agent connected")
             self._await_hellos()
             self._trace("every hello received")
@@ -193,6 +200,35 @@ class Attempt:
             self.view.close()  # the final panel stays; the outcome is printed below it
             _restore_signals(previous)
         return outcome
+
+    def _open_links(self) -> None:
+        """Start every agent; while connections are still opening (slow logins), the console
+        says how many are open, from a thread of its own (the caller's thread waits in the
+        transport; nothing else draws meanwhile)."""
+        stop = threading.Event()
+        ticker = threading.Thread(
+            target=self._say_connecting, args=(stop,), name="connecting", daemon=True
+        )
+        ticker.start()
+        try:
+            self.links.open(self.options)
+        finally:
+            stop.set()
+            ticker.join()
+
+    def _say_connecting(self, stop: threading.Event) -> None:
+        plain = isinstance(self.view, PlainView)
+        interval = PLAIN_PROGRESS_INTERVAL if plain else LIVE_PROGRESS_INTERVAL
+        if stop.wait(PROGRESS_AFTER):
+            return
+        names = [host.display for host in self.hosts]
+        while True:
+            waiting = [names[i] for i, at in enumerate(self.links.opened_at) if at is None]
+            if not waiting or stop.is_set():
+                return
+            self.view.starting(connecting_text(len(names) - len(waiting), len(names), waiting))
+            if stop.wait(interval):
+                return
 
     def _await_hellos(self) -> None:
         """Every agent's hello, each agent judged from its own connection's opening: silent
@@ -257,7 +293,8 @@ class Attempt:
         if judged.overdue:
             raise LaunchError(
                 f"no answer from the agent on {contact.names(judged.overdue)} within "
-                f"{contact.bound:.0f}s of its connection, though its process still runs",
+                f"{contact.bound:.0f}s of its connection, though its session is still open "
+                "(no exit status came)",
                 hint="something holds up the agent's start there (a login script, a slow or "
                 "hung shared filesystem under Python): time it by hand with "
                 f"ssh HOST {self.options.python} -c 'import zlaunch.agent'",

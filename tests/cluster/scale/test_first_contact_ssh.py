@@ -4,6 +4,8 @@ the test's own): one host's agent held up before it starts by an interpreter wra
 
 - held 17 s, beyond a small job's 15 s hello deadline: probed, found running, named as slow,
   waited for; the job runs with every line of every rank, on the console and in its logs;
+- its connection held 6 s by a ProxyCommand that waits before relaying (a slow login): the
+  console says which connection is still opening, then the job runs;
 - its agent exits 3 before a hello while a child it left holds the session's output open (no
   EOF reaches the controller): named by the probe at its deadline, within a bounded time,
   with the exit status sshd reported.
@@ -56,11 +58,39 @@ def _wrapper(tmp_path: Path, before_agent: str) -> Path:
     return path
 
 
-def _zlaunch(farm, tmp_path: Path, wrapper: Path) -> tuple[int, str, str, float]:
+RELAY = """import os, socket, sys, threading, time
+time.sleep(float(sys.argv[3]))
+conn = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+def up():
+    for data in iter(lambda: os.read(0, 65536), b""):
+        conn.sendall(data)
+    conn.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+for data in iter(lambda: conn.recv(65536), b""):
+    os.write(1, data)
+"""
+
+
+def _slow_login_config(farm, tmp_path: Path, seconds: float) -> str:
+    """The farm's ssh config, with HELD reached through a relay that waits first."""
+    relay = tmp_path / "relay.py"
+    relay.write_text(RELAY)
+    path = tmp_path / "ssh_config"
+    path.write_text(
+        f"Host {HELD}\n    ProxyCommand {sys.executable} {relay} %h %p {seconds}\n\n"
+        + Path(farm.ssh_config).read_text()
+    )
+    return str(path)
+
+
+def _zlaunch(
+    farm, tmp_path: Path, wrapper: Path | None, ssh_config: str | None = None
+) -> tuple[int, str, str, float]:
+    python = ["--python", str(wrapper)] if wrapper else []
     argv = [
         sys.executable, "-m", "zlaunch", "--hostfile", farm.hostfile(SLOTS), "--ssh-config",
-        farm.ssh_config, "--log-dir", str(tmp_path / "runs"), "--grace-period", "3",
-        "--python", str(wrapper), worker_mod.__file__, "--records", str(tmp_path),
+        ssh_config or farm.ssh_config, "--log-dir", str(tmp_path / "runs"), "--grace-period",
+        "3", *python, worker_mod.__file__, "--records", str(tmp_path),
         "--lines", str(LINES),
     ]  # fmt: skip
     started = time.monotonic()
@@ -84,6 +114,13 @@ def test_a_slow_agent_is_waited_for_and_a_gone_one_is_named(farm, tmp_path):
             counts[int(tag.group(1))] = counts.get(int(tag.group(1)), 0) + 1
     assert counts == {rank: LINES for rank in range(HOSTS * SLOTS)}
     assert farm.processes() == []
+
+    login = tmp_path / "login"
+    login.mkdir()
+    code, out, err, took = _zlaunch(farm, login, None, _slow_login_config(farm, login, 6.0))
+    assert code == 0, err
+    assert f"agents: 2/3 connected; connecting: {HELD}" in err
+    assert out.count(" line ") == HOSTS * SLOTS * LINES
 
     gone = tmp_path / "gone"
     gone.mkdir()

@@ -11,6 +11,7 @@ from zlaunch.launcher.first_contact import (
     FirstContact,
     Judgement,
     Verdict,
+    connecting_text,
     hello_bound,
     hello_deadline,
     judge,
@@ -123,3 +124,11 @@ def test_progress_is_quiet_for_a_fast_start_then_rate_limited():
     assert contact.progress(7.0, 0.0, 5.0) == "agents: 2/3 answered; starting: h2"
     contact.answered(2)
     assert contact.progress(20.0, 0.0, 5.0) is None  # every agent is in: nothing to say
+
+
+def test_connecting_text_says_how_many_connections_are_open():
+    names = [f"node{i:03d}" for i in range(97, 501)]
+    assert connecting_text(96, 500, names) == (
+        "agents: 96/500 connected; connecting: node097, node098, node099, node100, node101, "
+        "node102, node103, node104 (+396)"
+    )

@@ -116,20 +116,23 @@ class OffloadConfig:
 
     device: Literal["none", "cpu", "nvme"] = "none"
     """Where the state lives between uses: "none" (the accelerator), "cpu", or "nvme" (files
-    under `nvme_path`; `offload_optimizer` only, stages 1-3)."""
+    under `nvme_path`; `offload_optimizer` at stages 1-3, `offload_param` at stage 3)."""
     pin_memory: bool = True
     """Page-locked CPU memory: faster host-device copies, costs locked RAM."""
     nvme_path: str | None = None
     """With device "nvme": the directory (on a local disk) the swap files go under; each rank
     keeps a private directory there, removed at the end of the job."""
     buffer_count: int = 4
-    """DeepSpeed's NVMe buffer pool size; accepted, no effect here: the optimizer swap holds
-    about three sub-groups in memory (the one updated, the next read, the last written)."""
+    """NVMe buffers in flight. `offload_param`: parameter shards written behind at once (the
+    oldest is waited for before another starts). `offload_optimizer`: accepted, no effect:
+    its swap holds about three sub-groups (the one updated, the next read, the last written)."""
     buffer_size: int = int(1e8)
-    """DeepSpeed's NVMe parameter buffer size in elements; accepted, no effect here."""
+    """DeepSpeed's NVMe parameter buffer size in elements; accepted, no effect here: each
+    buffer is sized to the unit it holds."""
     max_in_cpu: int = int(1e9)
-    """DeepSpeed's elements kept in CPU memory under parameter NVMe offload; accepted, no
-    effect here."""
+    """DeepSpeed's bound on the optimizer's CPU copy of 16-bit parameters under parameter
+    NVMe offload; accepted, no effect here: no such copy is kept (every parameter shard is in
+    the files, the fp32 masters where `offload_optimizer` puts them)."""
 
     def __post_init__(self) -> None:
         check_field(self, "device", as_choice, ("none", "cpu", "nvme"))
@@ -225,12 +228,6 @@ class ZeroConfig:
         for name in ("offload_optimizer", "offload_param"):
             if not isinstance(getattr(self, name), OffloadConfig):
                 raise ConfigError("must be an OffloadConfig", name)
-        if self.offload_param.device == "nvme":
-            raise ConfigError(
-                'is "nvme", which this runtime supports for offload_optimizer only; use "cpu" '
-                '(or "none")',
-                "offload_param.device",
-            )
         check_field(self, "stage3_prefetch_bucket_size", as_int, 0, auto=True)
         check_field(self, "stage3_param_persistence_threshold", as_int, 0, auto=True)
         check_field(self, "stage3_max_live_parameters", as_int, 0)

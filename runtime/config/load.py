@@ -206,12 +206,6 @@ class _Parser:
                 defaults={"buffer_count": buffer_count},
             )
             offloads[key] = block
-            if key == "offload_param" and block.device == "nvme":
-                raise ConfigError(
-                    'is "nvme", which this runtime supports for offload_optimizer only; use '
-                    '"cpu" (or "none")',
-                    f"{name}.offload_param.device",
-                )
         # Normalise offload the stage cannot use, so the engine can trust the config.
         if offloads["offload_optimizer"].enabled and stage == 0:
             self.note(

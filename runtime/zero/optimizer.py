@@ -129,19 +129,30 @@ class ZeroOptimizer:
         """The step metrics' numbers, sent with the norm's all-reduce (not under a
         model-parallel norm scope, whose group is not the data-parallel one)."""
         rank = comm.rank
-        self._sources = params.shards(rank) if partitioned else params.groups()
-        self.masters_are_views = not (precision.mixed or offload)
+        # Parameter shards in swap files (stage 3, offload_param nvme) are no tensors to
+        # view: the masters are copies, read from and written to the store per group.
+        self._swapped_params = bool(getattr(params, "swapped", False))
+        self._sources = (
+            None
+            if self._swapped_params
+            else params.shards(rank)
+            if partitioned
+            else params.groups()
+        )
+        self.masters_are_views = not (precision.mixed or offload or self._swapped_params)
         pin = offload and pin_memory and torch.cuda.is_available()
         master_device = torch.device("cpu") if offload else params.data.device
         if self.masters_are_views:
             self.master = list(self._sources)
         else:
-            self.master = [
-                torch.empty(
-                    s.numel(), dtype=torch.float32, device=master_device, pin_memory=pin
-                ).copy_(s)
-                for s in self._sources
-            ]
+            self.master = []
+            for i in range(len(self.layout.groups)):
+                s = self._source(i)
+                self.master.append(
+                    torch.empty(
+                        s.numel(), dtype=torch.float32, device=master_device, pin_memory=pin
+                    ).copy_(s)
+                )
         # Under NVMe offload a step's gradients are copied per chunk: a persistent buffer
         # would keep 4 bytes per parameter in memory, the cost the swap files exist to avoid.
         self._grad_buffers = (
@@ -163,6 +174,18 @@ class ZeroOptimizer:
         if open_swapper is not None:
             self.swap = OptimizerSwap(open_swapper(), self.master, self.optimizer)
 
+    def _source(self, i: int) -> torch.Tensor:
+        """The parameter values master ``i`` holds (a copy when they are swapped)."""
+        if self._swapped_params:
+            return self.params.read_shard(self.layout.groups[i])
+        return self._sources[i]
+
+    def _set_source(self, i: int, value: torch.Tensor) -> None:
+        if self._swapped_params:
+            self.params.write_from(self.layout.groups[i], value)
+        else:
+            self._sources[i].copy_(value, non_blocking=True)
+
     def resident(self, indices: Iterable[int] | None = None):
         """A context in which the masters at ``indices`` (all by default) and their optimizer
         state are in memory (NVMe offload swaps them in, and out after); a no-op otherwise."""
@@ -174,6 +197,8 @@ class ZeroOptimizer:
         """Release the swap files (NVMe offload)."""
         if self.swap is not None:
             self.swap.close()
+        if self._swapped_params:
+            self.params.close()
 
     # torch.optim.Optimizer look-alikes ----------------------------------------------------
     @property
@@ -284,7 +309,7 @@ class ZeroOptimizer:
             m.grad = None
         if not self.masters_are_views:
             for i in indices:
-                self._sources[i].copy_(self.master[i], non_blocking=True)
+                self._set_source(i, self.master[i])
 
     def gather_params(self) -> None:
         """All-gather every group in place so each rank holds the full parameters."""
@@ -304,8 +329,10 @@ class ZeroOptimizer:
         the masters were replaced, e.g. by a checkpoint load)."""
         if not self.masters_are_views:
             with self.resident():
-                for dst, m in zip(self._sources, self.master, strict=True):
-                    dst.copy_(m)
+                for i, m in enumerate(self.master):
+                    self._set_source(i, m)
+            if self._swapped_params:
+                self.params.flush()
         self.gather_params()
 
 

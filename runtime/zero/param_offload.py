@@ -18,6 +18,9 @@ __all__ = ["ShardStore"]
 
 
 class ShardStore:
+    swapped = False
+    """The shards are in memory (`nvme.SwappedShardStore` keeps them in swap files)."""
+
     def __init__(
         self,
         layout: FlatLayout,
@@ -49,6 +52,17 @@ class ShardStore:
         if rank != self.rank:
             raise ValueError(f"this store holds rank {self.rank}'s shards, not rank {rank}'s")
         return list(self._views)
+
+    def read_shard(self, g: FlatGroup) -> torch.Tensor:
+        """The group's shard (here the stored tensor itself; changes go through `write_from`,
+        which the swapped store needs)."""
+        return self._views[g.index]
+
+    def flush(self) -> None:
+        """Nothing is written behind here."""
+
+    def close(self) -> None:
+        """Nothing to release but memory."""
 
     def load_into(self, g: FlatGroup, dst: torch.Tensor) -> None:
         """Copy the group's shard into ``dst`` (on the compute device) for an all-gather."""

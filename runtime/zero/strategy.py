@@ -63,8 +63,15 @@ class StrategyInputs:
         }
 
     def _optimizer_swapper(self) -> Callable[[], Swapper]:
-        nvme_path = self.config.zero_optimization.offload_optimizer.nvme_path
-        run_id = os.environ.get(protocol.RUN_ID_ENV)
+        return self._swapper(self.config.zero_optimization.offload_optimizer.nvme_path, "")
+
+    def param_swapper(self) -> Swapper:
+        """The swapper of ``offload_param.device: nvme`` (stage 3's parameter shards): a
+        private directory of its own, next to the optimizer's when both paths are the same."""
+        return self._swapper(self.config.zero_optimization.offload_param.nvme_path, "-params")()
+
+    def _swapper(self, nvme_path: str, suffix: str) -> Callable[[], Swapper]:
+        run_id = (os.environ.get(protocol.RUN_ID_ENV) or "job") + suffix
         rank = self.global_rank
         # DeepSpeed's aio block, read for the meaning it has for a thread pool: a request is
         # block_size bytes, and thread_count x queue_depth requests are in flight at once.

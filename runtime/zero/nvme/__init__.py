@@ -4,12 +4,14 @@
 ones of dead processes removed at the next start); `swapper` moves tensors between memory and
 those files on a thread pool (`os.preadv`/`os.pwritev`, direct I/O where the filesystem takes
 it), read-ahead and write-behind through `Pending` handles; `optimizer_swap` keeps the
-partitioned optimizer's fp32 masters and their state there between steps.
+partitioned optimizer's fp32 masters and their state there between steps; `param_swap` keeps
+stage 3's parameter shards there between uses.
 """
 
 from __future__ import annotations
 
 from runtime.zero.nvme.optimizer_swap import OptimizerSwap
+from runtime.zero.nvme.param_swap import SwappedShardStore
 from runtime.zero.nvme.swap_dir import SwapDir, sweep_stale
 from runtime.zero.nvme.swapper import ALIGN, Pending, SwapError, Swapper, SwapStats, aligned_buffer
 
@@ -20,6 +22,7 @@ __all__ = [
     "SwapDir",
     "SwapError",
     "SwapStats",
+    "SwappedShardStore",
     "Swapper",
     "aligned_buffer",
     "sweep_stale",

@@ -16,6 +16,7 @@ import torch
 from runtime.distributed import Communicator
 
 from ..leaf_modules import leaf_modules, z3_leaf_module
+from ..nvme import SwappedShardStore
 from ..param_offload import ShardStore
 from ..partition import FlatLayout
 from ..reduction import GradReduction
@@ -103,21 +104,51 @@ def _param_dtype(inputs: StrategyInputs, params: list) -> torch.dtype:
     return single_dtype(params)
 
 
-def _partition_frozen(module, trained, units, leaves, inputs: StrategyInputs) -> None:
+class _StoreMaker:
+    """Makes the shard stores: in (CPU) memory, or under ``offload_param.device: nvme`` in
+    the files of one swapper that the main store owns (frozen units' stores share it)."""
+
+    def __init__(self, inputs: StrategyInputs):
+        self.inputs = inputs
+        self.off = inputs.config.zero_optimization.offload_param
+        self.swapper = None
+        self.count = 0
+
+    def __call__(self, layout: FlatLayout, dtype: torch.dtype):
+        comm, off = self.inputs.comm, self.off
+        if off.device != "nvme":
+            return ShardStore(
+                layout,
+                comm.rank,
+                dtype,
+                self.inputs.device,
+                offload=off.enabled,
+                pin_memory=off.pin_memory,
+            )
+        first = self.swapper is None
+        if first:
+            self.swapper = self.inputs.param_swapper()
+        self.count += 1
+        return SwappedShardStore(
+            layout,
+            comm.rank,
+            dtype,
+            self.inputs.device,
+            self.swapper,
+            tag=f"s{self.count}",
+            buffer_count=int(off.buffer_count),
+            owns_swapper=first,
+        )
+
+
+def _partition_frozen(module, trained, units, leaves, inputs: StrategyInputs, make_store) -> None:
     """Frozen parameters (LoRA's base model, ...) are partitioned too, each unit with a store
     of its own in the parameters' dtype; they take the indices after the trained units."""
     zero, comm = inputs.config.zero_optimization, inputs.comm
     threshold = int(zero.stage3_param_persistence_threshold)
     for group, unit_plan in plan_frozen_units(module, trained, comm.world_size, threshold, leaves):
         unit_params = unit_plan.params
-        own_store = ShardStore(
-            FlatLayout((group,), comm.world_size),
-            comm.rank,
-            unit_params[0].dtype,
-            inputs.device,
-            offload=zero.offload_param.enabled,
-            pin_memory=zero.offload_param.pin_memory,
-        )
+        own_store = make_store(FlatLayout((group,), comm.world_size), unit_params[0].dtype)
         u = Unit(group, unit_params, False, own_store, unit_plan.leaf)
         u.index = len(units)
         _partition_unit(u, comm)
@@ -152,20 +183,14 @@ def build_stage3(inputs: StrategyInputs) -> Stage3Strategy:
         int(zero.stage3_param_persistence_threshold),
         leaves,
     )
-    store = ShardStore(
-        layout,
-        comm.rank,
-        dtype,
-        device,
-        offload=zero.offload_param.enabled,
-        pin_memory=zero.offload_param.pin_memory,
-    )
+    make_store = _StoreMaker(inputs)
+    store = make_store(layout, dtype)
     units = []
     for group, unit_plan in zip(layout.groups, plan, strict=True):
         u = Unit(group, unit_plan.params, unit_plan.persistent, store, unit_plan.leaf)
         _partition_unit(u, comm)
         units.append(u)
-    _partition_frozen(module, {id(p) for p in params}, units, leaves, inputs)
+    _partition_frozen(module, {id(p) for p in params}, units, leaves, inputs, make_store)
     _unpartition_leftovers(module)
     wire = GradReduction.from_config(inputs.config, dtype, comm.world_size).wire_dtype
     fetch = build_fetch(zero, comm)

@@ -53,6 +53,7 @@ class Stage3Optimizer(ZeroOptimizer):
         else:
             for chunk in self.sub_groups:
                 self._update(grads, chunk, coef)
+        self.params.flush()  # a failed write of a parameter shard stops this step
         self.gather_params()
         self.last_grad_norm = norm
         return StepOutcome(False, norm)
@@ -65,4 +66,4 @@ class Stage3Optimizer(ZeroOptimizer):
         into the fp32 master where the master is a copy, not a view of the shard."""
         if not self.masters_are_views and not unit.frozen:
             with self.resident([unit.index]):
-                self.master[unit.index].copy_(unit.store.shard(unit.group))
+                self.master[unit.index].copy_(unit.store.read_shard(unit.group))

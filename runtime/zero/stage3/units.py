@@ -208,8 +208,9 @@ class Unit:
         lo, hi = self.group.shard_range(rank)
         a, b = max(lo, slot.offset), min(hi, slot.end)
         if a < b:
-            shard = self.store.shard(self.group)
+            shard = self.store.read_shard(self.group)
             shard[a - lo : b - lo].copy_(flat[a - slot.offset : b - slot.offset])
+            self.store.write_from(self.group, shard)
         if self.gathered:
             self.views[i].copy_(value.reshape(slot.shape))
 

@@ -221,13 +221,8 @@ def test_fp16_and_bf16_both_enabled_is_an_error():
             "ds.json: zero_optimization.offload_optimizer.device must be one of 'none', 'cpu', 'nvme', got 'gpu'",
         ),
         (
-            {
-                "zero_optimization": {
-                    "stage": 3,
-                    "offload_param": {"device": "nvme", "nvme_path": "/nvme"},
-                }
-            },
-            'ds.json: zero_optimization.offload_param.device is "nvme", which this runtime supports for offload_optimizer only; use "cpu" (or "none")',
+            {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
+            'ds.json: zero_optimization.offload_param.device is "nvme" without "nvme_path": set nvme_path to a directory on a local disk',
         ),
         (
             {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,7 +22,14 @@ from typing import Any
 
 import click
 
-from zlaunch.commands.check_perf import PERF_PROBE, kept_hosts, outliers
+from zlaunch.commands.check_perf import (
+    NET_PROBE,
+    PERF_PROBE,
+    kept_hosts,
+    link_outliers,
+    outliers,
+    ring_phases,
+)
 from zlaunch.commands.familiar import host_selection_options, resolve_nodes
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.worker import probe_code
@@ -167,6 +176,108 @@ def check_hosts(
         return list(pool.map(one, range(len(hosts))))
 
 
+NET_SECONDS = 0.25  # a link's largest transfer takes at least this long (or is 64 MiB)
+NET_PORT_WAIT = 60.0  # for the first host's probe to import torch and serve the rendezvous
+
+
+class _Reader:
+    """One probe's stdout read on a thread, so that a probe that hangs is given up on in time."""
+
+    def __init__(self, link) -> None:
+        self.link, self.out, self.port = link, b"", None
+        self.port_seen = threading.Event()
+        self.done = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            while chunk := self.link.read():
+                self.out += chunk
+                for line in self.out.decode(errors="replace").splitlines():
+                    if line.startswith("ZLAUNCH-NETPORT ") and self.port is None:
+                        self.port = int(line.split()[1])
+                        self.port_seen.set()
+        except OSError:
+            pass
+        finally:
+            self.port_seen.set()
+            self.done.set()
+
+    def result(self) -> dict | None:
+        for line in self.out.decode(errors="replace").splitlines():
+            if line.startswith("ZLAUNCH-NET "):
+                return json.loads(line.split(" ", 1)[1])
+        return None
+
+
+def measure_network(hosts: Sequence, ssh, python: str) -> tuple[dict | None, dict[str, str]]:
+    """Every link of the ring of ``hosts`` measured both ways (check_perf.NET_PROBE): (the
+    backend and the links, by host name; None when it could not be measured), and a problem
+    per host whose probe failed. Bounded: PROBE_TIMEOUT in all."""
+    from zlaunch.transport import MAX_PARALLEL_CONNECTS, open_link
+
+    names = [h.display for h in hosts]
+    addr = "127.0.0.1" if all(h.is_local for h in hosts) else hosts[0].name
+    base = {"world": len(hosts), "phases": ring_phases(len(hosts)), "seconds": NET_SECONDS,
+            "timeout": PROBE_TIMEOUT / 2, "addr": addr}  # fmt: skip
+    argv = [python, "-c", probe_code(NET_PROBE)]
+    problems: dict[str, str] = {}
+    readers: list[_Reader | None] = [None] * len(hosts)
+    deadline = time.monotonic() + PROBE_TIMEOUT
+
+    def start(index: int, port: int | None) -> None:
+        try:
+            link = open_link(hosts[index], argv, ssh)
+        except ZlaunchError as err:
+            problems[names[index]] = f"network probe not started: {err.message}"
+            return
+        slot = hosts[index].slots[0] if hosts[index].slots else 0
+        link.write(
+            (json.dumps({**base, "rank": index, "port": port, "slot": slot}) + "\n").encode()
+        )
+        link.close_stdin()
+        readers[index] = _Reader(link)
+
+    try:
+        start(0, None)
+        first = readers[0]
+        if first is None or not first.port_seen.wait(NET_PORT_WAIT) or first.port is None:
+            if first is not None:
+                tail = " | ".join(first.link.stderr_tail()[-3:])
+                problems[names[0]] = f"network probe did not start its rendezvous: {tail}"
+            return None, problems
+        workers = max(1, min(MAX_PARALLEL_CONNECTS, len(hosts) - 1))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(lambda i: start(i, first.port), range(1, len(hosts))))
+        results: dict[int, dict] = {}
+        for index, reader in enumerate(readers):
+            if reader is None:
+                continue
+            reader.done.wait(max(0.0, deadline - time.monotonic()))
+            found = reader.result()
+            if found is None:
+                status = reader.link.wait(1.0)
+                tail = " | ".join(reader.link.stderr_tail()[-3:])
+                problems[names[index]] = (
+                    f"network probe failed (exit status {status}): {tail or 'no output'}"
+                )
+            else:
+                results[index] = found
+    finally:
+        for reader in readers:
+            if reader is not None:
+                reader.link.terminate(wait=1.0)
+    if problems or not results:
+        return None, problems
+    links = [
+        {**link, "src": names[link["src"]], "dst": names[link["dst"]]}
+        for found in results.values()
+        for link in found.get("links", [])
+    ]
+    backend = next(iter(results.values())).get("backend")
+    return {"backend": backend, "links": links}, problems
+
+
 def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
     facts = report.facts
     gpus = facts.get("gpus")
@@ -183,6 +294,18 @@ def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
         else "-",
         "ok" if report.ok else "; ".join(report.problems),
     ]
+
+
+def _network_words(network: dict) -> str:
+    import statistics
+
+    links = network["links"]
+    bandwidth = statistics.median(lk["mbs"] for lk in links)
+    latency = statistics.median(lk["latency_ms"] for lk in links)
+    return (
+        f"network ({network['backend']}, a ring of {len(links)} directions): median "
+        f"{bandwidth:.4g} MB/s, {latency:.3g} ms"
+    )
 
 
 @click.command(name="check", context_settings={"help_option_names": ["-h", "--help"]})
@@ -215,7 +338,9 @@ def _row(report: HostReport, master: bool, port: int | None) -> list[str]:
     "--perf",
     is_flag=True,
     help="Also measure every host (a slot's matrix-product rate, the checkpoint directory's "
-    "write and read rate) and name the hosts 1.25x or more below the median.",
+    "write and read rate, and both ways of every link of a ring of the hosts through gloo, "
+    "NCCL on GPUs: bandwidth and latency) and name the hosts and links 1.25x or more below "
+    "the median.",
 )
 @click.option(
     "--checkpoint-dir",
@@ -291,6 +416,23 @@ def command(
     for outlier in slow:
         report = next(r for r in reports if r.host == outlier.host)
         report.problems.append(outlier.text)
+    network, slow_links = None, []
+    ring = [  # the hosts that can take part: reached, and torch imports there
+        h
+        for h, r in zip(hosts, reports, strict=True)
+        if r.reached and r.facts and "torch_error" not in r.facts
+    ]
+    if perf and len(ring) >= 2:
+        network, failed_net = measure_network(ring, ssh, python or sys.executable)
+        by_host = {r.host: r for r in reports}
+        for host, problem in failed_net.items():
+            by_host[host].problems.append(problem)
+        if network is not None:
+            slow_links = link_outliers(network["links"])
+            for outlier in slow_links:
+                for host in (outlier.host, outlier.dst):
+                    if host is not None:  # a slow link: either end may be the cause
+                        by_host[host].problems.append(outlier.text)
     kept = kept_hosts(listed, hosts, {r.host for r in reports if r.ok})
     if write_hostfile:
         with open(write_hostfile, "w") as handle:
@@ -304,6 +446,11 @@ def command(
                        "problems": r.problems} for r in reports],
             "outliers": [{"host": o.host, "figure": o.figure, "value": o.value,
                           "median": o.median, "unit": o.unit, "factor": o.factor} for o in slow],
+            "network": None if network is None else {
+                **network,
+                "outliers": [{"host": o.host, "dst": o.dst, "inbound": o.inbound,
+                              "figure": o.figure, "values": list(o.values), "median": o.median,
+                              "factor": o.factor, "text": o.text} for o in slow_links]},
         }, indent=2))  # fmt: skip
         if any(not r.ok for r in reports):
             raise click.exceptions.Exit(1)
@@ -324,6 +471,8 @@ def command(
         rows,
         color=False if no_color else None,
     )
+    if network is not None:
+        click.echo(_network_words(network), err=True)
     if failed and kept.exclude:
         click.echo(f"left out: --exclude '{kept.exclude}' runs on the others", err=True)
     if write_hostfile:

@@ -6,6 +6,15 @@ GPU where there are GPUs, else the CPU with the host's cores shared between its 
 write and read rate of the checkpoint directory's filesystem (a file written and synced, then
 read back past the page cache, then removed). `outliers` compares every figure with the fleet's
 median and names the hosts that are slower by ``factor`` or more.
+
+The network is measured after that, all hosts at once, through the backend a job would use
+(NCCL on GPUs, gloo on CPUs): `NET_PROBE` joins one process group of every host, and every link
+of a ring (host i and host i+1) is measured both ways, bandwidth (transfers doubled from 64 KiB
+until one takes a quarter second, at most 64 MiB) and latency (the best of 10 round trips of
+one float). The links are measured in at most three phases of disjoint pairs (`ring_phases`),
+so no host carries two at once and the time is bounded at any fleet size. `link_outliers`
+compares every direction with the median of them all; a host all of whose directions out (or
+in) are slow is named as the host's network, else the link itself.
 """
 
 from __future__ import annotations
@@ -23,6 +32,10 @@ __all__ = [
     "hostfile_line",
     "Kept",
     "kept_hosts",
+    "NET_PROBE",
+    "ring_phases",
+    "LinkOutlier",
+    "link_outliers",
 ]
 
 DEFAULT_FACTOR = 1.25
@@ -192,3 +205,179 @@ def _slot_ranges(slots: Sequence[int]) -> str:
     if start is not None:
         parts.append(str(start) if start == prev else f"{start}-{prev}")
     return ",".join(parts)
+
+
+# Run on every host at once with the interpreter under test; its parameters are one JSON line
+# on stdin. Rank 0 serves the rendezvous on a free port and says which before anything else.
+NET_PROBE = r"""
+import datetime, json, os, sys, time
+p = json.loads(sys.stdin.readline())
+import torch
+import torch.distributed as dist
+rank, world, seconds = p["rank"], p["world"], float(p.get("seconds", 0.25))
+gpu = torch.cuda.is_available()
+device = torch.device("cuda", int(p.get("slot", 0))) if gpu else torch.device("cpu")
+if gpu:
+    torch.cuda.set_device(device)
+if "GLOO_SOCKET_IFNAME" not in os.environ and p.get("addr"):
+    try:  # the interface that reaches the rendezvous, as the agent picks it for a job
+        from zlaunch.agent.netinfo import interface_for
+        iface = interface_for(p["addr"])
+        if iface:
+            os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = iface
+    except Exception:
+        pass
+timeout = datetime.timedelta(seconds=float(p.get("timeout", 60)))
+if rank == 0:
+    store = dist.TCPStore("0.0.0.0", 0, world, True, timeout=timeout, wait_for_workers=False)
+    print("ZLAUNCH-NETPORT %d" % store.port, flush=True)
+else:
+    store = dist.TCPStore(p["addr"], int(p["port"]), world, False, timeout=timeout)
+dist.init_process_group("nccl" if gpu else "gloo", store=store, rank=rank, world_size=world,
+                        timeout=timeout)
+one = torch.zeros(1, device=device)
+def sync():
+    if gpu:
+        torch.cuda.synchronize(device)
+def send_side(peer):
+    trips = []
+    for _ in range(10):
+        start = time.perf_counter()
+        dist.send(one, peer); dist.recv(one, peer); sync()
+        trips.append(time.perf_counter() - start)
+    size, rate = 1 << 16, 0.0
+    while True:
+        dist.send(torch.tensor([float(size)], device=device), peer)
+        buf = torch.ones(size // 4, device=device)
+        sync()
+        start = time.perf_counter()
+        dist.send(buf, peer); dist.recv(one, peer); sync()
+        took = time.perf_counter() - start
+        rate = size / took / 1e6
+        if took >= seconds or size >= 64 << 20:
+            break
+        size *= 2
+    dist.send(torch.zeros(1, device=device), peer)
+    return {"mbs": rate, "latency_ms": min(trips) / 2 * 1e3, "bytes": size}
+def recv_side(peer):
+    for _ in range(10):
+        dist.recv(one, peer); dist.send(one, peer)
+    head = torch.zeros(1, device=device)
+    while True:
+        dist.recv(head, peer)
+        size = int(head.item())
+        if not size:
+            return
+        buf = torch.empty(size // 4, device=device)
+        dist.recv(buf, peer); dist.send(one, peer)
+links = []
+for phase in p["phases"]:
+    for a, b in phase:
+        for src, dst in ((a, b), (b, a)):
+            if rank == src:
+                links.append({"src": src, "dst": dst, **send_side(dst)})
+            elif rank == dst:
+                recv_side(src)
+    dist.barrier()
+print("ZLAUNCH-NET " + json.dumps({"links": links, "backend": dist.get_backend()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def ring_phases(n: int) -> list[list[tuple[int, int]]]:
+    """The ring's links (i, i+1; the last to the first) in phases of disjoint pairs: two for
+    an even ring, three for an odd one, one link for two hosts, none for one."""
+    if n < 2:
+        return []
+    links = [(i, i + 1) for i in range(n - 1)] + ([(n - 1, 0)] if n > 2 else [])
+    phases: list[list[tuple[int, int]]] = []
+    busy: list[set[int]] = []
+    for a, b in links:
+        for index, used in enumerate(busy):
+            if a not in used and b not in used:
+                phases[index].append((a, b))
+                used.update((a, b))
+                break
+        else:
+            phases.append([(a, b)])
+            busy.append({a, b})
+    return phases
+
+
+LATENCY_FLOOR_MS = 1.0
+"""A direction's latency is named only this far above the median too: on a fast network the
+median is tens of microseconds, and 1.25x of that is noise."""
+
+
+@dataclass(frozen=True)
+class LinkOutlier:
+    """A slow host's network (``dst`` None: every direction out of ``host``, or into it with
+    ``inbound``) or one slow link ``host`` -> ``dst``, by one figure."""
+
+    host: str
+    dst: str | None
+    figure: str
+    """"bandwidth" or "latency"."""
+    values: tuple[float, ...]
+    median: float
+    inbound: bool = False
+
+    @property
+    def factor(self) -> float:
+        worst = min(self.values) if self.figure == "bandwidth" else max(self.values)
+        if self.figure == "bandwidth":
+            return self.median / worst if worst > 0 else float("inf")
+        return worst / self.median if self.median > 0 else float("inf")
+
+    @property
+    def text(self) -> str:
+        unit = "MB/s" if self.figure == "bandwidth" else "ms"
+        low, high = min(self.values), max(self.values)
+        value = f"{low:.3g}" if low == high else f"{low:.3g}-{high:.3g}"
+        way = "below" if self.figure == "bandwidth" else "above"
+        if self.dst is not None:
+            who = f"link {self.host} -> {self.dst}"
+        else:
+            who = f"network of {self.host} ({'in' if self.inbound else 'out'}bound)"
+        return (
+            f"{who}: {self.figure} {value} {unit}, {self.factor:.2f}x {way} the median "
+            f"{self.median:.3g} {unit}"
+        )
+
+
+def link_outliers(links: Sequence[Mapping], factor: float = DEFAULT_FACTOR) -> list[LinkOutlier]:
+    """Every measured direction (``src``, ``dst`` host names, ``mbs``, ``latency_ms``)
+    against the median of them all; slowest first. A host of which two or more directions out
+    (or in) were measured and every one is slow is named once as the host's network; a slow
+    direction not explained so is named as the link."""
+    found: list[LinkOutlier] = []
+    for key, figure in (("mbs", "bandwidth"), ("latency_ms", "latency")):
+        values = [(lk["src"], lk["dst"], lk[key]) for lk in links if _rate(lk.get(key))]
+        if len(values) < 2:
+            continue
+        median = statistics.median(v for _, _, v in values)
+
+        def slow(value: float, median: float = median, figure: str = figure) -> bool:
+            if figure == "bandwidth":
+                return value * factor <= median
+            return value >= median * factor and value >= median + LATENCY_FLOOR_MS
+
+        bad = [(s, d, v) for s, d, v in values if slow(v)]
+        explained: set[tuple[str, str]] = set()
+        for side, inbound in ((0, False), (1, True)):
+            hosts = sorted({v[side] for v in values})
+            for host in hosts:
+                mine = [v for v in values if v[side] == host]
+                if len(mine) >= 2 and all(slow(v) for _, _, v in mine):
+                    found.append(
+                        LinkOutlier(host, None, figure, tuple(v for *_, v in mine), median, inbound)
+                    )
+                    explained.update((s, d) for s, d, _ in mine)
+        for src, dst, value in bad:
+            if (src, dst) not in explained:
+                found.append(LinkOutlier(src, dst, figure, (value,), median))
+    return sorted(found, key=lambda o: -o.factor)
+
+
+def _rate(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0

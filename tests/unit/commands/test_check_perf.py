@@ -11,7 +11,13 @@ from click.testing import CliRunner
 
 from zlaunch.commands import check
 from zlaunch.commands.check import HostReport
-from zlaunch.commands.check_perf import hostfile_line, kept_hosts, outliers
+from zlaunch.commands.check_perf import (
+    hostfile_line,
+    kept_hosts,
+    link_outliers,
+    outliers,
+    ring_phases,
+)
 from zlaunch.errors import UsageError
 from zlaunch.job import Host
 
@@ -66,7 +72,14 @@ def fleet(tmp_path, monkeypatch):
             reports.append(HostReport(host.display, host.slots, True, facts))
         return reports
 
+    def even_network(hosts, ssh, python):
+        names = [h.display for h in hosts]
+        links = [{"src": a, "dst": b, "mbs": 100.0, "latency_ms": 0.1}
+                 for a, b in zip(names, names[1:] + names[:1])]  # fmt: skip
+        return {"backend": "gloo", "links": links}, {}
+
     monkeypatch.setattr(check, "check_hosts", fake)
+    monkeypatch.setattr(check, "measure_network", even_network)
     return hostfile
 
 
@@ -131,3 +144,74 @@ def test_write_hostfile_with_slots_selected_says_the_include(fleet, tmp_path):
     as_json = CliRunner().invoke(check.command, [*args, "--json"])
     report = json.loads(as_json.output)
     assert report["exclude"] == "n3" and report["write_hostfile"]["include"] == "n1:1@n4"
+
+
+# ---- the network ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 1024])
+def test_the_ring_is_measured_in_at_most_three_phases_of_disjoint_pairs(n):
+    phases = ring_phases(n)
+    links = [link for phase in phases for link in phase]
+    expected = [] if n < 2 else [(0, 1)] if n == 2 else [(i, (i + 1) % n) for i in range(n)]
+    assert sorted(links) == sorted(expected)
+    for phase in phases:
+        ends = [host for link in phase for host in link]
+        assert len(ends) == len(set(ends))  # no host carries two links at once
+    assert len(phases) <= (2 if n % 2 == 0 else 3)
+
+
+def ring(mbs: dict[tuple[str, str], float] | None = None, latency=None) -> list[dict]:
+    """A ring of n1..n4 both ways, 100 MB/s and 0.1 ms, but what is given."""
+    hosts = ["n1", "n2", "n3", "n4"]
+    links = []
+    for i, src in enumerate(hosts):
+        for dst in (hosts[(i + 1) % 4], hosts[(i - 1) % 4]):
+            links.append({"src": src, "dst": dst,
+                          "mbs": (mbs or {}).get((src, dst), 100.0),
+                          "latency_ms": (latency or {}).get((src, dst), 0.1)})  # fmt: skip
+    return links
+
+
+def test_an_even_ring_names_nothing():
+    jitter = {("n1", "n2"): 90.0, ("n3", "n4"): 110.0}
+    assert link_outliers(ring(jitter, {("n2", "n3"): 0.3})) == []  # 0.2 ms is not a slow link
+
+
+def test_a_host_that_sends_slowly_both_ways_is_named_as_its_network():
+    (found,) = link_outliers(ring({("n2", "n1"): 2.0, ("n2", "n3"): 2.5}))
+    assert (found.host, found.dst, found.inbound, found.figure) == ("n2", None, False, "bandwidth")
+    assert found.text == (
+        "network of n2 (outbound): bandwidth 2-2.5 MB/s, 50.00x below the median 100 MB/s"
+    )
+
+
+def test_one_slow_link_is_named_as_the_link_and_slow_latency_too():
+    found = link_outliers(ring({("n3", "n4"): 10.0}, {("n1", "n4"): 5.0}))
+    assert [o.text for o in found] == [
+        "link n1 -> n4: latency 5 ms, 50.00x above the median 0.1 ms",
+        "link n3 -> n4: bandwidth 10 MB/s, 10.00x below the median 100 MB/s",
+    ]
+
+
+def test_the_network_probe_takes_the_slow_host_out_of_the_written_hostfile(
+    fleet, tmp_path, monkeypatch
+):
+    def fake_network(hosts, ssh, python):
+        names = [h.display for h in hosts]
+        links = [{"src": s, "dst": d, "mbs": 2.0 if s == "n4" else 100.0, "latency_ms": 0.1}
+                 for i, s in enumerate(names) for d in (names[(i + 1) % 4], names[i - 1])]  # fmt: skip
+        return {"backend": "gloo", "links": links}, {}
+
+    monkeypatch.setattr(check, "measure_network", fake_network)
+    written = tmp_path / "healthy"
+    args = ["-H", str(fleet), "--perf", "--checkpoint-dir", str(tmp_path), "--no-color"]
+    result = CliRunner().invoke(check.command, [*args, "--write-hostfile", str(written)])
+    assert result.exit_code == 1, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("n4 "))
+    assert "network of n4 (outbound): bandwidth 2 MB/s, 50.00x below the median 100" in row
+    assert "network (gloo, a ring of 8 directions): median 100 MB/s, 0.1 ms" in result.output
+    assert written.read_text() == "n1 slots=2\nn2 slots=2\n"  # n3 computes slowly, n4 sends
+    report = json.loads(CliRunner().invoke(check.command, [*args, "--json"]).output)
+    (outlier,) = report["network"]["outliers"]
+    assert (outlier["host"], outlier["dst"], outlier["figure"]) == ("n4", None, "bandwidth")

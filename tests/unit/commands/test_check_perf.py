@@ -75,7 +75,7 @@ def fleet(tmp_path, monkeypatch):
     def even_network(hosts, ssh, python):
         names = [h.display for h in hosts]
         links = [{"src": a, "dst": b, "mbs": 100.0, "latency_ms": 0.1}
-                 for a, b in zip(names, names[1:] + names[:1])]  # fmt: skip
+                 for a, b in zip(names, names[1:] + names[:1], strict=True)]  # fmt: skip
         return {"backend": "gloo", "links": links}, {}
 
     monkeypatch.setattr(check, "check_hosts", fake)

@@ -233,16 +233,18 @@ class RayPlacement:
         return None
 
     def stderr_tail(self, task: int | None) -> list[str]:
-        return []
+        """The Ray nodes lost, as Ray told it, each line naming its node: a lost agent's
+        failure record says why (an actor's agent has no task id to pick its own line by)."""
+        with self._lock:
+            return [f"Ray node {self.ips[index]} lost ({why})" for index, why in self.dead.items()]
 
     def wait(self, timeout: float | None = None) -> int | None:
         return None
 
     def end_reason(self, wait: float = 2.0) -> str | None:
-        with self._lock:
-            if self.dead:
-                index, why = next(iter(self.dead.items()))
-                return f"Ray node {self.ips[index]} lost ({why})"
+        """None: a Ray node lost is its agent lost, a failure as over SSH (recorded in
+        failure.json, restarted under --max-restarts), not a job the scheduler ended on
+        purpose as Slurm's scancel or time limit is."""
         return None
 
     def release(self, link: ConnectBackLink) -> None:

@@ -205,6 +205,13 @@ def test_ray_trains_as_over_ssh_then_a_lost_node_fails_fast_and_nothing_is_left(
             proc.wait()
     assert proc.returncode != 0, (out + err)[-3000:]
     assert "lost" in err, err[-3000:]  # the node's agent, said as over SSH
+    # recorded as a lost agent is over SSH: failure.json names node3's agent, no interruption
+    (lost_agent,) = re.findall(r"(agent-[0-2]) is node3 \(", err)
+    (failure,) = runs.rglob("failure.json")
+    report = json.loads(failure.read_text())
+    assert report["root_cause"]["host"] == lost_agent, report
+    assert report["root_cause"]["message"].startswith("connection to the agent lost"), report
+    assert proc.returncode == report["exit_code"] != 143, report
     deadline = time.monotonic() + 30
     while (left := _job_processes(cluster)) and time.monotonic() < deadline:
         time.sleep(0.2)

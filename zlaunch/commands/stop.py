@@ -117,11 +117,11 @@ def _save_signal(run_id: str, record: dict) -> int:
 
 def _say_checkpoint(record: dict) -> None:
     directory = record["checkpoint_dir"]
-    try:
-        with open(os.path.join(directory, "latest"), encoding="utf-8") as handle:
-            tag = handle.read().strip()
-    except OSError:
-        click.echo(f"zlaunch: no checkpoint in {directory} (no 'latest' file)", err=True)
+    from zlaunch.launcher import latest_tag
+
+    tag, why = latest_tag(directory)
+    if tag is None:
+        click.echo(f"zlaunch: no checkpoint in {directory} ({why})", err=True)
         return
     click.echo(
         f"zlaunch: saved checkpoint {os.path.join(directory, tag)}; continue with the same "

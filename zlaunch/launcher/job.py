@@ -994,8 +994,9 @@ def launch(options: LaunchOptions) -> int:
 
 
 def _latest_checkpoint(directory: str) -> str:
-    try:
-        with open(os.path.join(directory, "latest"), encoding="utf-8") as f:
-            return os.path.join(directory, f.read().strip())
-    except OSError:
-        return f"in {directory} (no 'latest' file: did the ranks save?)"
+    from .saved_checkpoint import latest_tag
+
+    tag, why = latest_tag(directory)
+    if tag is None:
+        return f"in {directory} ({why}: did the ranks save?)"
+    return os.path.join(directory, tag)

@@ -18,7 +18,7 @@ precision's and optimizer's state through their accessors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -332,9 +332,18 @@ class Engine(EngineQueries, torch.nn.Module):
         latency, algbw/busbw); printed on rank 0 when `show` (DeepSpeed's log_summary)."""
         return self.insight.comms_summary(show)
 
-    def named_master_shards(self) -> Iterable[tuple[int, torch.Tensor]]:
-        """(group index, fp32 master tensor) for what this rank owns."""
-        return enumerate(r.master for r in self.sharding.owned_ranges())
+    def named_master_shards(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """(group index, fp32 master tensor) for what this rank owns. Under optimizer NVMe
+        offload each is a copy read from the swap files one at a time (the masters there are
+        empty placeholders between steps), so going through them holds one in memory."""
+        optimizer = self.sharding.optimizer
+        for i, r in enumerate(self.sharding.owned_ranges()):
+            if optimizer.swap is None:
+                yield i, r.master
+            else:
+                with optimizer.resident([i]):
+                    value = r.master.clone()
+                yield i, value
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(

@@ -80,6 +80,7 @@ def worker(nvme_path: str, ckpt_dir: str):
         run["moved"] = (stats.stats.bytes_read, stats.stats.bytes_written) if stats else None
         with torch.no_grad():
             run["out"] = engine(x[0][:4]).float()
+        run["masters"] = [(i, m.clone()) for i, m in engine.named_master_shards()]
         engine.optimizer.close()
         run["left"] = _swap_dirs(path, rank)
         out[name] = run
@@ -123,6 +124,11 @@ def test_nvme_param_offload_trains_like_cpu_offload(results, name):
         # Same arithmetic on the same values: only where the shards wait differs.
         assert nvme["losses"] == cpu["losses"]
         torch.testing.assert_close(nvme["out"], cpu["out"], rtol=0, atol=0)
+        # The shard view reads swapped masters back (ZeRO-Infinity's are in files).
+        assert [i for i, _ in nvme["masters"]] == [i for i, _ in cpu["masters"]]
+        assert all(m.numel() > 0 for _, m in nvme["masters"])
+        for (_, a), (_, b) in zip(nvme["masters"], cpu["masters"], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
         # One private directory per tier (parameters; optimizer too for ZeRO-Infinity), no
         # named data files, all gone once the engine is closed.
         want = 2 if name == "infinity" else 1

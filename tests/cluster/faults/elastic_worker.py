@@ -6,7 +6,8 @@ the same global batch. The batch triple comes from the config (micro 1, accumula
 ranks) or, after zlaunch restarted the job on fewer hosts, from ZLAUNCH_BATCH. Every rank
 appends each micro-step's loss to ``OUT/losses-<rank>.jsonl``; saves every ``--save-interval``
 steps into $ZLAUNCH_CHECKPOINT_DIR (resumed from by zlaunch on a restart). ``--slow-rank R
---slow-sleep S``: rank R spends S seconds more in every step (a slow host).
+--slow-sleep S --slow-factor F``: rank R spends S seconds and F times its own step more in
+every step (a slow host; the factor keeps it slow by as much however loaded the machine is).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--slow-rank", type=int, default=-1, help="sleeps --slow-sleep more")
     parser.add_argument("--slow-sleep", type=float, default=0.0)
+    parser.add_argument("--slow-factor", type=float, default=0.0, help="and F x its step more")
     args = parser.parse_args()
     torch.set_num_threads(1)
     engine, *_ = runtime.initialize(model=make_model())
@@ -52,6 +54,7 @@ def main() -> int:
     gas = engine.gradient_accumulation_steps()
     assert engine.train_batch_size() == ROWS, engine.train_batch_size()
     while engine.global_steps < args.steps:
+        started = time.perf_counter()
         step = engine.global_steps
         for m in range(gas):
             x, y = row(step, m * world + rank)
@@ -63,7 +66,8 @@ def main() -> int:
             log.flush()
         if args.save_interval and engine.global_steps % args.save_interval == 0:
             engine.save_checkpoint()
-        time.sleep(args.step_sleep + (args.slow_sleep if rank == args.slow_rank else 0.0))
+        slow = args.slow_sleep + args.slow_factor * (time.perf_counter() - started)
+        time.sleep(args.step_sleep + (slow if rank == args.slow_rank else 0.0))
     return 0
 
 

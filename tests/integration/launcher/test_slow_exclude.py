@@ -50,7 +50,7 @@ def test_a_host_that_stays_slow_is_taken_out_after_a_save_and_the_job_goes_on(tm
         "--max-restarts", "1", "--min-nodes", "1", "--slow-node", "exclude",
         "--config", _config(tmp_path),
         WORKER, "--steps", str(STEPS), "--save-interval", "0", "--out", str(out),
-        "--slow-rank", "1", "--slow-sleep", "0.06",
+        "--slow-rank", "1", "--slow-sleep", "0.06", "--slow-factor", "1",
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     text = result.stdout + result.stderr

@@ -1,5 +1,6 @@
 """A slow rank named end to end: a 2-rank runtime job under zlaunch on localhost in which rank 1
-sleeps 30 ms more per step. The controller scores every rank's own step time (each rank's
+sleeps 30 ms more per step, and as long again as its step took (so it stays 2x slow however
+loaded the machine is). The controller scores every rank's own step time (each rank's
 step_busy events, zlaunch/launcher/stragglers.py): the console says it once, after the sustained
 window (3 windows of 10 steps) and at the end; metrics.jsonl rows and `zlaunch status` carry it.
 """
@@ -34,7 +35,7 @@ def test_a_slow_rank_is_said_once_and_shown_in_metrics_and_status(tmp_path):
     out.mkdir()
     result = zlaunch(
         "--num-gpus", "2", "--log-dir", str(runs), TRAIN, str(out), "--steps", str(STEPS),
-        "--print-every", "100", "--slow-rank", "1", "--slow-sleep", "0.03",
+        "--print-every", "100", "--slow-rank", "1", "--slow-sleep", "0.03", "--slow-factor", "1",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -1,7 +1,7 @@
 """A tiny runtime training script for visibility tests.
 
 Usage: ``python train_tiny.py OUT_DIR [--steps N] [--print-every K] [--sleep S] [--lines]
-[--tensorboard DIR] [--slow-rank R --slow-sleep S]``. It calls ``engine.log_metrics({"custom_value": 1.5})`` at step 3.
+[--tensorboard DIR] [--slow-rank R --slow-sleep S --slow-factor F]``. It calls ``engine.log_metrics({"custom_value": 1.5})`` at step 3.
 Each rank writes ``OUT_DIR/losses-<rank>.json``: the loss it computed at every optimizer step,
 so a test can compare the controller's metrics.jsonl with what the script itself saw.
 With ``--lines`` every rank prints a line per step (``rank R step S``).
@@ -40,6 +40,9 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps --slow-sleep more")
     p.add_argument("--slow-sleep", type=float, default=0.0)
+    # a slow rank in proportion to its own step: it stays slow by the same factor however
+    # loaded the machine is (a fixed sleep is lost in a step that load made 10x longer)
+    p.add_argument("--slow-factor", type=float, default=0.0, help="and F x its step more")
     p.add_argument("--lines", action="store_true")
     p.add_argument("--tensorboard", metavar="DIR", help="enable the tensorboard block, into DIR")
     args = p.parse_args()
@@ -65,6 +68,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(100 + rank)
     losses: dict[int, float] = {}
     for step in range(1, args.steps + 1):
+        started = time.perf_counter()
         step_losses = []
         for _ in range(engine.gradient_accumulation_steps()):
             ids = torch.randint(0, 32, (4, 9), generator=gen)
@@ -77,7 +81,8 @@ def main() -> None:
             print(f"rank {rank} step {step} loss {losses[step]:.4f}", flush=True)
         if step == 3:
             engine.log_metrics({"custom_value": 1.5})
-        time.sleep(args.sleep + (args.slow_sleep if rank == args.slow_rank else 0.0))
+        slow = args.slow_sleep + args.slow_factor * (time.perf_counter() - started)
+        time.sleep(args.sleep + (slow if rank == args.slow_rank else 0.0))
     with open(os.path.join(args.out_dir, f"losses-{rank}.json"), "w") as handle:
         json.dump(losses, handle)
 

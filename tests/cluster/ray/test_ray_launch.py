@@ -218,3 +218,35 @@ def test_ray_trains_as_over_ssh_then_a_lost_node_fails_fast_and_nothing_is_left(
     assert not left, left
     state = _ray_state(cluster)
     assert (state["actors"], state["groups"]) == (0, 0), state
+
+    # 3. with --min-nodes: node2 lost mid-job (node3 is gone already), the job restarts on the
+    # one node left, as over SSH, and ends well
+    runs = tmp_path / "ray-min-nodes-runs"
+    proc = _controller(
+        cluster, ray_cluster, runs, "--num-nodes", "2", "--max-restarts", "1", "--min-nodes",
+        "1", *TRAIN, "--steps", "2000", "--print-every", "500",
+    )  # fmt: skip
+    try:
+        _wait_for_ranks(proc, runs, 2)
+        time.sleep(2)  # training
+        for pid, _ in cluster.pids("node2"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, (out + err)[-3000:]
+    # the next attempt on the one node left (the first's rank 0 may have been on node2)
+    assert "restarted this job on another world size" in out and "world size 1," in out, out
+    assert [s for s, _ in LINE.findall(out)][-1] == "2000", out[-3000:]
+    (record,) = [p for p in runs.glob("*/run.json") if not p.parent.is_symlink()]  # no "latest"
+    assert json.loads(record.read_text())["status"] == "succeeded"
+    assert sorted(p.name for p in record.parent.glob("attempt-*")) == ["attempt-0", "attempt-1"]
+    deadline = time.monotonic() + 30
+    while (left := _job_processes(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+    state = _ray_state(cluster)
+    assert (state["actors"], state["groups"]) == (0, 0), state

@@ -216,9 +216,9 @@ def _dialin_hosts(args: RunArguments, launcher: str = "dialin") -> list[Host]:
             f"--launcher {launcher} needs --nodes N: how many agents to wait for",
             hint="e.g. zlaunch run --launcher dialin --nodes 2 --token-file ~/job.token train.py",
         )
-    if args.min_nodes is not None:
+    if args.min_nodes is not None and launcher == "dialin":  # k8s places new pods per attempt
         raise UsageError(
-            f"--min-nodes is not supported with --launcher {launcher} yet: a restart would wait for "
+            "--min-nodes is not supported with --launcher dialin yet: a restart would wait for "
             "agents nobody starts again",
             hint="drop --min-nodes",
         )

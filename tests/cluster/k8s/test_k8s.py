@@ -92,9 +92,9 @@ def _controller(where: str, port: int, token_file, runs, train) -> subprocess.Po
     )  # fmt: skip
 
 
-def _k8s_controller(where: str, kubeconfig: str, runs, train) -> subprocess.Popen:
+def _k8s_controller(where: str, kubeconfig: str, runs, train, *extra) -> subprocess.Popen:
     return subprocess.Popen(
-        [*ZLAUNCH, "run", "--launcher", "k8s", "--nodes", "2", "--image", "zlaunch-test:local",
+        [*ZLAUNCH, "run", "--launcher", "k8s", "--nodes", "2", *extra, "--image", "zlaunch-test:local",
          "--namespace", "ml", "--k8s-python", sys.executable, "--k8s-cpu", "1",
          "--controller-addr", where, "--log-dir", str(runs), *train],
         cwd=REPO, env={**ENV, "KUBECONFIG": kubeconfig}, stdin=subprocess.DEVNULL,
@@ -350,6 +350,35 @@ def test_pods_of_an_indexed_job_train_as_over_ssh_a_lost_pod_is_detected_nothing
         assert stop.returncode == 0, stop.stdout + stop.stderr
         out, err = launched.communicate(timeout=120)
         assert launched.returncode != 0, (out + err)[-3000:]
+        _nothing_left(kubeconfig)
+
+        # 6. --launcher k8s with --min-nodes: a pod evicted mid-job, the job restarts on one
+        # pod of a new Job, as over SSH, and ends well; nothing is left
+        runs = tmp_path / "runs6"
+        launched = _k8s_controller(
+            where, kubeconfig, runs, [*SLOW_TRAIN[:4], "2000", *SLOW_TRAIN[5:]],
+            "--max-restarts", "1", "--min-nodes", "1",
+        )  # fmt: skip
+        procs.append(launched)
+        deadline = time.monotonic() + 180
+        while not any("step" in p.read_text(errors="replace") for p in runs.rglob("rank-*.log")):
+            assert launched.poll() is None, launched.communicate()
+            assert time.monotonic() < deadline, "no step logged"
+            time.sleep(0.2)
+        pods = json.loads(_kubectl(kubeconfig, "get", "pods", "-n", "ml", "-o", "json"))["items"]
+        (evicted,) = [p for p in pods if p["spec"]["hostname"].endswith("-1")]
+        _kubectl(
+            kubeconfig, "patch", "pod", "-n", "ml", evicted["metadata"]["name"],
+            "--subresource=status", "--type=merge", "-p",
+            '{"status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}}',
+        )  # fmt: skip
+        out, err = launched.communicate(timeout=300)
+        assert launched.returncode == 0, (out + err)[-3000:]
+        assert "restarted this job on another world size" in out and "world size 1," in out, out
+        assert [s for s, _ in LINE.findall(out)][-1] == "2000", out[-3000:]
+        (record,) = [p for p in runs.glob("*/run.json") if not p.parent.is_symlink()]
+        assert json.loads(record.read_text())["status"] == "succeeded"
+        assert sorted(p.name for p in record.parent.glob("attempt-*")) == ["attempt-0", "attempt-1"]
         _nothing_left(kubeconfig)
     finally:
         for proc in procs[1:]:

@@ -1,14 +1,17 @@
-"""`zlaunch check --perf` on the real SSH test cluster with one slow link: node2's interface held
-to 2 Mbit/s by a token bucket (this kernel has tbf, not netem). The network check, through gloo
-between the three hosts' own probes, names exactly node2's network, outbound, with its figure
-and factor, and no other host or link; node2 is left out of the written hostfile and every
-probe is gone from every host afterwards."""
+"""`zlaunch check --perf` on the real SSH test cluster with one slow host at a time: node2's
+interface held to 2 Mbit/s by a token bucket (this kernel has tbf, not netem), then node2's CPU
+held to a quarter core by a cgroup v1 quota. The network check, through gloo between the three
+hosts' own probes, names exactly node2's network, outbound, with its figure and factor, and no
+other host or link, and leaves node2 out of the written hostfile; the compute figure names
+exactly node2. No probe is left on any host afterwards."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +56,39 @@ def test_check_perf_names_exactly_the_rate_limited_hosts_network(cluster, tmp_pa
     assert bandwidth["text"] in problems["node2"]
     assert "network" not in problems["node1"] + problems["node3"], problems
     assert "node2" not in written.read_text()
+
+
+CPU_CGROUP = "/sys/fs/cgroup/cpu"
+
+
+def test_check_perf_names_exactly_the_cpu_throttled_host(cluster, tmp_path):
+    """node2's sshd (and so everything started on node2 over ssh) in a cgroup v1 CPU quota of
+    a quarter of one core: the compute figure names exactly node2, with figure and factor."""
+    if not os.path.isfile(os.path.join(CPU_CGROUP, "cpu.cfs_quota_us")):
+        pytest.fail("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu (this suite needs one)")
+    group = os.path.join(CPU_CGROUP, f"zlaunch-slow-{os.getpid()}")
+    os.mkdir(group)
+    sshd = cluster._sshd["node2"].pid
+    try:
+        Path(group, "cpu.cfs_period_us").write_text("100000")
+        Path(group, "cpu.cfs_quota_us").write_text("25000")
+        Path(group, "cgroup.procs").write_text(str(sshd))
+        result = subprocess.run(
+            [sys.executable, "-m", "zlaunch", "check", "--hostfile", cluster.hostfile(1),
+             "--ssh-config", cluster.ssh_config, "--perf", "--json",
+             "--checkpoint-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=240, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        Path(CPU_CGROUP, "cgroup.procs").write_text(str(sshd))
+        left = cluster.wait_idle(timeout=10.0)  # every probe gone from node2 (and the group)
+        cluster.kill_all()
+        os.rmdir(group)
+    assert not left, f"processes left on the cluster: {left}"
+    report = json.loads(result.stdout)
+    compute = [o for o in report["outliers"] if o["figure"] == "compute"]
+    assert [o["host"] for o in compute] == ["node2"], (report["outliers"], result.stderr[-2000:])
+    assert compute[0]["factor"] >= 1.5, compute
+    problems = {h["host"]: " ".join(h["problems"]) for h in report["hosts"]}
+    assert "compute " in problems["node2"] and "x below the median" in problems["node2"]
+    assert "compute " not in problems["node1"] + problems["node3"], problems

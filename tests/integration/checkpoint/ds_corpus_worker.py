@@ -37,6 +37,36 @@ def resume_one(load_dir: str, case: str, steps: int, stage: int | None = None) -
     return out
 
 
+def masters_one(load_dir: str, case: str, stage: int) -> dict:
+    """Load ``load_dir`` into a fresh engine of the case's model at ``stage`` and read every
+    parameter's whole fp32 master back (a collective): what the next step starts from, before
+    any step has run. Tied tensors are read under each of their names."""
+    # The bundled package's function, as a script under --runtime bundled imports it (here the
+    # installed DeepSpeed would shadow it).
+    from runtime.deepspeed_api.deepspeed.utils import safe_get_full_fp32_param
+
+    spec = corpus_cases.CASES[case]
+    world = int(os.environ["WORLD_SIZE"])
+    model = corpus_cases.build(spec, seed=99)
+    engine, _, _, _ = runtime.initialize(
+        model=model,
+        model_parameters=corpus_cases.param_groups(spec, model),
+        optimizer=corpus_cases.client_optimizer(spec, corpus_cases.param_groups(spec, model)),
+        config=corpus_cases.ds_config(spec, world, stage),
+    )
+    engine.load_checkpoint(load_dir)
+    named = engine.module.named_parameters(remove_duplicate=False)
+    return {name: safe_get_full_fp32_param(p).flatten().tolist() for name, p in named}
+
+
+def masters(corpus: str, runs: list[tuple[str, int]]) -> dict:
+    """`masters_one` for every (case, stage) of ``runs``, one engine after the other."""
+    return {
+        f"{case}@z{stage}": masters_one(os.path.join(corpus, case), case, stage)
+        for case, stage in runs
+    }
+
+
 def resume(corpus: str, runs: list[tuple[str, int]], steps: int) -> dict:
     """`resume_one` for every (case, stage) of ``runs``, one engine after the other in this
     process group: per run its result, or the CheckpointError's message."""

@@ -18,13 +18,20 @@ import click
 from zlaunch.errors import UsageError
 from zlaunch.text import clip
 
-__all__ = ["host_selection_options", "resolve_nodes", "CONFIG_SUFFIXES", "refuse_config_as_script"]
+__all__ = [
+    "host_selection_options",
+    "resolve_nodes",
+    "node_range",
+    "CONFIG_SUFFIXES",
+    "refuse_config_as_script",
+]
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml", ".hjson")
 
 NNODES_HELP = (
     "torchrun's spelling of --num-nodes. zlaunch starts every node from this one command, so it "
-    "means the first N hosts of --hostfile (not a count of separately launched nodes)."
+    "means the first N hosts of --hostfile (not a count of separately launched nodes). zlaunch run: "
+    "MIN:MAX is --min-nodes MIN --max-nodes MAX (the job starts on up to MAX hosts)."
 )
 
 
@@ -93,9 +100,8 @@ def resolve_nodes(
     text = nnodes.strip()
     if ":" in text:
         raise UsageError(
-            f"--nnodes {clip(nnodes)}: zlaunch has no elastic MIN:MAX node range",
-            hint="give a count (the first N hosts of --hostfile); --max-restarts N restarts "
-            "the whole job after a failure",
+            f"--nnodes {clip(nnodes)}: a MIN:MAX range of hosts is for zlaunch run",
+            hint="give a count (the first N hosts of --hostfile)",
         )
     if not (text.isascii() and text.isdigit() and len(text) <= 6) or int(text) < 1:
         raise UsageError(f"--nnodes must be a number of hosts (1 or more), got {clip(nnodes)}")
@@ -108,6 +114,38 @@ def resolve_nodes(
             "torchrun, zlaunch is run once, not once per node",
         )
     return count
+
+
+def node_range(
+    nnodes: str | None, min_nodes: int | None, max_nodes: int | None
+) -> tuple[str | None, int | None, int | None]:
+    """torchrun's ``--nnodes MIN:MAX`` as zlaunch's ``--min-nodes MIN --max-nodes MAX``:
+    (what is left of --nnodes for `resolve_nodes`, min, max). A count stays a count."""
+    if nnodes is None or ":" not in nnodes:
+        return nnodes, min_nodes, max_nodes
+    low, _, high = nnodes.strip().partition(":")
+    bounds = []
+    for part in (low, high):
+        part = part.strip()
+        if not (part.isascii() and part.isdigit() and len(part) <= 6) or int(part) < 1:
+            raise UsageError(
+                f"--nnodes {clip(nnodes)}: MIN and MAX must be numbers of hosts (1 or more)",
+                hint="e.g. --nnodes 2:4",
+            )
+        bounds.append(int(part))
+    low_n, high_n = bounds
+    if low_n > high_n:
+        raise UsageError(f"--nnodes {clip(nnodes)}: MIN is more than MAX", hint="e.g. --nnodes 2:4")
+    for flag, given, meant in (
+        ("--min-nodes", min_nodes, low_n),
+        ("--max-nodes", max_nodes, high_n),
+    ):
+        if given is not None and given != meant:
+            raise UsageError(
+                f"--nnodes {clip(nnodes)} and {flag} {given} disagree",
+                hint="give the range once: --nnodes MIN:MAX, or --min-nodes and --max-nodes",
+            )
+    return None, low_n, high_n
 
 
 def refuse_config_as_script(script: str) -> None:

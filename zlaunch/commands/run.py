@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -121,6 +122,28 @@ def _warn_of_visible_secrets(options: LaunchOptions) -> None:
             "NAME=VALUE reaches the nodes on the agent's stdin)",
             err=True,
         )
+
+
+def _node_count(value: str | None) -> int | None:
+    """--nodes N: a count of nodes (for salloc, or the agents to wait for). A range MIN:MAX is
+    refused: from a login node it would read as an allocation of a range of nodes, while the
+    job's range of hosts is spelled --nnodes MIN:MAX."""
+    if value is None:
+        return None
+    text = value.strip()
+    if ":" in text:
+        simple = re.fullmatch(r"\d{1,6}:\d{1,6}", text) is not None
+        low, _, high = text.partition(":") if simple else ("MIN", "", "MAX")
+        text = text if simple else "MIN:MAX"
+        raise UsageError(
+            f"--nodes {clip(value)}: --nodes is a count of nodes (asked of Slurm with salloc "
+            "from a login node, or the agents to wait for), not a range",
+            hint=f"a job that may run on {low} to {high} hosts is --nnodes {text} (or "
+            f"--min-nodes {low} --max-nodes {high}) with --hostfile",
+        )
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or int(text) < 1:
+        raise UsageError(f"--nodes must be a number of nodes (1 or more), got {clip(value)}")
+    return int(text)
 
 
 def _dialin_nodes(values: dict) -> None:
@@ -271,7 +294,7 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 )
 @click.option(
     "--nodes",
-    type=click.IntRange(1),
+    metavar="N",
     help="From a login node: ask Slurm (salloc) for N nodes and run the job in them. "
     "--launcher dialin: how many agents to wait for; --launcher k8s: how many pods.",
 )
@@ -401,6 +424,25 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
     "(plus hosts listed beyond --num-nodes) while M remain; the global batch is kept.",
 )
 @click.option(
+    "--max-nodes",
+    type=click.IntRange(1),
+    default=None,
+    metavar="N",
+    help="With --min-nodes: the job grows back up to N hosts. Hosts lost earlier, hosts listed "
+    "beyond those it started on, and hosts added to --hostfile while it runs are probed over "
+    "SSH (backing off); when one answers, every rank saves at its next step and the job "
+    "restarts on the larger set from that checkpoint, global batch kept. --nnodes MIN:MAX "
+    "says both. Needs --checkpoint-dir. See docs/fleet-changes.md.",
+)
+@click.option(
+    "--grow-interval",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="With --max-nodes: an attempt runs at least this long before the job grows (each "
+    "grow costs a save and a restart). Default: 60.",
+)
+@click.option(
     "--preemption-signal",
     default=None,
     metavar="SIGNAL|none",
@@ -471,6 +513,7 @@ def command(**values) -> None:
     zlaunch -H hosts --include node1:0-3 train.py
     zlaunch --nodes 3 --partition gpu train.py    (salloc, then one srun step per node)
     """
+    values["nodes"] = _node_count(values.get("nodes"))
     _dialin_nodes(values)
     salloc = _allocation_request(values, os.environ)
     if salloc is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from zlaunch.commands.familiar import refuse_config_as_script, resolve_nodes
+from zlaunch.commands.familiar import node_range, refuse_config_as_script, resolve_nodes
 from zlaunch.errors import ConfigError, UsageError
 from zlaunch.text import clip, redact_argv
 
@@ -84,6 +84,8 @@ class RunArguments:
     hang_timeout: float | None = None
     collective_timeout: float | None = None
     min_nodes: int | None = None
+    max_nodes: int | None = None
+    grow_interval: float | None = None
     preemption_signal: str | None = None
     preemption_deadline: float = 30.0
     preemption_check: str | None = None
@@ -121,6 +123,13 @@ def build_options(**values) -> LaunchOptions:
     """Turn parsed command-line values (the fields of `RunArguments`) into a validated
     `LaunchOptions`; no host is contacted."""
     args = RunArguments(**values)
+    nnodes, min_nodes, max_nodes = node_range(args.nnodes, args.min_nodes, args.max_nodes)
+    if args.grow_interval is not None and max_nodes is None:
+        raise UsageError(
+            "--grow-interval is how often a job may grow: it needs --max-nodes N",
+            hint="add --max-nodes N (or --nnodes MIN:MAX), or drop --grow-interval",
+        )
+    args = replace(args, nnodes=nnodes, min_nodes=min_nodes, max_nodes=max_nodes)
     num_nodes = resolve_nodes(
         num_nodes=args.num_nodes,
         nnodes=args.nnodes,
@@ -191,6 +200,8 @@ def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     else:
         hosts = default_hosts(args.num_gpus, args.environ)
     selected = select_hosts(hosts, args.include, args.exclude, args.num_nodes, args.num_gpus)
+    if args.max_nodes is not None and args.num_nodes is None:
+        selected = selected[: args.max_nodes]  # a range starts on up to MAX hosts
     spares = _spare_hosts(hosts, selected, args.num_gpus) if args.min_nodes is not None else []
     return selected, spares
 
@@ -308,7 +319,7 @@ def _launch_options(
 ) -> LaunchOptions:
     """The checked pieces (`launch_with`: the launcher and its extra arguments), the worker
     environment and the remaining flags, as one LaunchOptions."""
-    from zlaunch.job import DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
+    from zlaunch.job import DEFAULT_GROW_INTERVAL, DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
     from zlaunch.rundir import default_log_dir
 
     worker_env = _worker_env(args)
@@ -357,6 +368,10 @@ def _launch_options(
         hang_timeout=DEFAULT_HANG_TIMEOUT if args.hang_timeout is None else args.hang_timeout,
         min_nodes=args.min_nodes,
         spare_hosts=tuple(spares),
+        max_nodes=args.max_nodes,
+        grow_interval=DEFAULT_GROW_INTERVAL if args.grow_interval is None else args.grow_interval,
+        hostfile=_absolute(args.hostfile) if args.hostfile else None,
+        slots_per_host=args.num_gpus,
         preemption_signal=_preemption_signal(args.preemption_signal, args.checkpoint_dir),
         preemption_deadline=args.preemption_deadline,
         preemption_check=args.preemption_check,

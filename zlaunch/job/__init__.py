@@ -10,6 +10,7 @@ from zlaunch.job.deepspeed_api import bundled_path, choose, find_installed
 from zlaunch.job.envfile import collect_env
 from zlaunch.job.hostfile import MAX_SLOTS, Host, default_hosts, load_hostfile
 from zlaunch.job.options import (
+    DEFAULT_GROW_INTERVAL,
     DEFAULT_HANG_TIMEOUT,
     DEFAULT_LOG_DIR,
     LAUNCHERS,
@@ -33,6 +34,7 @@ from zlaunch.job.threads import THREADS_ENV, threads_words
 
 __all__ = [
     "AUTO_PORT",
+    "DEFAULT_GROW_INTERVAL",
     "DEFAULT_HANG_TIMEOUT",
     "DEFAULT_LOG_DIR",
     "Host",

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_LOG_DIR",
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_PREEMPTION_DEADLINE",
+    "DEFAULT_GROW_INTERVAL",
     "LAUNCHERS",
     "SLURM_MODES",
 ]
@@ -45,6 +46,9 @@ DEFAULT_PREEMPTION_DEADLINE = 30.0
 shortest warning the common clouds give (a spot instance's is two minutes, a preemptible
 VM's thirty seconds)."""
 DEFAULT_PREEMPTION_CHECK_INTERVAL = 5.0
+DEFAULT_GROW_INTERVAL = 60.0
+"""Seconds an attempt runs at least before a job grows onto a host that came back: every grow
+costs a save and a restart, so a host that flaps does not keep the job restarting."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,17 @@ class LaunchOptions:
     hosts."""
     spare_hosts: tuple[Host, ...] = ()
     """Hosts listed beyond --num-nodes, taken in order to replace lost ones."""
+    max_nodes: int | None = None
+    """--max-nodes (or --nnodes MIN:MAX): the job grows back up to this many hosts when hosts
+    that were lost, spares, or hosts added to the hostfile answer a probe; None: it never
+    grows."""
+    grow_interval: float = DEFAULT_GROW_INTERVAL
+    """--grow-interval: the least seconds an attempt runs before the job grows."""
+    hostfile: str | None = None
+    """The hostfile's absolute path, re-read while a job that can grow runs (new hosts may
+    join); None: no hostfile."""
+    slots_per_host: int | None = None
+    """--num-gpus: the slots a host added to the hostfile runs (None: all it lists)."""
     preemption_signal: str | None = None
     """Canonical name of the signal that, sent to a host's agent, is that host's preemption
     notice (--preemption-signal; Slurm's --signal reaches the agents); None: none is."""
@@ -234,6 +249,7 @@ class LaunchOptions:
                     "--min-nodes only matters when the job restarts",
                     hint="add --max-restarts N (the restarts that may drop lost hosts)",
                 )
+        self._check_node_range()
         if not 0 <= self.hang_timeout < float("inf"):  # also refuses nan
             raise UsageError(
                 f"--hang-timeout must be 0 (off) or more seconds, got {self.hang_timeout}"
@@ -268,6 +284,38 @@ class LaunchOptions:
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "hosts", tuple(self.hosts))
         object.__setattr__(self, "spare_hosts", tuple(self.spare_hosts))
+
+    def _check_node_range(self) -> None:
+        """--max-nodes: a range the job can grow in, and what growing needs."""
+        if not 0 <= self.grow_interval < float("inf"):  # also refuses nan
+            raise UsageError(f"--grow-interval must be 0 or more seconds, got {self.grow_interval}")
+        if self.max_nodes is None:
+            return
+        if self.min_nodes is None:
+            raise UsageError(
+                f"--max-nodes {self.max_nodes} needs --min-nodes M: a job grows and shrinks "
+                "within a range of hosts",
+                hint=f"e.g. --nnodes 1:{self.max_nodes} (or --min-nodes 1 --max-nodes "
+                f"{self.max_nodes}) with --max-restarts N",
+            )
+        if self.max_nodes < len(self.hosts):
+            raise UsageError(
+                f"--max-nodes {self.max_nodes} is fewer than the {len(self.hosts)} host(s) the "
+                "job starts on",
+                hint=f"raise --max-nodes, or start on fewer: --num-nodes {self.max_nodes}",
+            )
+        if not self.checkpoint_dir or self.save_on is None:
+            raise UsageError(
+                "--max-nodes: a job grows by saving at a step boundary and restarting on more "
+                "hosts from that checkpoint: it needs --checkpoint-dir DIR and a save signal",
+                hint="add --checkpoint-dir DIR (and leave --save-on at its default)",
+            )
+        if self.launcher != "ssh":
+            raise UsageError(
+                f"--max-nodes with --launcher {self.launcher}: a job grows onto hosts it "
+                "probes over SSH, which only --launcher ssh starts agents on",
+                hint="drop --max-nodes (--min-nodes alone still goes on without lost hosts)",
+            )
         object.__setattr__(self, "program", tuple(self.program))
         object.__setattr__(self, "launcher_args", tuple(self.launcher_args))
 

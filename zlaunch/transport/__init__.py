@@ -25,6 +25,7 @@ from zlaunch.transport.link import Link
 from zlaunch.transport.mpi import mpirun_argv
 from zlaunch.transport.slurm import allocation_hosts, in_allocation, job_id, srun_argv
 from zlaunch.transport.slurm_one_step import ONE_STEP_ABOVE_NODES, one_step_argv
+from zlaunch.transport.ssh import reachable
 from zlaunch.transport.start import MAX_PARALLEL_CONNECTS, agent_argv, open_link, open_links
 
 __all__ = [
@@ -46,5 +47,6 @@ __all__ = [
     "open_dialin",
     "open_link",
     "open_links",
+    "reachable",
     "srun_argv",
 ]

@@ -25,7 +25,7 @@ from zlaunch.errors import HostUnreachable
 from zlaunch.job import Host, SshOptions
 from zlaunch.transport.link import Link
 
-__all__ = ["SshLink", "remote_command"]
+__all__ = ["SshLink", "reachable", "remote_command"]
 
 _DEFAULT_KNOWN_HOSTS = {
     "userknownhostsfile": "~/.ssh/known_hosts ~/.ssh/known_hosts2",
@@ -220,6 +220,25 @@ def _no_handshake(err: Exception, host: Host, ssh: SshOptions, connection) -> Ho
         hint=f"check that port {port} is sshd's (ssh -p {port} {host.name}); a busy sshd "
         "drops new connections (MaxStartups): retry, or raise --ssh-timeout",
     )
+
+
+def reachable(host: Host, ssh: SshOptions) -> str | None:
+    """One SSH login to ``host`` within ``ssh.timeout``, closed at once (nothing runs there):
+    None when it succeeded, else why not, in the words a failed start uses. The probe of a
+    host that may join a growing job (zlaunch/launcher/host_probe.py)."""
+    import paramiko
+
+    connection = _connection(host, ssh)
+    try:
+        _check_host_keys(connection, ssh.accept_new_hosts)
+        connection.open()
+        return None
+    except (_UnknownHostKey, paramiko.SSHException, OSError, EOFError, ValueError) as err:
+        return _unreachable(err, host, ssh, connection).message
+    except HostUnreachable as err:
+        return err.message
+    finally:
+        connection.close()
 
 
 class SshLink(Link):

@@ -1,7 +1,7 @@
 """Torchrun's and DeepSpeed's spellings through the real `zlaunch` command.
 
 `--nnodes`, `--nproc-per-node`, `--num_gpus` work on every subcommand that selects hosts or
-counts GPUs; where torchrun's meaning differs (an elastic MIN:MAX range, `--node-rank`, nodes
+counts GPUs; where torchrun's meaning differs (an elastic MIN:MAX range outside `run`, `--node-rank`, nodes
 without a hostfile) the command exits 2 with one message and a hint; a config file given as
 the script is refused instead of being run as Python.
 """
@@ -60,13 +60,14 @@ def test_estimate_and_check_take_the_same_spellings(project):
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--nnodes", "1:4", "train.py"], ["no elastic MIN:MAX", "--max-restarts"]),
+        (["--nnodes", "1:4", "train.py"], ["--min-nodes only matters", "--max-restarts"]),
+        (["--nodes", "2:3", "train.py"], ["not a range", "--nnodes 2:3"]),
         (["--nnodes", "2", "train.py"], ["without --hostfile", "once per node"]),
         (["-H", "hosts", "--node_rank", "1", "train.py"], ["one command", "--hostfile"]),
         (["-H", "hosts", "--nnodes", "2", "--num-nodes", "2", "train.py"], ["give one"]),
         (["ds.json"], ["looks like a training config", "--config ds.json"]),
         (["--num-gpus", "2", "conf/ds.YAML"], ["looks like a training config"]),
-        (["check", "--nnodes", "0:2"], ["no elastic MIN:MAX"]),
+        (["check", "--nnodes", "0:2"], ["MIN:MAX range of hosts is for zlaunch run"]),
     ],
 )
 def test_torchrun_only_usage_is_refused_with_a_hint(project, args, words):

@@ -71,7 +71,11 @@ _WIRE_REASON = {
 class Starter(Protocol):
     """What started the agents that connect back (one process for all of them)."""
 
-    def stderr_tail(self, task: int | None) -> list[str]: ...
+    def stderr_tail(self, task: int | None, link: ConnectBackLink | None = None) -> list[str]:
+        """The lines of task ``task``'s process (``None``: every task's); ``link``: the agent
+        asking, for a starter that knows its agents by their links rather than by task ids
+        (a pod, a Ray node)."""
+        ...
 
     def wait(self, timeout: float | None = None) -> int | None: ...
 
@@ -127,7 +131,7 @@ class ConnectBackLink(Link):
         return self.starter.wait(timeout)
 
     def stderr_tail(self) -> list[str]:
-        return self.starter.stderr_tail(self.task)
+        return self.starter.stderr_tail(self.task, link=self)
 
     def end_reason(self, wait: float = 2.0) -> str | None:
         """Why the scheduler ended what started the agent, if it did (see SlurmLink's)."""

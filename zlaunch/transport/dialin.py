@@ -125,7 +125,7 @@ class HandStarted:
     """``--launcher dialin``: agents started by someone else; zlaunch knows only their
     connections (their stderr is where whoever started them sees it)."""
 
-    def stderr_tail(self, task: int | None) -> list[str]:
+    def stderr_tail(self, task: int | None, link: ConnectBackLink | None = None) -> list[str]:
         return []
 
     def wait(self, timeout: float | None = None) -> int | None:

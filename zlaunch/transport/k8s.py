@@ -32,6 +32,9 @@ API_SECONDS = 15
 the controller's start or its ending)."""
 WATCH_SECONDS = 30
 """Seconds one watch request lasts before the thread asks again (and sees a stop)."""
+END_WAIT = 2.0
+"""Seconds a lost agent's failure record waits for the watch to say how its pod ended (the
+connection of a killed pod's agent may end before the API server's event arrives)."""
 
 
 def _client(context: str | None):
@@ -92,6 +95,7 @@ class K8sPlacement:
         self.core = kubernetes.client.CoreV1Api()
         self.batch = kubernetes.client.BatchV1Api()
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)  # notified when a pod's end is known
         self._links: dict[str, object] = {}  # pod host name -> its agent's link
         self._released: set[int] = set()
         self._ends: dict[str, str] = {}  # pod host name -> why it ended
@@ -145,6 +149,7 @@ class K8sPlacement:
             if self._removed:
                 return
             self._removed = True
+            self._ended.notify_all()
         self._stop.set()
         ns, name = self.job.namespace, self.job.name
         body = self.k.client.V1DeleteOptions(propagation_policy="Foreground")
@@ -178,12 +183,17 @@ class K8sPlacement:
     def failed(self) -> str | None:
         return self._failed
 
-    def stderr_tail(self, task: int | None) -> list[str]:
-        """How the job's pods ended, as the watch saw it, each line naming its pod: a lost
-        agent's failure record says why its pod went (a pod's agent has no task id to pick
-        its own line by, and mostly one pod is lost)."""
-        with self._lock:
-            return [why for pod, why in self._ends.items() if pod]
+    def stderr_tail(self, task: int | None, link=None) -> list[str]:
+        """How ``link``'s pod ended, as the watch saw it (a line naming the pod): a lost
+        agent's failure record says why its pod went, and only its own. Its agent's
+        connection may end before the watch hears of the pod: the watch is given a moment
+        (END_WAIT seconds). ``link`` None, or one no pod dialed in on: every pod that ended."""
+        with self._ended:
+            pod = next((host for host, mine in self._links.items() if mine is link), None)
+            if pod is None:
+                return [why for host, why in self._ends.items() if host]
+            self._ended.wait_for(lambda: pod in self._ends or self._removed, END_WAIT)
+            return [self._ends[pod]] if pod in self._ends else []
 
     def wait(self, timeout: float | None = None) -> int | None:
         return None
@@ -238,6 +248,7 @@ class K8sPlacement:
             return
         with self._lock:
             self._ends.setdefault(host, why)
+            self._ended.notify_all()
             link = self._links.get(host)
             if link is None and self._failed is None and not self._removed:
                 self._failed = why  # it never dialed in: no more agents will come

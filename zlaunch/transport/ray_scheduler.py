@@ -232,11 +232,14 @@ class RayPlacement:
                 return f"the agent actor on Ray node {self.ips[index]} ended: {why}"
         return None
 
-    def stderr_tail(self, task: int | None) -> list[str]:
-        """The Ray nodes lost, as Ray told it, each line naming its node: a lost agent's
-        failure record says why (an actor's agent has no task id to pick its own line by)."""
+    def stderr_tail(self, task: int | None, link: ConnectBackLink | None = None) -> list[str]:
+        """How ``link``'s Ray node was lost, as Ray told it (a line naming the node): a lost
+        agent's failure record says why, and only its own. ``link`` None, or one no actor's
+        agent dialed in on: every Ray node lost."""
         with self._lock:
-            return [f"Ray node {self.ips[index]} lost ({why})" for index, why in self.dead.items()]
+            mine = [index for index, known in self.links.items() if known is link]
+            lost = mine if mine else list(self.dead)
+            return [f"Ray node {self.ips[i]} lost ({self.dead[i]})" for i in lost if i in self.dead]
 
     def wait(self, timeout: float | None = None) -> int | None:
         return None

@@ -229,8 +229,11 @@ class SlurmStep:
                 if exited:
                     self.exited_nodes.add(exited.group(1))
 
-    def stderr_tail(self, task: int | None, lines: int = 40) -> list[str]:
-        """Task ``task``'s lines and srun's own (all tasks' lines for ``None``)."""
+    def stderr_tail(
+        self, task: int | None, link: ConnectBackLink | None = None, lines: int = 40
+    ) -> list[str]:
+        """Task ``task``'s lines and srun's own (all tasks' lines for ``None``); each agent of
+        the step is known by its task id, so ``link`` adds nothing."""
         if not self.ended.is_set() and self._exited():
             # srun is dead but its watcher has not said so yet (it first waits up to 1 s for
             # srun's last lines): an agent lost with srun must be told it went with srun
@@ -269,11 +272,11 @@ class SlurmStep:
             return self._end_reason[0]
         deadline = time.monotonic() + wait
         while True:
-            reason = ended_by_slurm(self.stderr_tail(None, STDERR_LINES))
+            reason = ended_by_slurm(self.stderr_tail(None, lines=STDERR_LINES))
             if reason is not None or time.monotonic() >= deadline:
                 break
             if self.ended.is_set():
-                reason = ended_by_slurm(self.stderr_tail(None, STDERR_LINES))
+                reason = ended_by_slurm(self.stderr_tail(None, lines=STDERR_LINES))
                 break
             time.sleep(0.05)
         if reason is not None or self.ended.is_set():

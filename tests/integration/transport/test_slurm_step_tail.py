@@ -26,7 +26,7 @@ def test_tail_names_the_end_of_srun_while_a_forked_helper_holds_its_output():
         while not step._exited():
             assert time.monotonic() < deadline, "the shell did not exit"
             time.sleep(0.01)
-        tail = step.stderr_tail(0, 5)
+        tail = step.stderr_tail(0, lines=5)
         assert tail[-1] == "srun (the one step of every node's agent) ended: exit status 3", tail
         assert "srun: warning: a last line" in tail
         assert step.ended.is_set()

@@ -74,3 +74,16 @@ def test_ray_options(tmp_path):
         _options(tmp_path, launcher="ray", num_nodes=2, hostfile="hosts")
     with pytest.raises(UsageError, match="--ray-address has no effect with --launcher ssh"):
         _options(tmp_path, launcher="ssh", ray_address="h:1")
+
+
+def test_a_lost_agent_is_told_of_its_own_ray_node_only():
+    from zlaunch.transport.ray_scheduler import RayPlacement
+
+    placement = RayPlacement(ray=None)
+    placement.ips = ["10.0.0.2", "10.0.0.3"]
+    first, second = object(), object()
+    placement.links = {0: first, 1: second}
+    placement.dead = {1: "node died", 0: "actor killed"}
+    assert placement.stderr_tail(None, link=second) == ["Ray node 10.0.0.3 lost (node died)"]
+    assert placement.stderr_tail(None, link=first) == ["Ray node 10.0.0.2 lost (actor killed)"]
+    assert len(placement.stderr_tail(None)) == 2  # no link: every node lost

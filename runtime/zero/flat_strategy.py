@@ -17,6 +17,7 @@ import torch
 from ..errors import InvalidValueError
 from .buckets import GradReducer, ReduceMode
 from .flat import FlatBuffer, flatten_params_into
+from .flat_writeback import attach_write_backs
 from .optimizer import ZeroOptimizer
 from .partition import ParamSpec, plan_layout
 from .reduction import GradReduction
@@ -125,4 +126,5 @@ def build_flat_strategy(inputs: StrategyInputs) -> FlatStrategy:
         partitioned=partitioned,
         **inputs.optimizer_options(),
     )
+    attach_write_backs(flat, optimizer, params_by_group)
     return FlatStrategy(flat, reducer, optimizer)

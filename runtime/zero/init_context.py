@@ -22,8 +22,11 @@ tensor, which changes nothing. Do such writes inside
 `Init` or by a stage-3 engine) for the duration of the block, on every rank (it is a
 collective). With ``modifier_rank`` set, that rank's values are broadcast on exit and written
 back into every rank's shard (and the optimizer's master copy); without it changes are
-discarded. Parameters that are not partitioned pass through untouched, so the same code runs at
-every stage.
+discarded. The parameters of a stage 0-2 engine are whole on every rank, so entering gathers
+nothing, but a write under ``modifier_rank`` is broadcast and copied into the fp32 master all
+the same (`flat_writeback`: otherwise the next step would undo it); without a modifier rank
+they are left as the block left them. Parameters of no engine pass through untouched, so the
+same code runs at every stage.
 """
 
 from __future__ import annotations
@@ -279,7 +282,8 @@ class GatheredParameters:
             params = []
         owners, seen = [], set()
         for p in params if isinstance(params, Iterable) else [params]:
-            owner = getattr(p, "_zero_owner", None)
+            # Partitioned (zero.Init, stage 3), or whole but written back (stages 0-2).
+            owner = getattr(p, "_zero_owner", None) or getattr(p, "_zero_writeback", None)
             if owner is not None and id(owner) not in seen:
                 seen.add(id(owner))
                 owners.append(owner)

@@ -324,6 +324,23 @@ class ZeroOptimizer:
             h.wait()
 
     @torch.no_grad()
+    def reload_master_range(self, index: int, lo: int, hi: int) -> None:
+        """Elements ``[lo, hi)`` of group ``index``'s parameters were overwritten (a
+        GatheredParameters write with a modifier rank): copy what this rank owns of them into
+        its master, where the master is a copy and not a view of the parameters."""
+        if self.masters_are_views:
+            return
+        g = self.layout.groups[index]
+        own_lo, own_hi = g.shard_range(self.comm.rank) if self.partitioned else (0, g.padded_numel)
+        a, b = max(lo, own_lo), min(hi, own_hi)
+        if a >= b:
+            return
+        with self.resident([index]):
+            # The source holds exactly the owned range (the shard, or the whole group).
+            values = self._source(index)
+            self.master[index][a - own_lo : b - own_lo].copy_(values[a - own_lo : b - own_lo])
+
+    @torch.no_grad()
     def refresh_params_from_master(self) -> None:
         """Write the master weights into the parameters and gather them on every rank (after
         the masters were replaced, e.g. by a checkpoint load)."""

@@ -99,7 +99,9 @@ def _change_words(entry: dict[str, Any]) -> str:
     hosts = ", ".join(map(str, change.get("hosts") or []))
     if change.get("kind") == "lost":
         return f"lost {hosts}"
-    if change.get("kind") == "slow":
+    if change.get("kind") == "joined":
+        words = [f"{hosts} joined"]
+    elif change.get("kind") == "slow":
         slow = change.get("slow")
         figures = ", ".join(f"{h} {w}" for h, w in slow.items()) if isinstance(slow, dict) else ""
         words = [f"slow {hosts} taken out" + (f" ({figures})" if figures else "")]
@@ -115,6 +117,8 @@ def _change_words(entry: dict[str, Any]) -> str:
         words.append(f"{change['steps_lost']} step(s) lost")
     if isinstance(change.get("notice_to_restart_s"), (int, float)):
         words.append(f"{change['notice_to_restart_s']:.1f} s from the notice to the restart")
+    if isinstance(change.get("save_to_restart_s"), (int, float)):
+        words.append(f"{change['save_to_restart_s']:.1f} s from the save request to the restart")
     return "; ".join(words)
 
 

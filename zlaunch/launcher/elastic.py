@@ -1,10 +1,11 @@
 """Going on with fewer hosts: the hosts and the batch of a restart after a host was lost.
 
 With ``--max-restarts N --min-nodes M``, a host whose agent connection broke (the host
-crashed, its link went down, every process on it was killed) is dropped for the rest of the
-job: the next attempt runs on the remaining hosts plus spares (hosts listed beyond
-``--num-nodes``, in hostfile order), as long as at least M hosts are left. A host that comes
-back is not re-added (restart the job for that). The global batch is kept: the ranks get the
+crashed, its link went down, every process on it was killed) is dropped: the next attempt
+runs on the remaining hosts plus spares (hosts listed beyond ``--num-nodes``, in hostfile
+order), as long as at least M hosts are left. With ``--max-nodes`` a host that comes back
+(zlaunch/launcher/host_probe.py) joins again at a step boundary: `options_after_grow`, the
+hosts in hostfile order (zlaunch/launcher/fleet_policy.py). The global batch is kept: the ranks get the
 batch triple for the new world size (`zlaunch.wire.batch`) and resume from the latest
 checkpoint, which loads at any world size.
 """
@@ -16,9 +17,10 @@ from collections.abc import Iterable, Sequence
 
 from zlaunch.errors import LaunchError
 from zlaunch.job import Host, LaunchOptions
+from zlaunch.launcher.fleet_policy import BelowMinimum, Fleet, NodeRange, next_fleet
 from zlaunch.wire import BatchError, BatchOverride, kept_batch
 
-__all__ = ["batch_for_world", "next_hosts", "options_after_loss"]
+__all__ = ["batch_for_world", "next_hosts", "options_after_grow", "options_after_loss"]
 
 
 def next_hosts(
@@ -76,3 +78,29 @@ def options_after_loss(
         spare_hosts=tuple(spares),
         batch=_batch_for(first, first.world_size, new_world),
     )
+
+
+def options_after_grow(
+    first: LaunchOptions, current: LaunchOptions, joining: Sequence[Host], order: Sequence[str]
+) -> tuple[LaunchOptions, Fleet]:
+    """The options of the attempt after ``joining`` hosts answered, up to --max-nodes, with
+    the hosts in ``order`` (the hostfile's; hosts it does not name go last), the global batch
+    of ``first`` kept; and the fleet change (who joined)."""
+    nodes = NodeRange(first.min_nodes or 1, first.max_nodes or len(current.hosts))
+    by_name = {h.name: h for h in (*current.hosts, *joining)}
+    listed = [name for name in order if name in by_name]
+    listed += [name for name in by_name if name not in listed]
+    fleet = next_fleet(
+        [h.name for h in current.hosts], listed, nodes, ready=[h.name for h in joining], grow=True
+    )
+    if isinstance(fleet, BelowMinimum):  # cannot be: nobody leaves when hosts join
+        raise LaunchError(f"growing left {len(fleet.hosts)} host(s), fewer than {fleet.minimum}")
+    hosts = [by_name[name] for name in fleet.hosts]
+    new_world = sum(len(h.slots) for h in hosts)
+    options = dataclasses.replace(
+        current,
+        hosts=tuple(hosts),
+        spare_hosts=tuple(h for h in current.spare_hosts if h.name not in fleet.hosts),
+        batch=_batch_for(first, first.world_size, new_world),
+    )
+    return options, fleet

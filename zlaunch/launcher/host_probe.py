@@ -199,15 +199,17 @@ class HostProber:
                 self.ready.pop(name, None)
 
     def candidate(self, hosts: Iterable[Host]) -> None:
-        """``hosts`` may join later (lost ones, spares): probe them."""
+        """``hosts`` may join later (spares, hosts lost from the attempt that just ended: no
+        longer in the job): probe them."""
         now = self.clock()
         with self.lock:
             for host in hosts:
                 self.known.setdefault(host.name, host)
                 if host.name not in self.listed:
                     self.listed.append(host.name)
-                if host.name not in self.in_job and host.name not in self.ready:
-                    self.backoff.add(host.name, now)
+                self.in_job.discard(host.name)
+                self.ready.pop(host.name, None)  # answered before it was lost: ask again
+                self.backoff.add(host.name, now)
 
     def take_ready(self) -> list[Host]:
         """Hosts that answered, in hostfile order; they stay ready until `running` takes them

@@ -34,9 +34,17 @@ import time
 from typing import Any
 
 from zlaunch.console import Console, JobView, PlainView, open_view
-from zlaunch.errors import HostUnreachable, Interrupted, LaunchError, WorkerFailed, assert_never
+from zlaunch.errors import (
+    HostUnreachable,
+    Interrupted,
+    LaunchError,
+    UsageError,
+    WorkerFailed,
+    assert_never,
+)
 from zlaunch.job import (
     THREADS_ENV,
+    Host,
     LaunchOptions,
     Plan,
     build_plan,
@@ -46,7 +54,7 @@ from zlaunch.job import (
     threads_words,
 )
 from zlaunch.launcher.agent_links import AgentLinks, FrameIn, Garbled, LinkClosed, SignalIn
-from zlaunch.launcher.elastic import options_after_loss
+from zlaunch.launcher.elastic import options_after_grow, options_after_loss
 from zlaunch.launcher.first_contact import (
     PROGRESS_AFTER,
     FirstContact,
@@ -57,6 +65,7 @@ from zlaunch.launcher.first_contact import (
 )
 from zlaunch.launcher.hang import HangWatch, StackCapture, hang_failure
 from zlaunch.launcher.hang_records import decode_records
+from zlaunch.launcher.host_probe import HostfileWatch, HostProber, ssh_probe
 from zlaunch.launcher.open_files import ensure_open_files
 from zlaunch.launcher.rank_output import RankOutput
 from zlaunch.launcher.restart_policy import GiveUp, GoOnWithout, Restart, RestartPolicy, Retry
@@ -76,6 +85,7 @@ from zlaunch.launcher.state import (
     HangDue,
     HangPhase,
     HangStacksIn,
+    HostReturned,
     Note,
     Outcome,
     Policy,
@@ -126,9 +136,24 @@ class Attempt:
     outcome once every agent is done; LaunchError (HostUnreachable) if it could not start."""
 
     def __init__(
-        self, options: LaunchOptions, console: Console, recorder: Recorder, number: int = 0
+        self,
+        options: LaunchOptions,
+        console: Console,
+        recorder: Recorder,
+        number: int = 0,
+        prober: HostProber | None = None,
+        grow_check: Any = None,
     ):
         self.options = options
+        self.prober = prober
+        self.grow_check = grow_check
+        """hosts -> None when the job can run with them added, else why not (the batch)."""
+        self._cannot_join_said: set[str] = set()
+        """The job's probe of hosts that may join (--max-nodes); None: the job never grows."""
+        self.offered: dict[str, Host] = {}
+        """Hosts handed to the machine as able to join, by display name."""
+        self.fleet_save_at: float | None = None
+        """When the ranks were first asked to save for a fleet change (what a grow costs)."""
         self.hosts = options.hosts
         self.console = console
         self.recorder = recorder
@@ -604,9 +629,33 @@ class Attempt:
                 self._report_hang()
         elif self.machine.hang is HangPhase.WATCHING and self.hang.due(now):
             self._handle(HangDue(now - self.hang.last, self.options.hang_timeout))
+        if self.prober is not None:
+            self._offer_ready_hosts()
         self._handle(Tick())
         if self.ranks_dirty:
             self._record_ranks()
+
+    def _offer_ready_hosts(self) -> None:
+        """Hosts that answered the prober may join, while the job is below --max-nodes: each is
+        handed to the machine once per attempt (it decides when: --grow-interval, no save under
+        way). Never waits: the prober's thread did the probing."""
+        for note in self.prober.take_notes():
+            self.console.note(note, error=True)
+        room = (self.options.max_nodes or 0) - len(self.hosts) - len(self.offered)
+        for host in self.prober.take_ready():
+            if room <= 0:
+                return
+            if host.display in self.offered or host.name in {h.name for h in self.hosts}:
+                continue
+            why = self.grow_check([*self.offered.values(), host]) if self.grow_check else None
+            if why is not None:
+                if host.display not in self._cannot_join_said:
+                    self._cannot_join_said.add(host.display)
+                    self.console.note(f"{host.display} answers but cannot join: {why}", error=True)
+                continue
+            self.offered[host.display] = host
+            room -= 1
+            self._handle(HostReturned(host.display))
 
     def _report_hang(self) -> None:
         capture, self.output.capture = self.output.capture, None
@@ -644,6 +693,8 @@ class Attempt:
             case StopRanks(grace):
                 self.links.send_all(frames.encode(frames.Stop(grace)))
             case SignalRanks(sig):
+                if self.machine.fleet.under_way and self.fleet_save_at is None:
+                    self.fleet_save_at = time.monotonic()
                 self.links.send_all(frames.encode(frames.Signal(sig)), parallel=False)
             case RequestStacks(by_node):
                 ranks = [r for node_ranks in by_node.values() for r in node_ranks]
@@ -682,12 +733,24 @@ class Job:
         self.policy = RestartPolicy(options.max_restarts, options.min_nodes)
         self.recorder: Recorder | None = None
         self.number = 0
+        self.prober = _prober_of(options)
 
     def run(self) -> int:
         self.recorder = Recorder.create(self.options, self.console)
+        if self.prober is not None:
+            self.prober.start()
         try:
             while True:
-                attempt = Attempt(self.options, self.console, self.recorder, self.number)
+                if self.prober is not None:
+                    self.prober.running(self.options.hosts)
+                attempt = Attempt(
+                    self.options,
+                    self.console,
+                    self.recorder,
+                    self.number,
+                    self.prober,
+                    self._why_cannot_grow,
+                )
                 try:
                     outcome = attempt.run()
                 except HostUnreachable as err:
@@ -705,7 +768,26 @@ class Job:
             self.recorder.end(RunStatus.FAILED, getattr(err, "exit_code", 1), _words(err))
             raise
         finally:
+            if self.prober is not None:
+                self.prober.close()
             self.recorder.close()
+
+    def _why_cannot_grow(self, joining: list[Host]) -> str | None:
+        """None when the job can run on its hosts plus ``joining`` (the global batch kept at
+        that world size), else why not."""
+        order = self.prober.order() if self.prober is not None else []
+        try:
+            options_after_grow(self.first, self.options, joining, order)
+        except (LaunchError, UsageError) as err:
+            return err.message
+        return None
+
+    def _may_come_back(self, names) -> None:
+        """Hosts lost or out of reach: the prober tries them until they answer (--max-nodes)."""
+        if self.prober is None:
+            return
+        hosts = [h for h in (*self.options.hosts, *self.first.hosts) if h.name in set(names)]
+        self.prober.candidate(list({h.name: h for h in hosts}.values()))
 
     def _after(self, attempt: Attempt, outcome: Outcome) -> bool:
         """Record how the attempt ended; True when the next attempt is set up."""
@@ -724,8 +806,12 @@ class Job:
             self.recorder.failure(report)
             self.console.failure_report(report)
         lost = {self.options.hosts[node].name for node in attempt.machine.lost_nodes}
+        self._may_come_back(lost)
         if outcome.ending == Ending.FLEET_CHANGED and outcome.fleet is not None:
-            self._after_fleet_change(outcome, lost, attempt.machine.ranks.last_step)
+            if outcome.fleet.joining and not outcome.fleet.leaving and not lost:
+                self._after_grow(attempt, outcome)
+            else:
+                self._after_fleet_change(outcome, lost, attempt.machine.ranks.last_step)
             return True
         decision = self.policy.after(outcome, lost, time.monotonic())
         if isinstance(decision, GiveUp):
@@ -824,6 +910,55 @@ class Job:
             error=True,
         )
 
+    def _after_grow(self, attempt: Attempt, outcome: Outcome) -> None:
+        """Hosts joined (--max-nodes): the ranks saved at a step boundary, the next attempt runs
+        on the larger set from that checkpoint with the global batch kept. Not a failure: no
+        restart of --max-restarts is spent. When the save did not complete, the job grows all
+        the same from the latest complete checkpoint (said, with the steps that costs)."""
+        fleet = outcome.fleet
+        joining = [attempt.offered[name] for name in fleet.joining if name in attempt.offered]
+        last_step = attempt.machine.ranks.last_step
+        if fleet.saved:
+            step = f" at step {fleet.saved_step}" if fleet.saved_step is not None else ""
+            saved = f"saved{step} ({_latest_checkpoint(self.first.checkpoint_dir)})"
+        else:
+            saved = (
+                f"not saved ({fleet.why_unsaved or 'no save completed'}); the latest complete "
+                f"checkpoint is {_latest_checkpoint(self.first.checkpoint_dir)}"
+            )
+        order = self.prober.order() if self.prober is not None else []
+        self.options, grown = options_after_grow(self.first, self.options, joining, order)
+        self.policy.reach_deadline = time.monotonic() + self.policy.window
+        self.number += 1
+        now = time.monotonic()
+        joined = ", ".join(grown.joined)
+        message = f"{joined} joined: {saved}"
+        self.recorder.status(RunStatus.RESTARTING)
+        change = {
+            "kind": "joined",
+            "hosts": list(grown.joined),
+            "saved_step": fleet.saved_step if fleet.saved else None,
+            "last_step": last_step,
+            "steps_lost": (
+                max(0, last_step - fleet.saved_step)
+                if fleet.saved and last_step is not None and fleet.saved_step is not None
+                else None
+            ),
+            # what growing cost the job in time: from the save request to this restart
+            "save_to_restart_s": round(now - attempt.fleet_save_at, 3)
+            if attempt.fleet_save_at is not None
+            else None,
+        }
+        self.recorder.attempt(self.first, self.number, self.options, message, change)
+        self.recorder.restarting()
+        resume = " from that checkpoint" if fleet.saved else " from the latest checkpoint"
+        self.console.note(
+            f"{message}; growing onto {', '.join(h.name for h in self.options.hosts)} (world "
+            f"{self.options.world_size}, global batch kept){resume} (attempt {self.number}; no "
+            "restart spent)",
+            error=True,
+        )
+
     def _after_unreachable(self, err: HostUnreachable) -> bool:
         """A restart found hosts out of reach: wait for them (a route or link coming back),
         or go on without them (--min-nodes); False to give up."""
@@ -836,6 +971,7 @@ class Job:
             time.sleep(decision.wait)
         elif isinstance(decision, GoOnWithout):
             self.options = options_after_loss(self.first, self.options, decision.hosts)
+            self._may_come_back(decision.hosts)
             self.console.note(
                 f"{err.message}; going on without {', '.join(unreachable)} on "
                 f"{', '.join(h.name for h in self.options.hosts)} "
@@ -871,8 +1007,22 @@ def _policy_of(options: LaunchOptions) -> Policy:
         grace=options.grace_period,
         checkpoint_dir=bool(options.checkpoint_dir),
         save_signal=int(save_signal) if save_signal is not None else None,
+        grow_interval=options.grow_interval,
         goes_on_without=options.min_nodes is not None,
     )
+
+
+def _prober_of(options: LaunchOptions) -> HostProber | None:
+    """The probe of hosts that may join a job that can grow (--max-nodes), or None. Spares
+    (listed beyond the hosts the job starts on) are probed from the start."""
+    if options.max_nodes is None:
+        return None
+    watch = HostfileWatch(options.hostfile, options.slots_per_host) if options.hostfile else None
+    prober = HostProber(ssh_probe(options.ssh), watch)
+    prober.list_hosts([*options.hosts, *options.spare_hosts])
+    prober.running(options.hosts)
+    prober.candidate(options.spare_hosts)
+    return prober
 
 
 def _slow_hosts(fleet) -> set[str]:

@@ -60,3 +60,26 @@ def test_a_slow_host_taken_out_is_said_with_its_figure():
         f"slow node2 taken out (node2 {why}); saved at step 41; 0 step(s) lost; "
         "2.5 s from the notice to the restart"
     )
+
+
+def test_a_host_that_joined_is_said_with_the_save_and_the_seconds_growing_cost():
+    attempts = [
+        {"attempt": 1, "hosts": ["node1", "node3"], "world_size": 2, "batch": "6,1,3",
+         "reason": "rank 1 failed", "start_time": None,
+         "change": {"kind": "lost", "hosts": ["node2"]}},
+        {"attempt": 2, "hosts": ["node1", "node2", "node3"], "world_size": 3, "batch": None,
+         "reason": "node2 joined: saved at step 9", "start_time": None,
+         "change": {"kind": "joined", "hosts": ["node2"], "saved_step": 9, "last_step": 9,
+                    "steps_lost": 0, "save_to_restart_s": 3.04}},
+        {"attempt": 3, "hosts": ["node1", "node2", "node3", "node4"], "world_size": 4,
+         "batch": "12,1,3", "reason": "node4 joined: not saved", "start_time": None,
+         "change": {"kind": "joined", "hosts": ["node4"], "saved_step": None, "last_step": 12,
+                    "steps_lost": None, "save_to_restart_s": None}},
+    ]  # fmt: skip
+    rows = attempt_rows(attempts)
+    assert [row[2] for row in rows][1:] == ["node1,node2,node3", "node1,node2,node3,node4"]
+    assert [row[5] for row in rows] == [
+        "lost node2",
+        "node2 joined; saved at step 9; 0 step(s) lost; 3.0 s from the save request to the restart",
+        "node4 joined; not saved: resumed from the latest checkpoint",
+    ]

@@ -105,7 +105,7 @@ def test_lost_hosts_and_spares_are_probed_until_they_answer_and_running_hosts_ne
     prober = HostProber(probe, backoff=Backoff(first=1.0, cap=8.0), clock=clock)
     prober.list_hosts([host("node1"), host("node2"), host("node3"), host("node4")])
     prober.running([host("node1"), host("node2")])
-    prober.candidate([host("node1"), host("node3")])  # node1 runs: no candidate
+    prober.candidate([host("node3")])  # lost: node1 and node2 run, never probed
     pending: dict = {}
     with ThreadPoolExecutor(2) as pool:
         settle(prober, pool, pending)
@@ -127,6 +127,9 @@ def test_lost_hosts_and_spares_are_probed_until_they_answer_and_running_hosts_ne
         assert [h.name for h in prober.take_ready()] == ["node3"]  # stays ready
         prober.running([host("node1"), host("node2"), host("node3")])  # it joined
         assert prober.take_ready() == []
+        clock.now = 200.0
+        settle(prober, pool, pending)
+        assert asked == ["node3", "node3"]  # in the job: not probed
 
 
 def test_ready_hosts_come_in_hostfile_order():

@@ -190,6 +190,7 @@ class StepMetrics:
         if self.rank != 0 and os.environ.get(EVENTS_FD_ENV, "").isdigit():
             self.busy_sink = EventSink()
         self._busy: list[float] = []  # this rank's own seconds of the steps not sent yet
+        self._waited: list[float] = []  # and its seconds waiting for its peers in them
         self._busy_first = 0  # the step of self._busy[0]
         self._total_steps: int | None = None
         self._loss_sum: torch.Tensor | None = None
@@ -309,9 +310,18 @@ class StepMetrics:
         if not self._busy:
             self._busy_first = step
         self._busy.append(busy)
+        self._waited.append(insight.busy.waited)
         if len(self._busy) >= BUSY_BATCH or last:
-            sink.emit({"kind": STEP_BUSY_EVENT, "step": self._busy_first, "busy": self._busy})
+            sink.emit(
+                {
+                    "kind": STEP_BUSY_EVENT,
+                    "step": self._busy_first,
+                    "busy": self._busy,
+                    "waited": self._waited,
+                }
+            )
             self._busy = []
+            self._waited = []
 
     def log_metrics(self, values: dict[str, Any], step: int | None = None) -> None:
         """A script's own values, sent by rank 0 like the step metrics."""

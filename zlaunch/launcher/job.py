@@ -538,12 +538,19 @@ class Attempt:
         step, times = event.get("step"), event.get("busy")
         if isinstance(step, bool) or not isinstance(step, int) or not isinstance(times, list):
             return
+        waits = event.get("waited")
+        if not isinstance(waits, list) or len(waits) != len(times):
+            waits = [None] * len(times)  # an older runtime: scored on its own times alone
         if self.stragglers is None:
             self.stragglers = StragglerWatch(self.output.hosts)
-        for offset, busy in enumerate(times[:MAX_BUSY_BATCH]):
+        for offset, (busy, waited) in enumerate(
+            zip(times[:MAX_BUSY_BATCH], waits[:MAX_BUSY_BATCH], strict=True)
+        ):
             if isinstance(busy, bool) or not isinstance(busy, (int, float)):
                 continue  # the watch also ignores what is not a positive finite number
-            for finding in self.stragglers.add(rank, step + offset, float(busy)):
+            if isinstance(waited, bool) or not isinstance(waited, (int, float)):
+                waited = None
+            for finding in self.stragglers.add(rank, step + offset, float(busy), waited):
                 self.console.note(finding.text, error=finding.slow)
                 if finding.slow and self.options.slow_node == "exclude":
                     self._exclude(finding)

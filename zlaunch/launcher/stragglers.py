@@ -1,21 +1,30 @@
 """Which hosts and ranks hold a job back, from plain per-step numbers (pure: no clock, no I/O).
 
-In: one sample per rank and step, ``(rank, step, seconds)``, where the seconds are the rank's
-*own* time of the step (compute, not the time it spent waiting for its peers in collectives:
-in a synchronous job every rank's wall-clock step is the same, the slow rank's peers spend
-its extra time waiting). Out: scores, and a `Finding` said once when a host (or a lone rank)
+In: one sample per rank and step, ``(rank, step, seconds, waited)``, where the seconds are the
+rank's *own* time of the step (not the time it spent waiting for its peers in collectives: in a
+synchronous job every rank's wall-clock step is the same, the slow rank's peers spend its extra
+time waiting) and ``waited`` is that waiting (None where the rank does not say). Out: scores, and a `Finding` said once when a host (or a lone rank)
 stays slow for a sustained window, and once when it recovers; nothing while the fleet is even.
 
 How it scores:
 
 - Steps are cut into windows of ``window`` steps. A window is scored when every rank has
   reported a later step (or, so that a rank that stopped reporting cannot hold the scores
-  back, when most ranks are ``lag`` windows past it); a rank is scored by the median of its samples
-  in the window, so one slow step (a checkpoint, a page fault) moves nothing.
-- *relative* score: the rank's window median over the fleet's median of them. A host's is the
+  back, when most ranks are ``lag`` windows past it); a rank is scored by the mean of its samples
+  in the window less the largest fifth (`window_figure`), so one or two slow steps of ten (a
+  checkpoint, a page fault) move nothing. Not the median: a host throttled by a CPU quota
+  (CFS: a share of every 100 ms period) stalls in bursts, in a part of the steps only, and the
+  median of ten steps of which four stalled is a healthy step.
+- *relative* score: the rank's window figure over the fleet's median of them. A host's is the
   median of its ranks' over the same fleet median: a host of eight slow ranks reads as one
   slow host, not eight findings.
-- *individual* score: the rank's window median over its own best (lowest) window so far: a
+- *corroborated*: a host (or rank) counts as slow in a window only when its peers were seen
+  waiting for it: the fleet's median wait per step less its own is at least half its own time
+  beyond the fleet's median (``CORROBORATION``). In a synchronous job the two are the same
+  time seen from both sides; a rank whose own time is long while its peers did not wait for
+  it cannot be told apart from noise (its step boundaries drifted, its clock was disturbed),
+  and it is named nobody. Ranks that do not say their waits are scored on their own time.
+- *individual* score: the rank's window figure over its own best (lowest) window so far: a
   whole fleet that slows down together (a shared filesystem, thermal limits everywhere) shows
   here and not in the relative score.
 - sustained: a host whose relative score is at least ``threshold`` in ``sustain`` windows in a
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zlaunch.text import host_ranges, rank_ranges
 
@@ -44,13 +53,18 @@ __all__ = [
     "Scores",
     "StragglerWatch",
     "slow_text",
+    "window_figure",
 ]
 
 DEFAULT_THRESHOLD = 1.25
 """A host is slow at this factor of the fleet's median step or more: above the few percent
 ranks differ by on even hardware, well below a throttled device (2x and more)."""
 DEFAULT_WINDOW = 10
-"""Steps per scored window: the median of ten steps is not moved by one slow step."""
+"""Steps per scored window: the figure of ten steps is not moved by one or two slow steps."""
+TRIM = 0.2
+"""The largest fifth of a window's samples is left out of its figure (2 of 10 steps)."""
+CORROBORATION = 0.5
+"""Of a slow rank's own time beyond the median, the part its peers must be seen waiting."""
 DEFAULT_SUSTAIN = 3
 """Windows in a row before a host is said to be slow (or recovered): 30 steps by default."""
 DEFAULT_LAG = 2
@@ -73,7 +87,7 @@ class HostScore:
 @dataclass(frozen=True)
 class Scores:
     """One scored window: steps ``first``..``last``, the fleet's median of the ranks' window
-    medians (seconds), every rank's relative and individual score, every host's score."""
+    figures (seconds), every rank's relative and individual score, every host's score."""
 
     first: int
     last: int
@@ -82,6 +96,10 @@ class Scores:
     individual: Mapping[int, float]
     hosts: tuple[HostScore, ...]
     """Slowest first."""
+    waited: Mapping[int, float] = field(default_factory=dict)
+    """Every rank's window figure of its waits (seconds), where every rank said them."""
+    uncorroborated: tuple[str, ...] = ()
+    """Hosts (and ``host:rank``) at the threshold whose peers were not seen waiting for them."""
 
     @property
     def spread(self) -> float:
@@ -108,6 +126,13 @@ class Finding:
             who = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host
             return f"{who} no longer slow: {self.factor:.2f}x the median step (step {self.step})"
         return slow_text([self])
+
+
+def window_figure(values: Sequence[float]) -> float:
+    """The mean of a window's samples without the largest fifth of them (`TRIM`)."""
+    ordered = sorted(values)
+    keep = len(ordered) - int(len(ordered) * TRIM)
+    return statistics.fmean(ordered[:keep])
 
 
 def slow_text(findings: Sequence[Finding]) -> str:
@@ -177,6 +202,7 @@ class StragglerWatch:
         for rank, host in sorted(self.hosts.items()):
             self._by_host[host] = (*self._by_host.get(host, ()), rank)
         self._open: dict[int, dict[int, list[float]]] = {}  # window -> rank -> seconds
+        self._waits: dict[int, dict[int, list[float]]] = {}  # window -> rank -> seconds waited
         self._latest: dict[int, int] = {}  # rank -> the newest window it reported in
         self._at: dict[int, int] = {}  # window -> how many ranks' newest it is
         self._scored = -1  # windows up to this one are scored (or dropped)
@@ -196,8 +222,11 @@ class StragglerWatch:
         """What is slow now (said and not yet recovered), slowest first."""
         return tuple(sorted(self._slow.values(), key=lambda f: -f.factor))
 
-    def add(self, rank: int, step: int, seconds: float) -> list[Finding]:
-        """One rank's own time of one step. A sample of an unknown rank, of a window already
+    def add(
+        self, rank: int, step: int, seconds: float, waited: float | None = None
+    ) -> list[Finding]:
+        """One rank's own time of one step, and the time it waited for its peers in it (None:
+        not said; a wait that is not a finite number at least 0 counts as not said). A sample of an unknown rank, of a window already
         scored, or that is not a positive finite number is ignored (it cannot be scored); so
         is one more than ``lag`` windows ahead of where most ranks are (a rank that sends a
         wrong step moves no window of the others)."""
@@ -208,6 +237,8 @@ class StragglerWatch:
         if index <= self._scored or (fleet is not None and index > fleet + self.lag):
             return []
         self._open.setdefault(index, {}).setdefault(rank, []).append(seconds)
+        if waited is not None and 0.0 <= waited < float("inf"):
+            self._waits.setdefault(index, {}).setdefault(rank, []).append(waited)
         before = self._latest.get(rank)
         if before is None or index > before:
             self._latest[rank] = index
@@ -227,7 +258,7 @@ class StragglerWatch:
             fleet = self._fleet_window()
             if not everyone_past and (fleet is None or fleet - oldest < self.lag):
                 break
-            findings += self._score(oldest, self._open.pop(oldest))
+            findings += self._score(oldest, self._open.pop(oldest), self._waits.pop(oldest, {}))
             self._scored = oldest
         return findings
 
@@ -242,11 +273,29 @@ class StragglerWatch:
                 return index
         return None
 
-    def _score(self, index: int, samples: dict[int, list[float]]) -> list[Finding]:
+    def _score(
+        self, index: int, samples: dict[int, list[float]], waits: dict[int, list[float]]
+    ) -> list[Finding]:
         if not samples:
             return []
-        own = {rank: statistics.median(values) for rank, values in samples.items()}
+        own = {rank: window_figure(values) for rank, values in samples.items()}
         median = statistics.median(own.values())
+        # waits count only where every scored rank said one for each of its samples
+        said = all(len(waits.get(r, ())) == len(v) for r, v in samples.items())
+        waited = {r: window_figure(waits[r]) for r in samples} if said else {}
+        median_wait = statistics.median(waited.values()) if waited else 0.0
+        uncorroborated: list[str] = []
+
+        def corroborated(name: str, ranks: Sequence[int], figure: float) -> bool:
+            """Its peers were seen waiting for it (or nobody said waits: its own time decides)."""
+            if not waited or figure < self.threshold * median:
+                return True
+            wait = statistics.median(waited[r] for r in ranks)
+            if median_wait - wait >= CORROBORATION * (figure - median):
+                return True
+            uncorroborated.append(name)
+            return False
+
         relative = {rank: value / median for rank, value in own.items()}
         individual = {}
         for rank, value in own.items():
@@ -266,22 +315,33 @@ class StragglerWatch:
                 )
         hosts.sort(key=lambda h: (-h.relative, h.host))
         last = (index + 1) * self.window - 1
-        self.scores = Scores(index * self.window, last, median, relative, individual, tuple(hosts))
         findings = []
         for score in hosts:
-            findings += self._judge((score.host, None), score.relative, score.ranks, last)
+            figure = score.relative * median
+            slow = corroborated(score.host, score.ranks, figure)
+            findings += self._judge((score.host, None), score.relative, score.ranks, last, slow)
             if score.relative < self.threshold:
                 for rank in score.ranks:
-                    findings += self._judge((score.host, rank), relative[rank], (rank,), last)
+                    slow = corroborated(f"{score.host}:{rank}", (rank,), own[rank])
+                    findings += self._judge((score.host, rank), relative[rank], (rank,), last, slow)
             else:  # the host is followed as a whole: its ranks are not followed apart
                 for rank in score.ranks:
                     self._drop((score.host, rank))
+        self.scores = Scores(
+            index * self.window, last, median, relative, individual, tuple(hosts),
+            waited, tuple(uncorroborated),
+        )  # fmt: skip
         return findings
 
     def _judge(
-        self, key: tuple[str, int | None], factor: float, ranks: tuple[int, ...], step: int
+        self,
+        key: tuple[str, int | None],
+        factor: float,
+        ranks: tuple[int, ...],
+        step: int,
+        corroborated: bool = True,
     ) -> list[Finding]:
-        slow = factor >= self.threshold
+        slow = factor >= self.threshold and corroborated
         streak = self._streaks.setdefault(key, _Streak())
         if slow == streak.slow:
             streak.count += 1

@@ -99,8 +99,9 @@ COLLECTIVE_MISMATCH = "collective_mismatch"
 RUNTIME_READY = "runtime_ready"  # event kind: runtime.initialize finished (hang watch arms)
 METRICS_EVENT = "metrics"  # event kind: one row of step metrics (runtime/observe/metrics.py)
 # event kind, from every rank every few optimizer steps: {"step": the first, "busy": its own
-# seconds of that step and the next ones (wall time less the time it was blocked in
-# collectives)}, scored by zlaunch/launcher/stragglers.py
+# seconds of that step and the next ones (wall time less the time it waited for its peers in
+# collectives), "waited": those waits (absent from older runtimes)}, scored by
+# zlaunch/launcher/stragglers.py
 STEP_BUSY_EVENT = "step_busy"
 INVALID_EVENT = "invalid"  # event kind the agent puts in place of a line that was not an event
 # event kind, from zlaunch.worker.boot as the script ends: {"size": the largest default process

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,3 +61,32 @@ def elastic_job(cluster, tmp: Path, *flags: str, steps: int = STEPS) -> list[str
 def attempts(tmp: Path) -> list[dict]:
     (run,) = [p for p in (tmp / "runs").iterdir() if p.is_dir() and not p.is_symlink()]
     return json.loads((run / "run.json").read_text()).get("attempts", [])
+
+
+CPU_CGROUP = "/sys/fs/cgroup/cpu"
+
+
+@contextlib.contextmanager
+def cpu_quota(cluster, host: str, share: float = 0.25) -> Iterator[None]:
+    """``host``'s sshd (and so everything started there over ssh) in a cgroup v1 CPU quota of
+    ``share`` of one core; on the way out every process left on the cluster is killed, the
+    sshd put back and the group removed."""
+    if not os.path.isfile(os.path.join(CPU_CGROUP, "cpu.cfs_quota_us")):
+        raise RuntimeError(f"no cgroup v1 cpu controller at {CPU_CGROUP} (these tests need one)")
+    group = os.path.join(CPU_CGROUP, f"zlaunch-slow-{os.getpid()}-{host}")
+    os.mkdir(group)
+    sshd = cluster._sshd[host].pid
+    try:
+        Path(group, "cpu.cfs_period_us").write_text("100000")
+        Path(group, "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
+        Path(group, "cgroup.procs").write_text(str(sshd))
+        yield
+    finally:
+        Path(CPU_CGROUP, "cgroup.procs").write_text(str(sshd))
+        cluster.kill_all()  # the group cannot be removed while a process is in it
+        for _ in range(50):
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.1)

@@ -55,6 +55,13 @@ class FlatParamWriteBack:
     def _group(self) -> FlatGroup:
         return self._flat.layout.groups[self._group_index]
 
+    def full_fp32(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """``param``'s (this write-back's parameter's) fp32 master, whole; gathered at stages
+        1-2, so a collective there. Called as a stage-3 unit's `full_fp32` is."""
+        assert param is self._param
+        full = self._optimizer.full_master(self._group_index)
+        return full[self._slot.offset : self._slot.end].view(self._slot.shape).clone()
+
     def gather_for_user(self) -> None:
         """Nothing to gather: the parameter is whole on every rank."""
 

@@ -324,6 +324,29 @@ class ZeroOptimizer:
             h.wait()
 
     @torch.no_grad()
+    def full_master(self, index: int) -> torch.Tensor:
+        """Group ``index``'s whole fp32 master (padded), a new tensor; gathered from every
+        rank's shard when partitioned, so a collective then: call it on every rank."""
+        g = self.layout.groups[index]
+        with self.resident([index]):
+            master = self.master[index]
+            if not self.partitioned:
+                return master.to(torch.float32, copy=True)
+            full = torch.empty(g.padded_numel, dtype=torch.float32, device=self.comm_device)
+            lo, hi = g.shard_range(self.comm.rank)
+            own = full[lo:hi]
+            own.copy_(master)
+        self.comm.all_gather(full, own)
+        return full
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where this optimizer's collectives run: where the parameters are computed with
+        (stage 3's store says so; a flat buffer is there)."""
+        compute = getattr(self.params, "compute_device", None)
+        return compute if compute is not None else self.params.data.device
+
+    @torch.no_grad()
     def reload_master_range(self, index: int, lo: int, hi: int) -> None:
         """Elements ``[lo, hi)`` of group ``index``'s parameters were overwritten (a
         GatheredParameters write with a modifier rank): copy what this rank owns of them into

@@ -165,6 +165,9 @@ def _build_optimizer(inputs, layout, store, coordinator) -> Stage3Optimizer:
         **inputs.optimizer_options(),
     )
     coordinator.shard_written.append(optimizer.reload_master)
+    for u in coordinator.units:
+        if not u.frozen:
+            u.full_master = optimizer.full_master
     return optimizer
 
 

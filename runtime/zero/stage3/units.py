@@ -115,6 +115,8 @@ class Unit:
         self.bwd_hold = False
         """Fetched for backward and still needed by it (never released to make room)."""
         self.coordinator = None
+        self.full_master = None
+        """The optimizer's `ZeroOptimizer.full_master` (trained units, once it is built)."""
         self.version = 0
         """The optimizer step whose values the gathered buffer holds (stale when behind)."""
         self.exact = True
@@ -190,6 +192,20 @@ class Unit:
 
     def release_for_user(self, modifier_rank: int | None) -> None:
         self.coordinator.user_release(self, modifier_rank)
+
+    def full_fp32(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """Parameter ``p``'s fp32 master, whole (a collective: call it on every rank). A
+        frozen unit has no master: its gathered values, widened."""
+        i = next(k for k, q in enumerate(self.params) if q is p)
+        slot = self.group.slots[i]
+        if self.frozen or self.full_master is None:
+            self.gather_for_user()
+            try:
+                return self.views[i].detach().to(torch.float32, copy=True)
+            finally:
+                self.release_for_user(None)
+        full = self.full_master(self.index)
+        return full[slot.offset : slot.end].view(slot.shape).clone()
 
     def write_back(self, comm: Communicator, src: int) -> None:
         """Make rank ``src``'s gathered values everyone's, in the shards too."""

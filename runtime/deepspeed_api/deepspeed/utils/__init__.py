@@ -46,8 +46,13 @@ __all__ = [
 
 
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor:
-    """The whole value of ``param`` (gathered under ZeRO-3), as an fp32 copy. A collective at
-    ZeRO-3: call it on every rank."""
+    """The whole fp32 master of ``param``, as DeepSpeed's returns it: under bf16/fp16 the
+    optimizer's fp32 value, not the 16-bit parameter widened. A collective at stages 1-3
+    (the master is sharded): call it on every rank. A parameter no engine trains (frozen, or
+    partitioned by zero.Init only) has no master: its whole value, widened."""
+    owner = getattr(param, "_zero_owner", None) or getattr(param, "_zero_writeback", None)
+    if owner is not None and hasattr(owner, "full_fp32"):
+        return owner.full_fp32(param)
     with GatheredParameters([param]):
         return param.detach().to(torch.float32, copy=True)
 

@@ -15,7 +15,6 @@ zlaunch exports (see ``zlaunch --checkpoint-dir/--resume/--save-on``):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -35,14 +34,7 @@ __all__ = [
 
 log = logging.getLogger("runtime.checkpoint")
 
-from zlaunch.wire import (  # noqa: E402 - the shared names
-    CHECKPOINT_EVENT,
-    EVENTS_FD_ENV,
-    RESUME_ENV,
-    SAVE_ACK_EVENT,
-    SAVE_ON_ENV,
-    SAVE_READY_EVENT,
-)
+from zlaunch.wire import RESUME_ENV, SAVE_ON_ENV, events  # noqa: E402 - the shared names
 
 SAVED_MARKER = "zlaunch: saved checkpoint"
 
@@ -60,7 +52,7 @@ class SaveOnSignal:
         signal.signal(signum, self._on_signal)
         # From now on this rank can be asked to save: zlaunch may then answer a host's
         # preemption notice with a save instead of a stop.
-        _event({"kind": SAVE_READY_EVENT})
+        events.emit_to(os.environ, events.SaveReady())
 
     def board(self, riders) -> None:
         """Before the optimizer step: this rank's flag, summed with the gradient norm."""
@@ -88,13 +80,13 @@ class SaveOnSignal:
         if sums[0] == 0.0:
             return
         step = engine.global_steps
-        _event({"kind": CHECKPOINT_EVENT, "state": "saving", "step": step, "requested": True})
+        events.emit_to(os.environ, events.Checkpoint("saving", step, requested=True))
         try:
             path = engine.save_checkpoint()
         except BaseException:
-            _event({"kind": CHECKPOINT_EVENT, "state": "failed", "step": step, "requested": True})
+            events.emit_to(os.environ, events.Checkpoint("failed", step, requested=True))
             raise
-        _event({"kind": CHECKPOINT_EVENT, "state": "saved", "step": step, "requested": True})
+        events.emit_to(os.environ, events.Checkpoint("saved", step, requested=True))
         if engine.global_rank == 0:
             name = signal.Signals(self.signum).name
             print(
@@ -109,17 +101,7 @@ class SaveOnSignal:
 
 def _acknowledge() -> None:
     """Tell zlaunch this rank will save, so it does not say that nobody handles the signal."""
-    _event({"kind": SAVE_ACK_EVENT})
-
-
-def _event(event: dict) -> None:
-    """One JSON-line event to this rank's agent (nothing outside zlaunch)."""
-    fd = os.environ.get(EVENTS_FD_ENV, "")
-    if fd.isdigit():
-        try:
-            os.write(int(fd), json.dumps(event).encode() + b"\n")
-        except OSError:
-            pass  # no agent to tell (run outside zlaunch, or it is gone)
+    events.emit_to(os.environ, events.SaveAck())  # nothing outside zlaunch, or no agent now
 
 
 def _signal_number(name: str) -> int:

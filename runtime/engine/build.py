@@ -150,11 +150,11 @@ def _apply_launch_options(engine: Any) -> None:
 def _announce_ready() -> None:
     """Tell zlaunch this rank finished setting up: its hang watch counts from here."""
     from runtime.observe import EventSink
-    from zlaunch.wire import RUNTIME_READY
+    from zlaunch.wire import events
 
     sink = EventSink(os.environ)
     if sink.fd is not None:
-        sink.emit({"kind": RUNTIME_READY})
+        sink.emit(events.RuntimeReady())
 
 
 def _keep_global_batch(config, rank: int):

@@ -32,7 +32,6 @@ with ``torch.utils.tensorboard`` when the ``tensorboard`` package is installed.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -50,7 +49,7 @@ __all__ = ["StepMetrics", "EventSink", "EVENTS_FD_ENV", "TOTAL_STEPS_ENV", "METR
 
 log = logging.getLogger("runtime.observe.metrics")
 
-from zlaunch.wire import EVENTS_FD_ENV, STEP_BUSY_EVENT, TOTAL_STEPS_ENV  # noqa: E402
+from zlaunch.wire import EVENTS_FD_ENV, TOTAL_STEPS_ENV, events  # noqa: E402
 
 BUSY_BATCH = 10
 """Steps of a rank's own times sent in one step_busy event: one scored window."""
@@ -100,18 +99,15 @@ class EventSink:
                     stacklevel=3,
                 )
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: events.WorkerEvent) -> None:
         if self.fd is not None:
             # NaN and infinity as JSON's common extension (NaN, Infinity): a script's diverged
             # validation loss is news for the controller, which reads them (wire/metrics_check)
-            data = (json.dumps(event, default=_jsonable) + "\n").encode()
-            try:
-                # One write of a short line (< PIPE_BUF) is atomic: lines never interleave.
-                os.write(self.fd, data)
+            if events.emit(self.fd, event, default=_jsonable):
                 return
-            except OSError:  # the agent is gone; keep training, keep reporting locally
-                self.fd = None
-        _log_line(format_line(event))
+            self.fd = None  # the agent is gone; keep training, keep reporting locally
+        if isinstance(event, events.Metrics):  # the other kinds only mean something to zlaunch
+            _log_line(format_line(event.row()))
 
 
 def _jsonable(value: Any) -> Any:
@@ -285,7 +281,7 @@ class StepMetrics:
             event.update(extra)
             event["report"] = report
             if report or self.sink.fd is not None:
-                self.sink.emit(event)
+                self.sink.emit(events.Metrics.of_row(event))
             if report:
                 if self._tb is not None:
                     self._tb.write(event)
@@ -312,14 +308,7 @@ class StepMetrics:
         self._busy.append(busy)
         self._waited.append(insight.busy.waited)
         if len(self._busy) >= BUSY_BATCH or last:
-            sink.emit(
-                {
-                    "kind": STEP_BUSY_EVENT,
-                    "step": self._busy_first,
-                    "busy": self._busy,
-                    "waited": self._waited,
-                }
-            )
+            sink.emit(events.StepBusy(self._busy_first, self._busy, self._waited))
             self._busy = []
             self._waited = []
 
@@ -342,7 +331,7 @@ class StepMetrics:
             "step": self.engine.global_steps if step is None else int(step),
             **clean,
         }
-        self.sink.emit(event)
+        self.sink.emit(events.Metrics.of_row(event))
         if self._tb is not None:
             self._tb.write_user(event, self.engine.global_samples)
         for monitor in self._monitors:

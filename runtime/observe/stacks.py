@@ -19,7 +19,7 @@ import sys
 
 __all__ = ["STACKS_SIGNAL_ENV", "install"]
 
-from zlaunch.wire import STACKS_READY, STACKS_SIGNAL_ENV  # noqa: E402 - the shared names
+from zlaunch.wire import STACKS_SIGNAL_ENV, events  # noqa: E402 - the shared names
 
 _installed_on: int | None = None
 
@@ -49,5 +49,5 @@ def install(environ: dict[str, str] | None = None) -> bool:
 
     sink = EventSink(environ)
     if sink.fd is not None:  # only zlaunch's agent reads it
-        sink.emit({"kind": STACKS_READY, "pid": os.getpid()})  # the one to signal
+        sink.emit(events.StacksReady(os.getpid()))  # the one to signal
     return True

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from zlaunch.agent.events import parse_event
 from zlaunch.cli import main
 from zlaunch.rundir.run_record import RunRecordError, checked_run_record
-from zlaunch.wire import frames, protocol
+from zlaunch.wire import events, frames
 from zlaunch.wire.metrics_check import checked_metrics
 from zlaunch.wire.metrics_format import breakdown_text, format_line
 
@@ -55,17 +55,18 @@ METRIC_KEYS = st.sampled_from(
 
 @FAST
 @given(st.one_of(st.binary(max_size=200), JSON.map(lambda v: json.dumps(v).encode())))
-def test_any_events_line_becomes_an_object_that_a_frame_carries(raw):
-    event = parse_event(raw)
-    assert isinstance(event, dict)
-    frames.decode(frames.encode(frames.Event(0, [event])))
+def test_any_events_line_becomes_typed_events_that_a_frame_carries(raw):
+    found = parse_event(raw)
+    assert found and all(isinstance(event, tuple(events.EVENT_TYPES.values())) for event in found)
+    carried = frames.decode(frames.encode(frames.Event(0, found)))
+    assert [type(event) for event in carried.events] == [type(event) for event in found]
 
 
 @FAST
 @given(st.integers(min_value=1, max_value=3000), st.sampled_from(["[", '{"a":']))
 def test_events_nested_to_any_depth_become_invalid_events(depth, opener):
-    event = parse_event((opener * depth).encode())
-    assert event["kind"] == protocol.INVALID_EVENT or depth <= 16
+    (event,) = parse_event((opener * depth).encode())
+    assert isinstance(event, events.Invalid)  # never an exception, whatever the depth
 
 
 @FAST

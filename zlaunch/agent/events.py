@@ -4,8 +4,9 @@ The events fd is inherited by everything a worker starts, so a line on it may be
 JSON, JSON that is not an object, or an object nested deeply enough that decoding or encoding
 it again overflows the interpreter's stack (``"[" * 100000`` raised RecursionError, which
 killed the agent and cost the job a healthy host). Whatever the line is, the agent forwards
-an object: the event itself when it is a JSON object nested at most MAX_EVENT_DEPTH deep
-that encodes again, else an ``invalid`` event that says why (and holds the start of the line).
+typed events (`zlaunch/wire/events.py`): the event the line holds when it is a JSON object nested at
+most MAX_EVENT_DEPTH deep that decodes as one, else an ``invalid`` event that says why (and
+holds the start of the line when it was not JSON).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from zlaunch.wire import frames, protocol
+from zlaunch.wire import events, frames
 
 __all__ = ["parse_event", "MAX_EVENT_DEPTH", "INVALID_TEXT_CHARS"]
 
@@ -24,8 +25,9 @@ MAX_EVENT_DEPTH = 16
 INVALID_TEXT_CHARS = 4096
 
 
-def parse_event(raw: bytes) -> dict[str, Any]:
-    """The event ``raw`` (one line, no newline) holds, or an ``invalid`` event saying why not."""
+def parse_event(raw: bytes) -> list[events.WorkerEvent]:
+    """The event ``raw`` (one line, no newline) holds, or an ``invalid`` event saying why not
+    (after a metrics event kept without its bad fields: the one that names them)."""
     try:
         event = json.loads(raw)
     except RecursionError:
@@ -36,18 +38,14 @@ def parse_event(raw: bytes) -> dict[str, Any]:
         return _invalid(raw, "not a JSON object")
     if _deeper_than(event, MAX_EVENT_DEPTH):
         return _invalid(raw, f"nested deeper than {MAX_EVENT_DEPTH} levels")
-    try:
-        json.dumps(event)  # what the frame encoder will do with it: it must not fail there
-    except (ValueError, TypeError, RecursionError, OverflowError):
-        return _invalid(raw, "does not encode as JSON again")
-    return event
+    return events.accept(event)
 
 
-def _invalid(raw: bytes, why: str | None) -> dict[str, Any]:
+def _invalid(raw: bytes, why: str | None) -> list[events.WorkerEvent]:
     text = frames.line_text(raw[:INVALID_TEXT_CHARS])
     if why is not None:
         text = f"event {why} ({len(raw)} bytes): {text}"
-    return {"kind": protocol.INVALID_EVENT, "text": text}
+    return [events.Invalid(text)]
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

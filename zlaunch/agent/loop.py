@@ -30,7 +30,7 @@ from zlaunch.agent.output import PROGRESS_INTERVAL, READ_SIZE, OutputPump
 from zlaunch.agent.stack_requests import StackRequests, fallback_marker
 from zlaunch.agent.upstream import Upstream
 from zlaunch.agent.workers import StartFailed, Worker, WorkerGroup, start_worker
-from zlaunch.wire import BASE_HEARTBEAT_TIMEOUT, SilenceClock, frames, protocol
+from zlaunch.wire import BASE_HEARTBEAT_TIMEOUT, SilenceClock, events, frames, protocol
 from zlaunch.worker import RecordFiles
 
 __all__ = ["Agent", "AgentPhase", "main", "DEFAULT_HEARTBEAT_TIMEOUT", "UPSTREAM_LOST_GRACE"]
@@ -89,10 +89,10 @@ class Agent:
     def _send(self, frame: frames.Frame) -> None:
         if isinstance(frame, frames.Event):
             for event in frame.events:
-                if event.get("kind") == protocol.STACKS_READY:
-                    self.workers.note_armed(frame.rank, event.get("pid"), event.get("dumper"))
-                elif event.get("kind") == protocol.STACKS_DUMPED:
-                    self.stack_requests.answered(frame.rank, event.get("pid"))
+                if isinstance(event, events.StacksReady):
+                    self.workers.note_armed(frame.rank, event.pid, event.dumper)
+                elif isinstance(event, events.StacksDumped):
+                    self.stack_requests.answered(frame.rank, event.pid)
         self.upstream.send(frame)
 
     @property

@@ -14,11 +14,10 @@ import os
 import selectors
 import time
 from collections.abc import Callable
-from typing import Any
 
 from zlaunch.agent.events import parse_event
 from zlaunch.agent.workers import EVENTS, Worker
-from zlaunch.wire import frames, protocol
+from zlaunch.wire import events, frames
 
 __all__ = ["OutputPump", "READ_SIZE", "PROGRESS_INTERVAL", "MAX_EVENT_BYTES"]
 
@@ -129,13 +128,13 @@ class OutputPump:
             text = [frames.line_text(raw) for raw in lines]
             self._send(frames.Out(pipe.rank, pipe.stream, text, partial))
             return
-        events = self._events(pipe, lines, partial)
-        if events:
-            self._send(frames.Event(pipe.rank, events))
+        found = self._events(pipe, lines, partial)
+        if found:
+            self._send(frames.Event(pipe.rank, found))
 
     @staticmethod
-    def _events(pipe: _Pipe, lines: list[bytes], partial: bool) -> list[Any]:
-        events: list[Any] = []
+    def _events(pipe: _Pipe, lines: list[bytes], partial: bool) -> list[events.WorkerEvent]:
+        found: list[events.WorkerEvent] = []
         for index, raw in enumerate(lines):
             unfinished = partial and index == len(lines) - 1
             if unfinished or pipe.dropping_event:
@@ -143,12 +142,12 @@ class OutputPump:
                 if not unfinished:
                     size, pipe.dropping_event = pipe.dropping_event, 0
                     text = f"event of {size} bytes dropped (limit {MAX_EVENT_BYTES})"
-                    events.append({"kind": protocol.INVALID_EVENT, "text": text})
+                    found.append(events.Invalid(text))
                 continue
             if not raw.strip():
                 continue
-            events.append(parse_event(raw))
-        return events
+            found.extend(parse_event(raw))
+        return found
 
     def _close(self, fd: int) -> None:
         if self._pipes.pop(fd, None) is None:

@@ -109,7 +109,7 @@ from zlaunch.launcher.state import (
 )
 from zlaunch.launcher.stragglers import Finding, StragglerWatch, slow_text
 from zlaunch.rundir import FailureReport, Recorder, RunStatus
-from zlaunch.wire import checked_metrics, frames, liveness, protocol
+from zlaunch.wire import events, frames, liveness, protocol
 
 __all__ = ["launch", "Job", "Attempt", "HEARTBEAT_TIMEOUT", "AGENT_SILENCE_TIMEOUT"]
 
@@ -174,6 +174,8 @@ class Attempt:
         self.hang = HangWatch(options.hang_timeout)
         self.bad_metrics = 0
         """Metrics events with a field of a wrong type or range (named once, then counted)."""
+        self.refused_events = 0
+        """Other objects on an events fd that are not events (named once, then counted)."""
         self.mismatches: set[tuple] = set()  # (group, seq) already said
         self.stragglers: StragglerWatch | None = None
         """Each rank's own step time scored (zlaunch/launcher/stragglers.py), from the first
@@ -214,6 +216,8 @@ class Attempt:
             self.output.close()
             if self.bad_metrics > 1:
                 self.console.note(f"{self.bad_metrics} malformed metrics events in all", error=True)
+            if self.refused_events > 1:
+                self.console.note(f"{self.refused_events} refused events in all", error=True)
             if self.stragglers is not None and self.stragglers.slow:
                 self.console.note(f"at the end, {slow_text(self.stragglers.slow)}")
             if self.machine.done:
@@ -454,13 +458,13 @@ class Attempt:
         tail = self.output.tail(frame.rank)
         self._handle(RankExited(frame.rank, frame.pid, frame.code, frame.signal, tail))
 
-    def _collectives(self, rank: int, event: dict[str, Any]) -> None:
+    def _collectives(self, rank: int, event: events.Collectives) -> None:
         """A rank's collective records (its agent sends them with a stacks request), checked
         record by record: what is kept goes to the hang report and `zlaunch stacks`."""
-        decoded = decode_records(event.get("records"))
+        decoded = decode_records(event.records)
         note = decoded.note(rank)
-        if isinstance(event.get("unreadable"), str):  # its agent refused the rank's file
-            note = f"rank {rank}'s collective records are left out: {event['unreadable'][:200]}"
+        if event.unreadable is not None:  # its agent refused the rank's file
+            note = f"rank {rank}'s collective records are left out: {event.unreadable[:200]}"
         if note is not None and rank not in self._bad_records_said:
             self._bad_records_said.add(rank)
             self.console.note(note, error=True)
@@ -468,89 +472,90 @@ class Attempt:
             return  # nothing readable: the report says what it says of a rank without any
         if self.output.capture is not None:
             self.output.capture.collectives(rank, decoded.records)
-        self.recorder.collectives(rank, {**event, "records": decoded.records})
+        self.recorder.collectives(rank, {**events.encode(event), "records": decoded.records})
 
-    def _on_events(self, rank: int, events: list[Any]) -> None:
-        host = self.output.hosts.get(rank)
-        for event in events:
-            if not isinstance(event, dict):
-                continue
-            kind = event.get("kind")
-            engine_step = kind == protocol.METRICS_EVENT and event.get("source") == "engine"
-            if kind == protocol.RUNTIME_READY or engine_step:
-                self.hang.progress(time.monotonic())  # set-up done, or a step boundary
-            if kind == protocol.METRICS_EVENT and self.plan is not None:
-                event = self._checked_metrics(rank, event)
-                if event is None:
-                    continue
-                row = {"time": time.time(), "rank": rank, "host": host}
-                row.update(event)
-                if self.stragglers is not None and self.stragglers.said:
-                    # what is slow now (None once it recovered): the panel, status, the file
-                    row["slow"] = slow_text(self.stragglers.slow) or None
-                self.recorder.metrics(row)
-                if isinstance(event.get("step"), int) and event.get("source") != "user":
-                    self._handle(StepReached(event["step"]))
-                self.view.metrics(rank, host, row)
-            elif kind == protocol.STEP_BUSY_EVENT and self.plan is not None:
-                self._busy(rank, event)
-            elif kind == protocol.STACKS_READY:
-                self._handle(StacksReady(rank))
-            elif kind == protocol.COLLECTIVES_EVENT:
-                self._collectives(rank, event)
-            elif kind == protocol.COLLECTIVE_MISMATCH:
-                self._mismatch(rank, event)
-            elif kind == protocol.SAVE_ACK_EVENT:
-                self._handle(SaveAcknowledged(rank))
-            elif kind == protocol.SAVE_READY_EVENT:
-                self._handle(SaveReady(rank))
-            elif kind == protocol.CHECKPOINT_EVENT:
-                self._on_checkpoint_event(rank, event)
-            elif kind == protocol.PROCESS_GROUP_EVENT and isinstance(event.get("size"), int):
-                processes = event.get("accelerate_processes")
-                self._handle(
-                    GroupReported(
-                        rank,
-                        event["size"],
-                        event.get("accelerate") is True,
-                        processes if isinstance(processes, int) else None,
+    def _on_events(self, rank: int, received: list[events.WorkerEvent]) -> None:
+        for event in received:
+            match event:
+                case events.Metrics():
+                    if event.source == "engine":
+                        self.hang.progress(time.monotonic())  # a step boundary
+                    if self.plan is not None:
+                        self._on_metrics(rank, event)
+                case events.RuntimeReady():
+                    self.hang.progress(time.monotonic())  # set-up done
+                case events.StepBusy():
+                    if self.plan is not None:
+                        self._busy(rank, event)
+                case events.StacksReady():
+                    self._handle(StacksReady(rank))
+                case events.Collectives():
+                    self._collectives(rank, event)
+                case events.CollectiveMismatch():
+                    self._mismatch(rank, event)
+                case events.SaveAck():
+                    self._handle(SaveAcknowledged(rank))
+                case events.SaveReady():
+                    self._handle(SaveReady(rank))
+                case events.Checkpoint():
+                    state = CheckpointState(event.state)
+                    self._handle(CheckpointReported(rank, state, event.step, event.requested))
+                case events.ProcessGroup():
+                    self._handle(
+                        GroupReported(
+                            rank, event.size, event.accelerate, event.accelerate_processes
+                        )
                     )
+                case events.Invalid():
+                    self._refused(rank, event)
+                case events.StacksDumped():
+                    pass  # the agent's business: it stops waiting to fall back
+                case unexpected:
+                    assert_never(unexpected)
+
+    def _on_metrics(self, rank: int, event: events.Metrics) -> None:
+        host = self.output.hosts.get(rank)
+        row = {"time": time.time(), "rank": rank, "host": host, **event.row()}
+        if self.stragglers is not None and self.stragglers.said:
+            # what is slow now (None once it recovered): the panel, status, the file
+            row["slow"] = slow_text(self.stragglers.slow) or None
+        self.recorder.metrics(row)
+        if event.source != "user":
+            self._handle(StepReached(event.step))
+        self.view.metrics(rank, host, row)
+
+    def _refused(self, rank: int, event: events.Invalid) -> None:
+        """An event its agent refused (or this controller, from the frame): a malformed metrics
+        event is named once, then counted, as is any other refused event."""
+        if event.about == protocol.METRICS_EVENT:
+            self.bad_metrics += 1
+            if self.bad_metrics == 1:
+                what = "kept without the bad fields" if event.kept else "dropped"
+                self.console.note(
+                    f"rank {rank} sent a malformed metrics event ({event.text}): {what}; "
+                    "later ones are counted, not shown",
+                    error=True,
                 )
-
-    def _on_checkpoint_event(self, rank: int, event: dict[str, Any]) -> None:
-        try:
-            state = CheckpointState(event.get("state"))
-        except ValueError:
-            return  # not one of ours: a checkpoint event names its state
-        step = event.get("step")
-        self._handle(
-            CheckpointReported(
-                rank,
-                state,
-                step if isinstance(step, int) and not isinstance(step, bool) else None,
-                event.get("requested") is True,
+            return
+        self.refused_events += 1
+        if self.refused_events == 1:
+            self.console.note(
+                f"rank {rank} wrote something on its events fd that is not an event "
+                f"({event.text[:300]}): refused; later ones are counted, not shown",
+                error=True,
             )
-        )
 
-    def _busy(self, rank: int, event: dict[str, Any]) -> None:
+    def _busy(self, rank: int, event: events.StepBusy) -> None:
         """A rank's own seconds of one step, scored against the fleet's: a host that stays slow
         is said once, and its recovery once (zlaunch/launcher/stragglers.py)."""
-        step, times = event.get("step"), event.get("busy")
-        if isinstance(step, bool) or not isinstance(step, int) or not isinstance(times, list):
-            return
-        waits = event.get("waited")
-        if not isinstance(waits, list) or len(waits) != len(times):
+        times = event.busy[:MAX_BUSY_BATCH]
+        waits: list[float | None] = list(event.waited or ())[:MAX_BUSY_BATCH]
+        if len(waits) != len(times):
             waits = [None] * len(times)  # an older runtime: scored on its own times alone
         if self.stragglers is None:
             self.stragglers = StragglerWatch(self.output.hosts)
-        for offset, (busy, waited) in enumerate(
-            zip(times[:MAX_BUSY_BATCH], waits[:MAX_BUSY_BATCH], strict=True)
-        ):
-            if isinstance(busy, bool) or not isinstance(busy, (int, float)):
-                continue  # the watch also ignores what is not a positive finite number
-            if isinstance(waited, bool) or not isinstance(waited, (int, float)):
-                waited = None
-            for finding in self.stragglers.add(rank, step + offset, float(busy), waited):
+        for offset, (busy, waited) in enumerate(zip(times, waits, strict=True)):
+            for finding in self.stragglers.add(rank, event.step + offset, busy, waited):
                 self.console.note(finding.text, error=finding.slow)
                 if finding.slow and self.options.slow_node == "exclude":
                     self._exclude(finding)
@@ -575,33 +580,18 @@ class Attempt:
             self._kept_said.add(finding.host)
             self.console.note(slow_kept_words(finding.host, why, kept), error=True)
 
-    def _checked_metrics(self, rank: int, event: dict[str, Any]) -> dict[str, Any] | None:
-        """The event with its bad fields dropped (zlaunch/wire/metrics_check.py); the first bad one
-        is named once, the count at the end of the attempt."""
-        verdict = checked_metrics(event)
-        if verdict.problems:
-            self.bad_metrics += 1
-            if self.bad_metrics == 1:
-                what = "dropped" if verdict.row is None else "kept without the bad fields"
-                self.console.note(
-                    f"rank {rank} sent a malformed metrics event ({'; '.join(verdict.problems)}):"
-                    f" {what}; later ones are counted, not shown",
-                    error=True,
-                )
-        return verdict.row
-
-    def _mismatch(self, rank: int, event: dict[str, Any]) -> None:
+    def _mismatch(self, rank: int, event: events.CollectiveMismatch) -> None:
         """A rank found its peers in another collective at its position: say so now, once
         per position (every rank of the group may report the same one)."""
-        mine, peers = event.get("mine"), event.get("peers")
-        if not isinstance(mine, dict) or not isinstance(peers, dict):
-            return
+        mine, peers = event.mine, event.peers
         key = (mine.get("group"), mine.get("seq"))
         if key in self.mismatches:
             return
         self.mismatches.add(key)
         others = "; ".join(
-            f"rank {r} in {p.get('op')} {p.get('sizes')}" for r, p in sorted(peers.items())
+            f"rank {r} in {p.get('op')} {p.get('sizes')}"
+            for r, p in sorted(peers.items())
+            if isinstance(p, dict)
         )
         self.console.note(
             f"collective mismatch in group {mine.get('group')} at #{mine.get('seq')}: rank "

@@ -2,7 +2,8 @@
 
 The one part of zlaunch that the runtime, the agents and the workers all import: the shared
 names (`protocol`: frame and event kinds, signals, every ``ZLAUNCH_*`` variable), the frames
-between controller and agents (`frames`), the connect-back handshake (`handshake`), how long a
+between controller and agents (`frames`), the typed events a worker sends (`events`), both
+built on typed JSON records (`records`), the connect-back handshake (`handshake`), how long a
 silent peer is allowed (`liveness`), Slurm hostlists (`hostlist`), the global batch kept when a
 job restarts on another world size (`batch`), the metrics event checked (`metrics_check`) and
 shown (`metrics_format`), and the bounded wait for gloo's threads before a process exits
@@ -12,7 +13,7 @@ library (`tests/unit/test_contract.py`).
 
 from __future__ import annotations
 
-from zlaunch.wire import frames, handshake, liveness, protocol
+from zlaunch.wire import events, frames, handshake, liveness, protocol, records
 from zlaunch.wire.batch import BatchError, BatchOverride, kept_batch, override_from_env
 from zlaunch.wire.frames import line_bytes, line_text
 from zlaunch.wire.gloo_idle import wait_for_idle_gloo_threads
@@ -98,6 +99,7 @@ __all__ = [
     "expand",
     "first_host",
     "format_line",
+    "events",
     "frames",
     "handshake",
     "kept_batch",
@@ -109,6 +111,7 @@ __all__ = [
     "number",
     "override_from_env",
     "protocol",
+    "records",
     "rate",
     "split",
     "wait_for_idle_gloo_threads",

@@ -20,7 +20,8 @@ Agent -> controller
               at MAX_PIECE_BYTES) or the unterminated end of the stream.
     started   {"t": "started", "r": rank, "pid": pid}
     exited    {"t": "exited", "r": rank, "pid": pid, "code": int|None, "signal": int|None}
-    event     {"t": "event", "r": rank, "e": [object, ...]}  structured events from the worker
+    event     {"t": "event", "r": rank, "e": [object, ...]}  the worker's events, each an object
+              with its kind in "kind" (zlaunch/wire/events.py)
     error     {"t": "error", "msg": text, "cause"?: text}  the agent could not do what it was
               asked; ``"cause": "no_heartbeat"``: it stopped its workers, cut off
     bye       {"t": "bye"}                    every worker of this agent is gone; agent exits
@@ -48,11 +49,11 @@ secrets) and goes on with the next one.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
+from zlaunch.wire import events
 from zlaunch.wire.protocol import (
     BYE,
     ERROR,
@@ -67,6 +68,21 @@ from zlaunch.wire.protocol import (
     STDERR,
     STDOUT,
     STOP,
+)
+from zlaunch.wire.records import (
+    ENV,
+    INT,
+    INT_LIST,
+    NUMBER,
+    STR,
+    STR_LIST,
+    TRUE,
+    FieldError,
+    FieldType,
+    dump,
+    load,
+    nullable,
+    wire,
 )
 
 __all__ = [
@@ -111,73 +127,7 @@ class ProtocolError(ValueError):
     """
 
 
-# ---- field types --------------------------------------------------------------------------
-# Each field of a frame has a wire type: what JSON value it accepts on decode (``what`` says it
-# in an error) and how it becomes the Python value (a nested record is built from its object).
-
-
-class _Type:
-    __slots__ = ("what", "accepts", "load", "dump")
-
-    def __init__(
-        self,
-        what: str,
-        accepts: Callable[[Any], bool],
-        load: Callable[[Any, str], Any] | None = None,
-        dump: Callable[[Any], Any] | None = None,
-    ) -> None:
-        self.what = what
-        self.accepts = accepts
-        self.load = load or (lambda value, _where: value)
-        self.dump = dump or (lambda value: value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
-
-
-def _is_finite_number(value: Any) -> bool:
-    """A JSON number that is a finite float: an integer of 400 digits would overflow float()."""
-    if _is_int(value):
-        return abs(value) <= _FLOAT_MAX
-    return isinstance(value, float) and math.isfinite(value)
-
-
-_FLOAT_MAX = 1e308
-
-
-def _list_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: isinstance(value, list) and all(test(item) for item in value)
-
-
-def _nullable(kind: _Type) -> _Type:
-    return _Type(
-        f"{kind.what} or null",
-        lambda value: value is None or kind.accepts(value),
-        lambda value, where: None if value is None else kind.load(value, where),
-        lambda value: None if value is None else kind.dump(value),
-    )
-
-
-_INT = _Type("an integer", _is_int)
-_NUMBER = _Type("a number (finite)", _is_finite_number, lambda v, _w: float(v))
-_STR = _Type("a string", lambda v: isinstance(v, str))
-_TRUE = _Type("true", lambda v: v is True)
-_STREAM = _Type(f"{STDOUT!r} or {STDERR!r}", lambda v: v in (STDOUT, STDERR))
-_STR_LIST = _Type("a list of strings", _list_of(lambda v: isinstance(v, str)))
-_INT_LIST = _Type("a list of integers", _list_of(_is_int))
-_JSON_LIST = _Type("a list", lambda v: isinstance(v, list))
-_ENV = _Type(
-    "an object of strings",
-    lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
-)
-
-
-def _wire(key: str, kind: _Type, *, omit_default: bool = False, **default: Any) -> Any:
-    """A frame field: its JSON key and type. A field with a default may be absent on the wire;
-    with ``omit_default`` it is left out when it holds its default (optional flags)."""
-    meta = {"key": key, "type": kind, "omit": omit_default}
-    return field(metadata=meta, **default)
+_STREAM = FieldType(f"{STDOUT!r} or {STDERR!r}", lambda v: v in (STDOUT, STDERR))
 
 
 # ---- frames -------------------------------------------------------------------------------
@@ -188,13 +138,13 @@ class Hello:
     """Agent -> controller, first: where the agent runs and a port that was free there."""
 
     KIND: ClassVar[str] = HELLO
-    hostname: str = _wire("hostname", _STR)
-    pid: int = _wire("pid", _INT)
-    python: str = _wire("python", _STR)
-    addr: str | None = _wire("addr", _nullable(_STR))
-    client_addr: str | None = _wire("client_addr", _nullable(_STR))
-    port: int = _wire("port", _INT)
-    cpus: int | None = _wire("cpus", _nullable(_INT), omit_default=True, default=None)
+    hostname: str = wire("hostname", STR)
+    pid: int = wire("pid", INT)
+    python: str = wire("python", STR)
+    addr: str | None = wire("addr", nullable(STR))
+    client_addr: str | None = wire("client_addr", nullable(STR))
+    port: int = wire("port", INT)
+    cpus: int | None = wire("cpus", nullable(INT), omit_default=True, default=None)
     """The cores this agent may run on (its affinity): the ranks' thread default."""
 
 
@@ -203,17 +153,17 @@ class Out:
     """Lines a worker wrote on one stream; ``partial``: the last one has no newline yet."""
 
     KIND: ClassVar[str] = OUT
-    rank: int = _wire("r", _INT)
-    stream: str = _wire("s", _STREAM)
-    lines: list[str] = _wire("l", _STR_LIST)
-    partial: bool = _wire("p", _TRUE, omit_default=True, default=False)
+    rank: int = wire("r", INT)
+    stream: str = wire("s", _STREAM)
+    lines: list[str] = wire("l", STR_LIST)
+    partial: bool = wire("p", TRUE, omit_default=True, default=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Started:
     KIND: ClassVar[str] = STARTED
-    rank: int = _wire("r", _INT)
-    pid: int = _wire("pid", _INT)
+    rank: int = wire("r", INT)
+    pid: int = wire("pid", INT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,10 +171,10 @@ class Exited:
     """A worker ended: with an exit ``code``, or killed by ``signal`` (never both)."""
 
     KIND: ClassVar[str] = EXITED
-    rank: int = _wire("r", _INT)
-    pid: int | None = _wire("pid", _nullable(_INT))
-    code: int | None = _wire("code", _nullable(_INT))
-    signal: int | None = _wire("signal", _nullable(_INT))
+    rank: int = wire("r", INT)
+    pid: int | None = wire("pid", nullable(INT))
+    code: int | None = wire("code", nullable(INT))
+    signal: int | None = wire("signal", nullable(INT))
 
     @classmethod
     def of_returncode(cls, rank: int, pid: int | None, returncode: int) -> Exited:
@@ -238,13 +188,24 @@ class Exited:
         return exit_code_of(self.code, self.signal)
 
 
+# An event the controller cannot take stands as an Invalid event in its place (the others of
+# the frame are kept): a worker's events are decoded by its agent already, so this is a bug
+# or an agent of another version, which the controller says rather than dropping the frame.
+_EVENTS = FieldType(
+    "a list of event objects",
+    lambda v: isinstance(v, list),
+    lambda v, _where: [event for item in v for event in events.accept(item)],
+    lambda v: [events.encode(event) for event in v],
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
-    """Structured events of one worker: plain JSON objects, as the runtime wrote them."""
+    """Structured events of one worker (`zlaunch/wire/events.py`), in the order it wrote them."""
 
     KIND: ClassVar[str] = EVENT
-    rank: int = _wire("r", _INT)
-    events: list[Any] = _wire("e", _JSON_LIST)
+    rank: int = wire("r", INT)
+    events: list[events.WorkerEvent] = wire("e", _EVENTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +213,8 @@ class Error:
     """The agent could not do something; ``cause`` tells a cut-off node from a failure."""
 
     KIND: ClassVar[str] = ERROR
-    msg: str = _wire("msg", _STR)
-    cause: str | None = _wire("cause", _nullable(_STR), omit_default=True, default=None)
+    msg: str = wire("msg", STR)
+    cause: str | None = wire("cause", nullable(STR), omit_default=True, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,17 +228,17 @@ class Bye:
 class WorkerSpec:
     """One worker of a spec; its ``env`` goes over the node's shared one."""
 
-    rank: int = _wire("rank", _INT)
-    local_rank: int = _wire("local_rank", _INT)
-    argv: list[str] = _wire("argv", _STR_LIST)
-    env: dict[str, str] = _wire("env", _ENV, default_factory=dict)
+    rank: int = wire("rank", INT)
+    local_rank: int = wire("local_rank", INT)
+    argv: list[str] = wire("argv", STR_LIST)
+    env: dict[str, str] = wire("env", ENV, default_factory=dict)
 
 
-_WORKERS = _Type(
+_WORKERS = FieldType(
     "a list of worker objects",
     lambda v: isinstance(v, list),
-    lambda v, where: [_load(WorkerSpec, item, f"{where}[{i}]") for i, item in enumerate(v)],
-    lambda v: [_dump(worker) for worker in v],
+    lambda v, where: [load(WorkerSpec, item, f"{where}[{i}]") for i, item in enumerate(v)],
+    lambda v: [dump(worker) for worker in v],
 )
 
 
@@ -286,24 +247,24 @@ class Spec:
     """Controller -> agent, once: what to start on this node and how to stop it."""
 
     KIND: ClassVar[str] = SPEC
-    cwd: str | None = _wire("cwd", _nullable(_STR), default=None)
-    master_addr: str | None = _wire("master_addr", _nullable(_STR), default=None)
-    grace: float = _wire("grace", _NUMBER)
-    heartbeat_timeout: float = _wire("heartbeat_timeout", _NUMBER)
-    env: dict[str, str] = _wire("env", _ENV, default_factory=dict)
-    workers: list[WorkerSpec] = _wire("workers", _WORKERS)
-    preemption_signal: int | None = _wire(
-        "preemption_signal", _nullable(_INT), omit_default=True, default=None
+    cwd: str | None = wire("cwd", nullable(STR), default=None)
+    master_addr: str | None = wire("master_addr", nullable(STR), default=None)
+    grace: float = wire("grace", NUMBER)
+    heartbeat_timeout: float = wire("heartbeat_timeout", NUMBER)
+    env: dict[str, str] = wire("env", ENV, default_factory=dict)
+    workers: list[WorkerSpec] = wire("workers", _WORKERS)
+    preemption_signal: int | None = wire(
+        "preemption_signal", nullable(INT), omit_default=True, default=None
     )
     """This signal to the agent is its host's preemption notice (said upstream; the workers
     keep running until the controller stops them); None: it stops the workers, as SIGTERM."""
-    preemption_check: str | None = _wire(
-        "preemption_check", _nullable(_STR), omit_default=True, default=None
+    preemption_check: str | None = wire(
+        "preemption_check", nullable(STR), omit_default=True, default=None
     )
     """A shell command the agent runs every ``preemption_check_interval`` seconds: exit 0 means
     the host is about to go (a preemption notice)."""
-    preemption_check_interval: float = _wire(
-        "preemption_check_interval", _NUMBER, omit_default=True, default=5.0
+    preemption_check_interval: float = wire(
+        "preemption_check_interval", NUMBER, omit_default=True, default=5.0
     )
 
 
@@ -319,7 +280,7 @@ class Stop:
     """TERM every worker group, KILL after ``grace`` seconds."""
 
     KIND: ClassVar[str] = STOP
-    grace: float = _wire("grace", _NUMBER)
+    grace: float = wire("grace", NUMBER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +288,8 @@ class Signal:
     """Signal the worker processes themselves (not their groups): all, or ``ranks`` only."""
 
     KIND: ClassVar[str] = SIGNAL
-    sig: int = _wire("sig", _INT)
-    ranks: list[int] | None = _wire("ranks", _nullable(_INT_LIST), omit_default=True, default=None)
+    sig: int = wire("sig", INT)
+    ranks: list[int] | None = wire("ranks", nullable(INT_LIST), omit_default=True, default=None)
 
 
 UpFrame = Union[Hello, Out, Started, Exited, Event, Error, Bye]
@@ -342,48 +303,9 @@ FRAME_TYPES: dict[str, type[Frame]] = {
 }
 
 
-class _FieldError(Exception):
-    """A field of a frame (or of a nested record) that is missing or of the wrong type."""
-
-
-def _dump(record: Any) -> dict[str, Any]:
-    obj = {}
-    for spec in fields(record):
-        value = getattr(record, spec.name)
-        if spec.metadata["omit"] and value == spec.default:
-            continue
-        obj[spec.metadata["key"]] = spec.metadata["type"].dump(value)
-    return obj
-
-
-def _load(cls: type, obj: Any, where: str) -> Any:
-    if not isinstance(obj, dict):
-        raise _FieldError(f"{where} must be an object")
-    values = {}
-    for spec in fields(cls):
-        key, kind = spec.metadata["key"], spec.metadata["type"]
-        name = f"{where}.{key}" if where else key
-        if key not in obj:
-            if spec.default is MISSING and spec.default_factory is MISSING:
-                raise _FieldError(f"field {name!r} is missing")
-            continue
-        value = obj[key]
-        if not kind.accepts(value):
-            raise _FieldError(f"field {name!r} must be {kind.what}, not {_json_kind(value)}")
-        values[spec.name] = kind.load(value, name)
-    return cls(**values)
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)  # fmt: skip
-
-
 def encode(frame: Frame) -> bytes:
     """One frame as one line of bytes. ``ensure_ascii`` keeps lone surrogates representable."""
-    obj = {"t": frame.KIND, **_dump(frame)}
+    obj = {"t": frame.KIND, **dump(frame)}
     return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
 
 
@@ -404,8 +326,8 @@ def decode(line: bytes | str) -> Frame:
     if cls is None:
         raise ProtocolError(f"unknown frame kind {obj['t'][:32]!r} ({len(line)} bytes)")
     try:
-        return _load(cls, obj, "")
-    except _FieldError as err:
+        return load(cls, obj, "")
+    except FieldError as err:
         raise ProtocolError(f"{cls.KIND} frame ({len(line)} bytes): {err}") from None
 
 

@@ -37,12 +37,7 @@ import threading
 import time
 from typing import Any
 
-from zlaunch.wire import (
-    COLLECTIVE_MISMATCH,
-    COLLECTIVES_EVENT,
-    COLLECTIVES_FILE_ENV,
-    EVENTS_FD_ENV,
-)
+from zlaunch.wire import COLLECTIVES_FILE_ENV, EVENTS_FD_ENV, events
 
 __all__ = [
     "RING",
@@ -247,17 +242,10 @@ class _Watch:
     def report(self, mine: dict, apart: dict[int, dict]) -> None:
         """To the controller, which says it once for every rank (an event), or on stderr when
         no agent listens."""
-        if self.events_fd is not None:
-            event = {  # a few peers: one line under PIPE_BUF, so never torn by other events
-                "kind": COLLECTIVE_MISMATCH,
-                "mine": mine,
-                "peers": {str(r): p for r, p in sorted(apart.items())[:PEERS_ASKED]},
-            }
-            try:
-                os.write(self.events_fd, json.dumps(event).encode() + b"\n")
-                return
-            except OSError:
-                pass
+        # a few peers: one line under PIPE_BUF, so never torn by other events
+        peers = {str(r): p for r, p in sorted(apart.items())[:PEERS_ASKED]}
+        if events.emit(self.events_fd, events.CollectiveMismatch(mine, peers)):
+            return
         others = "; ".join(f"rank {r} in {p['op']} {p['sizes']}" for r, p in sorted(apart.items()))
         sys.stderr.write(
             f"zlaunch: collective mismatch: rank {self.rank} waits in {mine['op']} "
@@ -339,7 +327,7 @@ class RecordFiles:
             self.dir = tempfile.mkdtemp(prefix="zlaunch-collectives-")
         return os.path.join(self.dir, f"rank-{rank}.json")
 
-    def event(self, rank: int) -> dict | None:
+    def event(self, rank: int) -> events.Collectives | None:
         """The ``collectives`` event for the rank, or None if it wrote no records yet."""
         if self.dir is None:
             return None
@@ -351,7 +339,7 @@ class RecordFiles:
             self.dir = None
 
 
-def read_records(path: str) -> dict | None:
+def read_records(path: str) -> events.Collectives | None:
     """The rank's file as a ``collectives`` event; None when there is none yet.
 
     The rank writes the file, and so may anything it runs: the agent reads at most
@@ -391,16 +379,11 @@ def read_records(path: str) -> dict | None:
         return _unreadable('not an object with a "records" list', st.st_mtime)
     if _deeper_than(records, MAX_DEPTH):
         return _unreadable(f"nested deeper than {MAX_DEPTH} levels", st.st_mtime)
-    return {"kind": COLLECTIVES_EVENT, "records": records, "written": round(st.st_mtime, 3)}
+    return events.Collectives(records, round(st.st_mtime, 3))
 
 
-def _unreadable(why: str, written: float) -> dict:
-    return {
-        "kind": COLLECTIVES_EVENT,
-        "records": [],
-        "unreadable": f"its records file: {why}",
-        "written": round(written, 3),
-    }
+def _unreadable(why: str, written: float) -> events.Collectives:
+    return events.Collectives([], round(written, 3), f"its records file: {why}")
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -26,13 +26,12 @@ Standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 from typing import Any
 
-from zlaunch.wire import EVENTS_FD_ENV, PROCESS_GROUP_EVENT, wait_for_idle_gloo_threads
+from zlaunch.wire import EVENTS_FD_ENV, events, wait_for_idle_gloo_threads
 
 __all__ = ["GroupWatch", "accelerate_processes", "leave_group", "report_group"]
 
@@ -112,16 +111,8 @@ def report_group(largest: int, environ: Any = os.environ) -> None:
     fd = environ.get(EVENTS_FD_ENV, "")
     if not fd.isdigit() or "torch" not in sys.modules:
         return
-    event = {
-        "kind": PROCESS_GROUP_EVENT,
-        "size": largest,
-        "accelerate": "accelerate" in sys.modules,
-        "accelerate_processes": accelerate_processes(),
-    }
-    try:
-        os.write(int(fd), json.dumps(event).encode() + b"\n")
-    except OSError:
-        pass  # the agent is gone: nobody to tell
+    event = events.ProcessGroup(largest, "accelerate" in sys.modules, accelerate_processes())
+    events.emit(int(fd), event)  # False: the agent is gone, nobody to tell
 
 
 def leave_group(destroy_limit_s: float = DESTROY_LIMIT_S) -> None:

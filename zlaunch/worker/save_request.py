@@ -20,13 +20,12 @@ Creating it tells zlaunch nothing; the first signal does: the rank acknowledges 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 from collections.abc import Mapping
 
-from zlaunch.wire import EVENTS_FD_ENV, SAVE_ACK_EVENT, SAVE_ON_ENV, SAVE_READY_EVENT
+from zlaunch.wire import EVENTS_FD_ENV, SAVE_ON_ENV, events
 
 __all__ = ["SaveRequest"]
 
@@ -40,19 +39,16 @@ class SaveRequest:
         self._events_fd = environ.get(EVENTS_FD_ENV, "")
         if self.signum is not None:
             signal.signal(self.signum, self._on_signal)
-            self._event(SAVE_READY_EVENT)  # a preemption notice may now be answered by a save
+            self._event(events.SaveReady())  # a preemption notice may now be answered by a save
 
     def _on_signal(self, _signum: int, _frame: object) -> None:
         if not self.requested:
-            self._event(SAVE_ACK_EVENT)
+            self._event(events.SaveAck())
         self.requested = True
 
-    def _event(self, kind: str) -> None:
-        if self._events_fd.isdigit():
-            try:
-                os.write(int(self._events_fd), json.dumps({"kind": kind}).encode() + b"\n")
-            except OSError:
-                pass  # no agent to tell
+    def _event(self, event: events.SaveAck | events.SaveReady) -> None:
+        fd = int(self._events_fd) if self._events_fd.isdigit() else None
+        events.emit(fd, event)  # False: no agent to tell
 
     def agreed(self) -> bool:
         """True on every rank once any rank was asked: the ranks get the signal at slightly

@@ -28,7 +28,6 @@ stacks signal itself instead, as before this thread existed. Stdlib only.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -39,11 +38,10 @@ from collections.abc import Mapping
 from zlaunch.text import MAIN_DUMPER, THREAD_DUMPER, dump_marker
 from zlaunch.wire import (
     EVENTS_FD_ENV,
-    STACKS_DUMPED,
     STACKS_DUMPER_ENV,
     STACKS_FALLBACK_SIGNAL,
-    STACKS_READY,
     STACKS_SIGNAL_ENV,
+    events,
 )
 
 __all__ = ["FALLBACK_AFTER", "MAX_DEPTH", "MAX_THREADS", "arm", "armed_on", "format_stacks"]
@@ -78,7 +76,7 @@ def arm(environ: Mapping[str, str] = os.environ) -> bool:
     if environ.get(STACKS_DUMPER_ENV, "") == "faulthandler":
         faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
         signal.siginterrupt(signum, False)  # blocking calls in C restart instead of failing
-        _event(events_fd, {"kind": STACKS_READY, "pid": os.getpid()})
+        events.emit(events_fd, events.StacksReady(os.getpid()))
         return True
     # faulthandler only for the agent's fallback; SA_RESTART so nothing sees EINTR from it
     faulthandler.register(STACKS_FALLBACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
@@ -96,7 +94,7 @@ def arm(environ: Mapping[str, str] = os.environ) -> bool:
     )
     thread.start()
     _armed = signum
-    _event(events_fd, {"kind": STACKS_READY, "pid": os.getpid(), "dumper": "thread"})
+    events.emit(events_fd, events.StacksReady(os.getpid(), dumper="thread"))
     return True
 
 
@@ -116,7 +114,7 @@ def _dump(by: str, events_fd: int | None) -> None:
     lines = [dump_marker(os.getpid(), by)]
     lines += format_stacks(frames, threading.main_thread().ident, skip=own)
     _write_all(2, ("\n".join(lines) + "\n").encode("ascii", "backslashreplace"))
-    _event(events_fd, {"kind": STACKS_DUMPED, "pid": os.getpid()})
+    events.emit(events_fd, events.StacksDumped(os.getpid()))
 
 
 def format_stacks(
@@ -183,12 +181,3 @@ def _write_all(fd: int, data: bytes) -> None:
 def _events_fd(environ: Mapping[str, str]) -> int | None:
     fd = environ.get(EVENTS_FD_ENV, "")
     return int(fd) if fd.isdigit() else None
-
-
-def _event(fd: int | None, event: dict) -> None:
-    if fd is None:
-        return
-    try:
-        os.write(fd, json.dumps(event).encode() + b"\n")
-    except OSError:
-        pass

@@ -15,7 +15,7 @@ import pytest
 from zlaunch.agent.output import MAX_EVENT_BYTES, PROGRESS_INTERVAL, OutputPump
 from zlaunch.agent.upstream import MAX_PENDING_OUTPUT, Upstream
 from zlaunch.agent.workers import EVENTS, boot_argv
-from zlaunch.wire import frames, protocol
+from zlaunch.wire import events, frames, protocol
 
 
 class FakeWorker:
@@ -67,9 +67,12 @@ def test_output_lines_become_out_frames_and_an_unfinished_line_waits(pump):
 @pytest.mark.parametrize(
     ("written", "events"),
     [
-        (b'{"kind": "metrics", "step": 1}\n\n', [{"kind": "metrics", "step": 1}]),
-        (b"not json\n", [{"kind": "invalid", "text": "not json"}]),
-        (b'{"a": 1}\n{"b"\n', [{"a": 1}, {"kind": "invalid", "text": '{"b"'}]),
+        (b'{"kind": "metrics", "step": 1}\n\n', [events.Metrics(1)]),
+        (b"not json\n", [events.Invalid("not json")]),
+        (
+            b'{"kind": "save_ack"}\n{"b"\n',
+            [events.SaveAck(), events.Invalid('{"b"')],
+        ),
     ],
 )
 def test_event_lines_become_one_event_frame_per_read(pump, written, events):
@@ -83,15 +86,15 @@ def test_an_over_long_event_is_dropped_and_reported_with_its_size(pump):
     pump, worker, sent, _ = pump
     fd = _fd(worker, EVENTS)
     big = json.dumps({"kind": "x", "pad": "p" * (MAX_EVENT_BYTES + 100_000)}).encode()
-    data = big + b'\n{"kind": "after"}\n'
+    data = big + b'\n{"kind": "save_ready"}\n'
     for start in range(0, len(data), 32 * 1024):  # a pipe holds 64 KiB: write, then read
         worker.write(EVENTS, data[start : start + 32 * 1024])
         pump.read(fd, drain=True)
         assert sent == [] or start + 32 * 1024 >= len(big)
     (frame,) = sent
-    assert frame.events[0]["kind"] == "invalid"
-    assert f"event of {len(big)} bytes dropped" in frame.events[0]["text"]
-    assert frame.events[1:] == [{"kind": "after"}]
+    assert isinstance(frame.events[0], events.Invalid)
+    assert f"event of {len(big)} bytes dropped" in frame.events[0].text
+    assert frame.events[1:] == [events.SaveReady()]
 
 
 def test_a_progress_line_is_forwarded_at_most_every_interval(pump):

@@ -11,6 +11,7 @@ import pytest
 
 from zlaunch.launcher.hang import hang_failure
 from zlaunch.launcher.hang_records import MAX_RECORDS, decode_records
+from zlaunch.wire import events
 from zlaunch.worker.collective_records import MAX_FILE_BYTES, normalize, read_records
 
 
@@ -24,8 +25,8 @@ def test_a_well_formed_file_is_read(tmp_path):
     path = tmp_path / "rank-0.json"
     path.write_text(json.dumps({"rank": 0, "records": [_good()]}))
     event = read_records(str(path))
-    assert event["kind"] == "collectives" and event["records"] == [_good()]
-    assert "unreadable" not in event and read_records(str(tmp_path / "none.json")) is None
+    assert isinstance(event, events.Collectives) and event.records == [_good()]
+    assert event.unreadable is None and read_records(str(tmp_path / "none.json")) is None
 
 
 @pytest.mark.parametrize(
@@ -44,7 +45,7 @@ def test_a_hostile_file_costs_the_agent_nothing_and_is_said(tmp_path, make, why)
     path = tmp_path / "rank-0.json"
     make(path)
     event = read_records(str(path))
-    assert event["records"] == [] and why in event["unreadable"], event
+    assert event.records == [] and why in event.unreadable, event
 
 
 @pytest.mark.parametrize(

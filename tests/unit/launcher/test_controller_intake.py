@@ -32,7 +32,7 @@ from zlaunch.rundir.recorder import Recorder
 from zlaunch.rundir.records import RankPhase, RankRow, RanksFile
 from zlaunch.rundir.root import json_text
 from zlaunch.transport.link import Link
-from zlaunch.wire import frames
+from zlaunch.wire import frames, records
 
 # ---- the OUT frame's fast decode ----------------------------------------------------------
 
@@ -57,8 +57,8 @@ OUT_OBJECTS = [
 def _checked(obj):
     """What the general, field-by-field check makes of ``obj``: a frame or the error text."""
     try:
-        return frames._load(frames.Out, obj, "")
-    except frames._FieldError as err:
+        return records.load(frames.Out, obj, "")
+    except records.FieldError as err:
         return str(err)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import re
 
@@ -15,7 +16,7 @@ from runtime.observe.metrics import EventSink, _token_count
 from zlaunch.agent.events import parse_event
 from zlaunch.console.live_view import PlainView, format_metrics
 from zlaunch.console.terminal import Console
-from zlaunch.wire.metrics_check import checked_metrics
+from zlaunch.wire import events
 
 EVENT = {
     "kind": "metrics", "source": "engine", "step": 20, "samples": 640, "total_steps": 100,
@@ -30,8 +31,8 @@ def test_sink_writes_one_json_line_per_event_to_the_events_fd():
     read_fd, write_fd = os.pipe()
     try:
         sink = EventSink({"ZLAUNCH_EVENTS_FD": str(write_fd)})
-        sink.emit(EVENT)
-        sink.emit({"kind": "metrics", "source": "user", "step": 3, "acc": torch.tensor(0.5)})
+        sink.emit(events.Metrics.of_row(EVENT))
+        sink.emit(events.Metrics(3, "user", {"acc": torch.tensor(0.5)}))
         os.close(write_fd)
         lines = os.read(read_fd, 1 << 16).decode().splitlines()
     finally:
@@ -48,17 +49,16 @@ def test_a_script_s_diverged_value_reaches_the_controller_and_does_not_stop_trai
     read_fd, write_fd = os.pipe()
     try:
         sink = EventSink({"ZLAUNCH_EVENTS_FD": str(write_fd)})
-        sink.emit({"kind": "metrics", "source": "user", "step": 4,
-                   "val_loss": float("nan"), "ppl": torch.tensor(float("inf"))})  # fmt: skip
+        sink.emit(events.Metrics(4, "user", {"val_loss": float("nan"),
+                                             "ppl": torch.tensor(float("inf"))}))  # fmt: skip
         os.close(write_fd)
         (line,) = os.read(read_fd, 1 << 16).splitlines()
     finally:
         os.close(read_fd)
-    event = parse_event(line)
-    assert event["kind"] == "metrics" and event["step"] == 4, event
-    assert event["val_loss"] != event["val_loss"] and event["ppl"] == float("inf")
-    row = checked_metrics(event).row
-    assert row is not None and set(row) >= {"val_loss", "ppl"}, checked_metrics(event)
+    (event,) = parse_event(line)  # kept whole: no Invalid event beside it
+    assert isinstance(event, events.Metrics) and event.step == 4, event
+    assert set(event.values) == {"val_loss", "ppl"}
+    assert math.isnan(event.values["val_loss"]) and event.values["ppl"] == float("inf")
 
 
 def test_sink_with_a_closed_fd_warns_and_logs_instead(caplog):
@@ -69,7 +69,7 @@ def test_sink_with_a_closed_fd_warns_and_logs_instead(caplog):
         sink = EventSink({"ZLAUNCH_EVENTS_FD": str(write_fd)})
     assert sink.fd is None
     with caplog.at_level(logging.INFO, logger="runtime.observe.metrics"):
-        sink.emit(EVENT)
+        sink.emit(events.Metrics.of_row(EVENT))
     assert caplog.messages == [
         "step 20/100 | loss 2.346 | lr 0.0003 | grad norm - | loss scale 65536 | skipped 1 | "
         "step time 125.0 ms | samples/s 256.0 | tokens/s 32.8k | cuda 3.0 GiB | comm 5.0 MiB"

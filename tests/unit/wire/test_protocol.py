@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zlaunch.wire import frames, protocol
+from tests.unit.wire.test_events import ANY_EVENT
+from zlaunch.wire import events, frames, protocol
 
 WORKER = frames.WorkerSpec(rank=1, local_rank=0, argv=["python", "-u", "t.py"], env={"A": "b"})
 # One frame of every kind, and its exact bytes on the wire (the JSON keys the agent and the
@@ -24,7 +25,7 @@ FRAMES = [
     (frames.Started(2, 99), b'{"t":"started","r":2,"pid":99}'),
     (frames.Exited(2, 99, 3, None), b'{"t":"exited","r":2,"pid":99,"code":3,"signal":null}'),
     (frames.Exited(2, None, None, 9), b'{"t":"exited","r":2,"pid":null,"code":null,"signal":9}'),
-    (frames.Event(0, [{"kind": "metrics", "step": 1}, 5]), b'{"t":"event","r":0,"e":[{"kind":"metrics","step":1},5]}'),
+    (frames.Event(0, [events.Metrics(1), events.SaveAck()]), b'{"t":"event","r":0,"e":[{"kind":"metrics","source":"engine","step":1},{"kind":"save_ack"}]}'),
     (frames.Error("no route"), b'{"t":"error","msg":"no route"}'),
     (frames.Error("cut off", protocol.CAUSE_NO_HEARTBEAT), b'{"t":"error","msg":"cut off","cause":"no_heartbeat"}'),
     (frames.Bye(), b'{"t":"bye"}'),
@@ -146,11 +147,6 @@ _INT = st.integers(-(2**31), 2**31)
 _OPT_INT = st.none() | _INT
 _OPT_TEXT = st.none() | _TEXT
 _ENV = st.dictionaries(_TEXT, _TEXT, max_size=3)
-_JSON = st.recursive(
-    st.none() | st.booleans() | _INT | st.floats(allow_nan=False) | _TEXT,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
-    max_leaves=8,
-)
 _WORKERS = st.lists(st.builds(frames.WorkerSpec, _INT, _INT, st.lists(_TEXT), _ENV), max_size=3)
 _NUMBER = st.floats(allow_nan=False, allow_infinity=False)
 ANY_FRAME = st.one_of(
@@ -158,7 +154,7 @@ ANY_FRAME = st.one_of(
     st.builds(frames.Out, _INT, st.sampled_from("oe"), st.lists(_TEXT), st.booleans()),
     st.builds(frames.Started, _INT, _INT),
     st.builds(frames.Exited, _INT, _OPT_INT, _OPT_INT, _OPT_INT),
-    st.builds(frames.Event, _INT, st.lists(_JSON, max_size=3)),
+    st.builds(frames.Event, _INT, st.lists(ANY_EVENT, max_size=3)),
     st.builds(frames.Error, _TEXT, _OPT_TEXT),
     st.builds(frames.Bye),
     st.builds(frames.Spec, cwd=_OPT_TEXT, master_addr=_OPT_TEXT, grace=_NUMBER,

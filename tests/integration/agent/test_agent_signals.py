@@ -15,7 +15,7 @@ import pytest
 
 from zlaunch.agent.procs import boot_ticks
 from zlaunch.agent.workers import EVENTS, WorkerGroup, start_worker
-from zlaunch.wire import frames, protocol
+from zlaunch.wire import events, frames, protocol
 
 
 def _alive(pid: int) -> bool:
@@ -134,8 +134,8 @@ def test_a_wrapper_survives_zlaunch_stacks_and_the_armed_child_dumps(group, monk
     events_fd = next(fd for fd, stream in wrapper.pipes.items() if stream == EVENTS)
     event = frames.decode(b'{"t":"event","r":0,"e":[' + os.read(events_fd, 4096).strip() + b"]}")
     (ready,) = event.events
-    assert ready["kind"] == protocol.STACKS_READY and ready["pid"] != wrapper.pid
-    workers.note_armed(0, ready["pid"], ready.get("dumper"))
+    assert isinstance(ready, events.StacksReady) and ready.pid != wrapper.pid
+    workers.note_armed(0, ready.pid, ready.dumper)
     workers.signal_processes(int(protocol.STACKS_SIGNAL), [0])
     time.sleep(0.5)
     assert wrapper.proc.poll() is None, "the stacks signal killed the wrapper"

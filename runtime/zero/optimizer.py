@@ -31,7 +31,8 @@ from runtime.optim import GradStats, Precision, StepRiders, global_grad_stats
 
 from .buckets import GradReducer
 from .flat import FlatBuffer
-from .nvme import OptimizerSwap, Swapper
+from .nvme import Swapper
+from .nvme.optimizer_swap import MasterStash, OptimizerSwap
 from .partition import FlatGroup
 
 __all__ = ["NormScope", "OwnedRange", "StepOutcome", "ZeroOptimizer"]
@@ -142,17 +143,19 @@ class ZeroOptimizer:
         self.masters_are_views = not (precision.mixed or offload or self._swapped_params)
         pin = offload and pin_memory and torch.cuda.is_available()
         master_device = torch.device("cpu") if offload else params.data.device
+        swapper = open_swapper() if open_swapper is not None else None
+        stash = MasterStash(swapper) if swapper is not None else None
         if self.masters_are_views:
             self.master = list(self._sources)
         else:
             self.master = []
             for i in range(len(self.layout.groups)):
                 s = self._source(i)
-                self.master.append(
-                    torch.empty(
-                        s.numel(), dtype=torch.float32, device=master_device, pin_memory=pin
-                    ).copy_(s)
+                m = torch.empty(
+                    s.numel(), dtype=torch.float32, device=master_device, pin_memory=pin
                 )
+                m.copy_(s)
+                self.master.append(stash.add(m) if stash is not None else m)
         # Under NVMe offload a step's gradients are copied per chunk: a persistent buffer
         # would keep 4 bytes per parameter in memory, the cost the swap files exist to avoid.
         self._grad_buffers = (
@@ -171,8 +174,8 @@ class ZeroOptimizer:
         self.optimizer = make_optimizer(groups)
         self.last_grad_norm: float | None = None
         self.swap: OptimizerSwap | None = None
-        if open_swapper is not None:
-            self.swap = OptimizerSwap(open_swapper(), self.master, self.optimizer)
+        if swapper is not None:
+            self.swap = OptimizerSwap(swapper, self.master, self.optimizer, stash)
 
     def _source(self, i: int) -> torch.Tensor:
         """The parameter values master ``i`` holds (a copy when they are swapped)."""

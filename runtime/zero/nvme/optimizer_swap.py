@@ -23,7 +23,7 @@ import torch
 
 from runtime.zero.nvme.swapper import Swapper, aligned_buffer
 
-__all__ = ["OptimizerSwap"]
+__all__ = ["MasterStash", "OptimizerSwap"]
 
 _MASTER = "master"
 
@@ -32,20 +32,54 @@ def _placeholder(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=like.dtype, device=like.device)
 
 
+class MasterStash:
+    """Writes the fp32 masters into the swap files one by one as the optimizer makes them, so
+    that setting up never holds more than two of them in memory (making them all first would
+    hold 4 bytes per parameter at once, the memory the offload exists to spare)."""
+
+    def __init__(self, swapper: Swapper) -> None:
+        self.swapper = swapper
+        self.numels: list[int] = []
+        self._last = None
+
+    def add(self, master: torch.Tensor) -> torch.Tensor:
+        """Write `master` as the next group's master; it becomes a placeholder (the pending
+        write keeps its memory until the bytes are on disk)."""
+        key = OptimizerSwap._key(len(self.numels), _MASTER)
+        self.numels.append(master.numel())
+        self.swapper.allocate(key, master.numel() * 4)
+        if self._last is not None:
+            self._last.wait()
+        # `master.data` is a tensor of its own over the same memory: the pending write keeps it
+        # (and so the memory) alive after `master` itself is pointed at the placeholder.
+        self._last = self.swapper.write(key, master.data)
+        master.data = _placeholder(master)
+        return master
+
+
 class OptimizerSwap:
     """Keeps `masters` (and their element-wise optimizer state) in `swapper`'s files."""
 
-    def __init__(self, swapper: Swapper, masters: list[torch.Tensor], optimizer) -> None:
+    def __init__(
+        self,
+        swapper: Swapper,
+        masters: list[torch.Tensor],
+        optimizer,
+        stash: MasterStash | None = None,
+    ) -> None:
+        """`stash`: the masters were written by it as they were made (they are placeholders
+        now); without one they are in memory and are written out here."""
         self.swapper = swapper
         self.masters = masters
         self.optimizer = optimizer
-        self.numels = [m.numel() for m in masters]
+        self.numels = list(stash.numels) if stash else [m.numel() for m in masters]
         self.kinds: list[list[str]] = [[] for _ in masters]  # element states kept in files
-        self.resident_set: set[int] = set(range(len(masters)))
+        self.resident_set: set[int] = set() if stash else set(range(len(masters)))
         self._depth = 0  # `resident` blocks open: only the outermost swaps
-        for i in range(len(masters)):
-            self.swapper.allocate(self._key(i, _MASTER), self.numels[i] * 4)
-        self._swap_out(range(len(masters)))
+        if stash is None:
+            for i in range(len(masters)):
+                self.swapper.allocate(self._key(i, _MASTER), self.numels[i] * 4)
+            self._swap_out(range(len(masters)))
         self.swapper.wait_all()  # a disk too small fails here, at setup
 
     @staticmethod
@@ -84,23 +118,25 @@ class OptimizerSwap:
             self.resident_set.add(i)
         return pendings
 
-    def _swap_out(self, indices: Iterable[int]) -> None:
+    def _swap_out(self, indices: Iterable[int]) -> list:
         """Issue the writes of `indices` and release their memory (the pending writes hold
-        the buffers until they are on disk)."""
+        the buffers until they are on disk); returns the pendings."""
+        pendings = []
         for i in indices:
             if i not in self.resident_set:
                 continue
             m = self.masters[i]
             states = self._element_states(i)
-            self.swapper.write(self._key(i, _MASTER), m.data)
+            pendings.append(self.swapper.write(self._key(i, _MASTER), m.data))
             for kind, t in states.items():
-                self.swapper.write(self._key(i, kind), t.contiguous())
+                pendings.append(self.swapper.write(self._key(i, kind), t.contiguous()))
             self.kinds[i] = sorted(states)
             state = self.optimizer.state.get(m)
             for kind in states:
                 state[kind] = _placeholder(states[kind])
             m.data = _placeholder(m)
             self.resident_set.discard(i)
+        return pendings
 
     def run(self, chunks: list[list[int]], update: Callable[[list[int]], None]) -> None:
         """`update(chunk)` for each chunk in order, each with its groups resident: the next
@@ -108,12 +144,18 @@ class OptimizerSwap:
         if not chunks:
             return
         ahead = self._swap_in(chunks[0])
+        behind: list = []
         for j, chunk in enumerate(chunks):
             for p in ahead:
                 p.wait()
             ahead = self._swap_in(chunks[j + 1]) if j + 1 < len(chunks) else []
             update(chunk)
-            self._swap_out(chunk)
+            # The previous chunk's writes hold its buffers until they are on disk: wait for
+            # them before this chunk's start, or a disk slower than the update would pile up
+            # every chunk's state in memory (measured: the whole optimizer state at once).
+            for p in behind:
+                p.wait()
+            behind = self._swap_out(chunk)
         self.swapper.wait_all()  # a failed write stops this step, not a later one
 
     @contextlib.contextmanager

@@ -34,7 +34,11 @@ def plan_sub_groups(sizes: list[int], limit: int) -> list[list[int]]:
 class Stage3Optimizer(ZeroOptimizer):
     def __init__(self, *, sub_group_size: int, **kwargs):
         super().__init__(**kwargs)
-        self.sub_groups = plan_sub_groups([m.numel() for m in self.master], sub_group_size)
+        # Sized by the layout's shards, not by the masters: under NVMe offload the masters are
+        # empty placeholders by now, and sizes of 0 would put every group in one sub-group
+        # (the whole optimizer state in memory at once).
+        sizes = [g.shard_numel for g in self.layout.groups]
+        self.sub_groups = plan_sub_groups(sizes, sub_group_size)
 
     def step(self) -> StepOutcome:
         grads = self.reducer.owned_grads()

@@ -162,6 +162,12 @@ class Init:
         source = config_dict_or_path if config_dict_or_path is not None else config
         if remote_device is None and source is not None and _offloads_params(source):
             remote_device = "cpu"
+        if remote_device not in (None, "none"):
+            # Construction frees each module's full tensors after partitioning: return them
+            # to the system, or a memory limit counts them (zero.nvme.host_memory).
+            from .nvme.host_memory import hold_mmap_threshold
+
+            hold_mmap_threshold()
         self._remote = remote_device if remote_device not in (None, "none") else None
         self._comm: Communicator | None = None
         self._patched: list[tuple[type, object]] = []

@@ -21,6 +21,7 @@ from zlaunch.wire import protocol
 
 from ..errors import InvalidTypeError, InvalidValueError
 from .nvme import SwapDir, Swapper
+from .nvme.host_memory import hold_mmap_threshold
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
 from .partition import FlatLayout
 
@@ -85,6 +86,7 @@ class StrategyInputs:
                 )
             knobs[key] = value
         workers = knobs["thread_count"] * knobs["queue_depth"]
+        hold_mmap_threshold()  # what the step frees must leave the resident set (host_memory)
         return lambda: Swapper(
             SwapDir(nvme_path, rank=rank, run_id=run_id),
             workers=workers,

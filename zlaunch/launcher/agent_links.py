@@ -320,3 +320,6 @@ class AgentLinks:
             closer.start()
         for closer in closers:
             closer.join(timeout=5.0)
+        for link in self.links:  # a scheduler's cleanup: bounded by its own calls' timeouts
+            if link is not None:
+                link.settle()

@@ -83,6 +83,11 @@ class Starter(Protocol):
 
     def end_reason(self, wait: float = 2.0) -> str | None: ...
 
+    def settle(self) -> None:
+        """Wait until what ``release`` set going (removing what was placed) is done; its own
+        calls are bounded."""
+        ...
+
 
 class ConnectBackLink(Link):
     """One agent's connection: frames both ways on a TCP socket. EOF on the agent's side
@@ -136,6 +141,10 @@ class ConnectBackLink(Link):
     def end_reason(self, wait: float = 2.0) -> str | None:
         """Why the scheduler ended what started the agent, if it did (see SlurmLink's)."""
         return self.starter.end_reason(wait)
+
+    def settle(self) -> None:
+        if self._released:
+            self.starter.settle()
 
     def terminate(self, wait: float = 5.0) -> None:
         if self._released:  # ended already (a failed start ends what did connect)

@@ -134,6 +134,9 @@ class HandStarted:
     def release(self, link: ConnectBackLink) -> None:
         pass
 
+    def settle(self) -> None:
+        pass
+
     def end_reason(self, wait: float = 2.0) -> str | None:
         return None
 

@@ -7,13 +7,21 @@ Job with propagation removes every pod, the Secret and the Service; it removes t
 as well (explicitly, so a cluster whose garbage collector is slow leaves nothing either). A
 thread watches the job's pods: a pod that fails, is evicted or deleted (its node lost) cuts
 its agent's link, which the controller takes as that node lost at once; a pod that fails before
-its agent dialed in ends the wait with the pod's reason.
+its agent dialed in, or whose container cannot start (an image that cannot be pulled, a command
+that does not exist), ends the wait with the pod's reason.
+
+An API server that stops answering does not stop the job: its agents' connections are the
+controller's own, and a node lost still ends its connection. The user is told (pods evicted
+meanwhile are seen only as their agents' connections end), and told again when it answers. What
+the cleanup could not delete is named, with the command that deletes it.
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
+import time
+from collections.abc import Callable
 
 from zlaunch.errors import LaunchError, UsageError
 from zlaunch.job import K8sOptions
@@ -30,8 +38,12 @@ __all__ = ["K8sPlacement", "K8sScheduler"]
 API_SECONDS = 15
 """Seconds one create or delete may take (an API server that does not answer must not hold
 the controller's start or its ending)."""
-WATCH_SECONDS = 30
-"""Seconds one watch request lasts before the thread asks again (and sees a stop)."""
+WATCH_SECONDS = 10
+"""Seconds one watch request lasts (the API server ends it) before the thread asks again; a
+watch silent for WATCH_SECONDS + API_SECONDS more is a server that may have stopped answering,
+which a plain list then tells."""
+PROBE_SECONDS = 5
+"""Seconds the list that tells a silent API server from a quiet watch may take."""
 END_WAIT = 2.0
 """Seconds a lost agent's failure record waits for the watch to say how its pod ended (the
 connection of a killed pod's agent may end before the API server's event arrives)."""
@@ -64,8 +76,10 @@ class K8sScheduler:
     """Places one agent per node as the pods of an Indexed Job (``options``: where and as
     what)."""
 
-    def __init__(self, options: K8sOptions):
+    def __init__(self, options: K8sOptions, warn: Callable[[str], None] = lambda _what: None):
         self.options = options
+        self.warn = warn
+        """Tells the user what happened to the API server or the objects during the job."""
         self.name = f"zlaunch-{secrets.token_hex(4)}"
 
     def place(self, rendezvous) -> K8sPlacement:
@@ -81,7 +95,7 @@ class K8sScheduler:
         )
         objects = job_objects(job, rendezvous.token)
         kubernetes = _client(o.context)
-        placement = K8sPlacement(kubernetes, job)
+        placement = K8sPlacement(kubernetes, job, self.warn)
         placement.create(objects)
         return placement
 
@@ -89,11 +103,20 @@ class K8sScheduler:
 class K8sPlacement:
     """The job's objects once created; the controller's links to its pods' agents."""
 
-    def __init__(self, kubernetes, job: K8sJob):
+    def __init__(self, kubernetes, job: K8sJob, warn: Callable[[str], None] = lambda _w: None):
+        import urllib3  # the kubernetes client's own HTTP library
+
         self.k = kubernetes
         self.job = job
-        self.core = kubernetes.client.CoreV1Api()
-        self.batch = kubernetes.client.BatchV1Api()
+        self.warn = warn
+        config = kubernetes.client.Configuration.get_default_copy()
+        # urllib3 retries a request whose answer timed out (three more times by default):
+        # each of our calls is bounded by its own timeout, and a silent API server must cost
+        # that once, not four times. A refused connection is still tried again.
+        config.retries = urllib3.util.Retry(total=2, read=0, redirect=0)
+        api = kubernetes.client.ApiClient(config)
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.batch = kubernetes.client.BatchV1Api(api)
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # notified when a pod's end is known
         self._links: dict[str, object] = {}  # pod host name -> its agent's link
@@ -103,6 +126,13 @@ class K8sPlacement:
         self._removed = False
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._silent_since: float | None = None  # when the API server stopped answering
+        self._cleanup: threading.Thread | None = None
+
+    @property
+    def server(self) -> str:
+        """The API server, as the kubeconfig names it."""
+        return self.core.api_client.configuration.host
 
     # -- creating and removing ---------------------------------------------------------------
 
@@ -153,23 +183,42 @@ class K8sPlacement:
         self._stop.set()
         ns, name = self.job.namespace, self.job.name
         body = self.k.client.V1DeleteOptions(propagation_policy="Foreground")
-        for delete in (
-            lambda: self.batch.delete_namespaced_job(
-                name, ns, body=body, _request_timeout=API_SECONDS
-            ),
-            lambda: self.core.delete_collection_namespaced_pod(
-                ns, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_SECONDS
-            ),
-            lambda: self.core.delete_namespaced_secret(name, ns, _request_timeout=API_SECONDS),
-            lambda: self.core.delete_namespaced_service(name, ns, _request_timeout=API_SECONDS),
-        ):
+        deletes = (
+            (f"job.batch/{name}", lambda: self.batch.delete_namespaced_job(
+                name, ns, body=body, _request_timeout=API_SECONDS)),
+            (f"pods -l {JOB_LABEL}={name}", lambda: self.core.delete_collection_namespaced_pod(
+                ns, label_selector=f"{JOB_LABEL}={name}", _request_timeout=API_SECONDS)),
+            (f"secret/{name}", lambda: self.core.delete_namespaced_secret(
+                name, ns, _request_timeout=API_SECONDS)),
+            (f"service/{name}", lambda: self.core.delete_namespaced_service(
+                name, ns, _request_timeout=API_SECONDS)),
+        )  # fmt: skip
+        left: list[str] = []
+        why = ""
+        silent = False
+        for what, delete in deletes:
+            if silent:  # one call that got no answer: the rest would wait as long, in vain
+                left.append(what)
+                continue
             try:
                 delete()
             except self.k.client.exceptions.ApiException as err:
-                if err.status != 404:
-                    self._ends.setdefault("", f"cleanup: {err.status} {err.reason}")
-            except Exception as err:  # noqa: BLE001 - unreachable: the others are still tried
-                self._ends.setdefault("", f"cleanup: {err}")
+                if err.status != 404:  # 404: gone already
+                    left.append(what)
+                    why = why or (
+                        f"the API server at {self.server} refused: {err.status} {err.reason}"
+                        + (f": {_message(err)}" if _message(err) else "")
+                    )
+            except Exception as err:  # noqa: BLE001 - the client's own: unreachable, timed out
+                left.append(what)
+                silent = True
+                why = f"the API server at {self.server} did not answer ({_short(err)})"
+        if left:
+            self.warn(
+                f"--launcher k8s: could not delete {', '.join(left)} in namespace {ns}: {why}. "
+                f"Delete them with:\n  kubectl delete job,pod,secret,service -n {ns} -l "
+                f"{JOB_LABEL}={name}"
+            )
 
     # -- the Starter and Placement of transport/dialin.py ------------------------------------
 
@@ -209,7 +258,21 @@ class K8sPlacement:
             self._released.add(id(link))
             every = len(self._released) >= self.job.nodes
         if every:
-            self.remove()
+            # Not in this thread: the controller ends its links from daemon threads it waits
+            # for a few seconds only, and a process that exits mid-delete leaves objects
+            # unnamed. A thread of its own is waited for at exit (its calls are bounded).
+            cleanup = threading.Thread(target=self.remove, name="k8s-cleanup", daemon=False)
+            with self._lock:
+                self._cleanup = cleanup
+            cleanup.start()
+
+    def settle(self) -> None:
+        """Wait for the deletes the last ``release`` started (each call bounded by
+        API_SECONDS; after one that got no answer the rest are not tried)."""
+        with self._lock:
+            cleanup = self._cleanup
+        if cleanup is not None:
+            cleanup.join()
 
     # -- the pods' fates ---------------------------------------------------------------------
 
@@ -223,27 +286,48 @@ class K8sPlacement:
                     self.job.namespace,
                     label_selector=selector,
                     timeout_seconds=WATCH_SECONDS,
+                    _request_timeout=(API_SECONDS, WATCH_SECONDS + API_SECONDS),
                 ):
                     if self._stop.is_set():
                         watch.stop()
                         break
+                    self._answered()
                     self._seen(event["type"], event["object"])
-            except Exception:  # noqa: BLE001 - a dropped watch is asked again
+            except Exception:  # noqa: BLE001 - a dropped or silent watch: is the server there?
+                self._probe(selector)
                 if self._stop.wait(1.0):
                     return
 
+    def _probe(self, selector: str) -> None:
+        """A plain list of the job's pods: an answer is a server that is there (the watch was
+        only quiet) and the pods' states the watch may have missed; none is said, once."""
+        try:
+            pods = self.core.list_namespaced_pod(
+                self.job.namespace, label_selector=selector, _request_timeout=PROBE_SECONDS
+            )
+        except Exception as err:  # noqa: BLE001 - the client's own: unreachable, timed out
+            if self._silent_since is None and not self._stop.is_set():
+                self._silent_since = time.monotonic()
+                self.warn(
+                    f"--launcher k8s: the API server at {self.server} does not answer "
+                    f"({_short(err)}); the job goes on, but a pod evicted or deleted meanwhile "
+                    "is seen only when its agent's connection ends"
+                )
+            return
+        self._answered()
+        for pod in pods.items:
+            self._seen("MODIFIED", pod)
+
+    def _answered(self) -> None:
+        if self._silent_since is not None:
+            silent = time.monotonic() - self._silent_since
+            self._silent_since = None
+            self.warn(f"--launcher k8s: the API server at {self.server} answers again "
+                      f"(after {silent:.0f} s)")  # fmt: skip
+
     def _seen(self, kind: str, pod) -> None:
         host = pod.spec.hostname or pod.metadata.name
-        status = pod.status
-        why = None
-        if kind == "DELETED":
-            why = f"pod {pod.metadata.name} deleted (its node lost, or removed by someone)"
-        elif status is not None and status.phase == "Failed":
-            why = f"pod {pod.metadata.name} failed" + (
-                f": {status.reason}" if status.reason else ""
-            )
-            if status.message:
-                why += f" ({status.message})"
+        why = pod_end(kind, pod)
         if why is None:
             return
         with self._lock:
@@ -254,6 +338,62 @@ class K8sPlacement:
                 self._failed = why  # it never dialed in: no more agents will come
         if link is not None:
             link.cut()
+
+
+CANNOT_START = frozenset({
+    "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+    "CreateContainerError", "RunContainerError",
+})  # fmt: skip
+"""A container's waiting reasons that mean its pod will not start without someone's change
+(the kubelet keeps retrying, the pod stays Pending, and its agent would never dial in).
+ErrImagePull is not one: the kubelet's first failed pull, retried at once (a registry's hiccup);
+ImagePullBackOff is the kubelet giving up for a while after failing again."""
+
+
+def pod_end(kind: str, pod) -> str | None:
+    """Why ``pod`` (a watch event ``kind`` on it) ended, or will never start; None while it
+    may still run. Each reason names the pod: it is deleted with the job, and this line is what
+    the user has left of it."""
+    name = pod.metadata.name
+    if kind == "DELETED":
+        return f"pod {name} deleted (its node lost, or removed by someone)"
+    status = pod.status
+    if status is None:
+        return None
+    containers = status.container_statuses or []
+    if status.phase == "Failed":
+        why = f"pod {name} failed"
+        if status.reason:  # the pod's own: Evicted, DeadlineExceeded, NodeLost
+            return why + f": {status.reason}" + (f" ({status.message})" if status.message else "")
+        for container in containers:
+            ended = container.state.terminated if container.state else None
+            if ended is not None:
+                why += f": container {container.name} {ended.reason or 'ended'}, exit code "
+                why += f"{ended.exit_code}" + (f" ({ended.message})" if ended.message else "")
+                break
+        return why
+    for container in containers:
+        waiting = container.state.waiting if container.state else None
+        if waiting is not None and waiting.reason in CANNOT_START:
+            return f"pod {name} cannot start container {container.name}: {waiting.reason}" + (
+                f" ({waiting.message})" if waiting.message else ""
+            )
+    return None
+
+
+def _short(err: BaseException) -> str:
+    """The client's error in one line: urllib3's MaxRetryError wraps the cause (a read that
+    timed out, a connection refused) in the pool's long repr, which says nothing more."""
+    cause = getattr(err, "reason", None)
+    if isinstance(cause, BaseException):
+        err = cause
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    pool, sep, rest = text.partition("): ")
+    if sep and pool.startswith(("HTTPConnection", "HTTPSConnection", "None")):
+        text = rest
+    if text.startswith("<") and ">: " in text:  # NewConnectionError('<urllib3... object>: why')
+        text = text.partition(">: ")[2].rstrip("')")
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _message(err) -> str:

@@ -43,6 +43,11 @@ class Link:
         seconds for it to exit, then drop it and the connection."""
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """After ``terminate``: wait until what ending this link set going besides the agent is
+        done (a scheduler deleting what it placed), so that what it says reaches the console
+        before the job's end closes it. Most links end with the agent: nothing to wait for."""
+
     def running(self) -> bool:
         """Whether the started process still runs, as far as this end knows without asking
         the host: its exit status is not in. Cheap: the controller probes a silent agent

@@ -257,6 +257,9 @@ class RayPlacement:
         if last:
             self.remove()
 
+    def settle(self) -> None:
+        """Nothing to wait for: the last ``release`` removes everything itself."""
+
     def remove(self) -> None:
         """Kill every actor (each agent with it), remove the placement group, leave Ray."""
         with self._lock:

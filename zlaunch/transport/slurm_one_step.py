@@ -299,6 +299,9 @@ class SlurmStep:
         if last:
             self.end()
 
+    def settle(self) -> None:
+        """Nothing to wait for: the last ``release`` ends the step itself."""
+
     def end(self, wait: float = 2.0) -> None:
         """srun exits once every agent has; if it does not, cancel the step (Slurm then ends
         its tasks on every node), then kill srun. Short waits: the controller closes its links

@@ -57,6 +57,7 @@ def _scheduler(
     slots: int,
     ray: tuple[str | None, tuple[str, ...], tuple[str, ...]] | None,
     k8s: K8sOptions | None,
+    warn: Callable[[str], None],
 ):
     """The dial-in scheduler that places ``launcher``'s agents (each imports its client only
     when it places them)."""
@@ -69,7 +70,7 @@ def _scheduler(
         raise LaunchError("--launcher k8s needs its options (--image)")
     from zlaunch.transport.k8s import K8sScheduler
 
-    return K8sScheduler(k8s)
+    return K8sScheduler(k8s, warn)
 
 
 def open_links(
@@ -95,7 +96,8 @@ def open_links(
 
     ``--launcher slurm`` with ``slurm_mode="one-step"``: one srun starts every host's agent,
     each connecting back to ``controller_addr`` (None: chosen from the route to the nodes);
-    ``on_refused`` hears of each connection that failed the handshake, and ``interrupted()``
+    ``on_refused`` hears of each connection that failed the handshake (and, under
+    ``--launcher k8s``, of an API server that stops answering during the job), and ``interrupted()``
     (a signal number, or None) ends the wait for them (transport/slurm_one_step.py).
     ``--launcher dialin``: agents started by someone else dial in to ``controller_addr`` and
     ``controller_port`` with the token of ``token_file`` (transport/dialin.py); where they are
@@ -108,7 +110,7 @@ def open_links(
         from zlaunch.transport.dialin import cleanup_token_dir, open_dialin, private_token_dir
 
         argv = tuple(argv_for(hosts[0]))
-        scheduler = _scheduler(launcher, len(hosts[0].slots), ray, k8s)
+        scheduler = _scheduler(launcher, len(hosts[0].slots), ray, k8s, warn=on_refused)
         folder = private_token_dir()
         try:
             return open_dialin(

@@ -41,6 +41,7 @@ TRAIN = [
     "--n-layer", "1", "--d-model", "64", "--seq-len", "32",
 ]  # fmt: skip
 SLOW_TRAIN = [*TRAIN[:4], "400", *TRAIN[5:]]  # long enough to lose a pod in the middle
+LONG_TRAIN = [*TRAIN[:4], "20000", *TRAIN[5:]]  # outlasts the wait for a silent API server
 LINE = re.compile(r"^\[[^\]:]+:0\] step\s+(\d+)\s+loss ([0-9.]+)", re.MULTILINE)
 NODES = ["node1", "node2"]
 ENV = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
@@ -53,6 +54,43 @@ def _free_port(address: str) -> int:
     with socket.socket() as sock:
         sock.bind((address, 0))
         return sock.getsockname()[1]
+
+
+def _start_emulator(tmp_path, cluster, *extra: str) -> tuple[subprocess.Popen, str]:
+    """The emulated API and its kubelet, each pod in one of NODES; its kubeconfig's path."""
+    state = tmp_path / "k8s"
+    nodes = [f"--node={cluster.namespace(h)}={cluster.address(h)}" for h in NODES]
+    emulator_log = open(tmp_path / "emulator.log", "wb")
+    emulator = subprocess.Popen(
+        [sys.executable, EMULATOR, "--state", str(state), *nodes, *extra], env=ENV,
+        stdin=subprocess.DEVNULL, stdout=emulator_log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    emulator_log.close()
+    kubeconfig = str(state / "kubeconfig")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(kubeconfig):
+        if emulator.poll() is not None or time.monotonic() > deadline:
+            _stop([], emulator, tmp_path)
+            pytest.fail("the emulator did not start: " + (tmp_path / "emulator.log").read_text())
+        time.sleep(0.1)
+    return emulator, kubeconfig
+
+
+def _stop(procs, emulator, tmp_path) -> None:
+    """Kill what the test started; the emulator must end well (it kills its pods' processes)."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    os.kill(emulator.pid, signal.SIGCONT)  # a test may have stopped it
+    emulator.send_signal(signal.SIGTERM)
+    try:
+        emulator.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(emulator.pid, signal.SIGKILL)
+        emulator.wait()
+    assert emulator.returncode == 0, (tmp_path / "emulator.log").read_text()[-3000:]
 
 
 def _kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> str:
@@ -92,14 +130,26 @@ def _controller(where: str, port: int, token_file, runs, train) -> subprocess.Po
     )  # fmt: skip
 
 
-def _k8s_controller(where: str, kubeconfig: str, runs, train, *extra) -> subprocess.Popen:
+def _k8s_controller(
+    where: str, kubeconfig: str, runs, train, *extra, image="zlaunch-test:local",
+    python=sys.executable, stderr=subprocess.PIPE,
+) -> subprocess.Popen:  # fmt: skip
     return subprocess.Popen(
-        [*ZLAUNCH, "run", "--launcher", "k8s", "--nodes", "2", *extra, "--image", "zlaunch-test:local",
-         "--namespace", "ml", "--k8s-python", sys.executable, "--k8s-cpu", "1",
+        [*ZLAUNCH, "run", "--launcher", "k8s", "--nodes", "2", *extra, "--image", image,
+         "--namespace", "ml", "--k8s-python", python, "--k8s-cpu", "1",
          "--controller-addr", where, "--log-dir", str(runs), *train],
         cwd=REPO, env={**ENV, "KUBECONFIG": kubeconfig}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
     )  # fmt: skip
+
+
+def _stepping(controller, runs) -> None:
+    """Wait until a rank logged a step (the job is in its middle)."""
+    deadline = time.monotonic() + 180
+    while not any("step" in p.read_text(errors="replace") for p in runs.rglob("rank-*.log")):
+        assert controller.poll() is None, controller.communicate()
+        assert time.monotonic() < deadline, "no step logged"
+        time.sleep(0.2)
 
 
 def _objects_while_running(kubeconfig: str, controller, runs) -> list[dict]:
@@ -180,25 +230,11 @@ def test_pods_of_an_indexed_job_train_as_over_ssh_a_lost_pod_is_detected_nothing
     reference = LINE.findall(ssh.stdout)
     assert [s for s, _ in reference] == ["5", "10"], ssh.stdout
 
-    state = tmp_path / "k8s"
-    nodes = [f"--node={cluster.namespace(h)}={cluster.address(h)}" for h in NODES]
-    emulator_log = open(tmp_path / "emulator.log", "wb")
-    emulator = subprocess.Popen(
-        [sys.executable, EMULATOR, "--state", str(state), *nodes], env=ENV,
-        stdin=subprocess.DEVNULL, stdout=emulator_log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    emulator_log.close()
-    kubeconfig = str(state / "kubeconfig")
+    emulator, kubeconfig = _start_emulator(tmp_path, cluster)
     where = cluster.controller_address
+    state = tmp_path / "k8s"
     procs = [emulator]
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(kubeconfig):
-            assert emulator.poll() is None, (tmp_path / "emulator.log").read_text()
-            assert time.monotonic() < deadline, "the emulator did not start"
-            time.sleep(0.1)
-
         # 1. a whole job: same losses as over SSH, the token only in the Secret
         port = _free_port(where)
         token_file, runs = tmp_path / "job.token", tmp_path / "runs"
@@ -381,14 +417,111 @@ def test_pods_of_an_indexed_job_train_as_over_ssh_a_lost_pod_is_detected_nothing
         assert sorted(p.name for p in record.parent.glob("attempt-*")) == ["attempt-0", "attempt-1"]
         _nothing_left(kubeconfig)
     finally:
-        for proc in procs[1:]:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        emulator.send_signal(signal.SIGTERM)
+        _stop(procs[1:], emulator, tmp_path)
+
+
+@pytest.mark.multirank
+def test_every_ending_of_a_k8s_job_names_its_cause_and_leaves_nothing(idle_cluster, tmp_path):
+    """Ctrl-C mid-job; a pod deleted under the launcher; pods that never start (an image the
+    nodes cannot pull, an interpreter the image lacks); an API server that stops answering
+    mid-job. Each names its cause, and nothing of the job is left (what the API server could
+    not delete is named, with the command that deletes it)."""
+    cluster = idle_cluster
+    emulator, kubeconfig = _start_emulator(tmp_path, cluster, "--image", "zlaunch-test:local")
+    where = cluster.controller_address
+    procs = []
+    try:
+        # 1. Ctrl-C (SIGINT to zlaunch alone) mid-job: every object deleted, no process left
+        runs = tmp_path / "runs1"
+        launched = _k8s_controller(where, kubeconfig, runs, SLOW_TRAIN)
+        procs.append(launched)
+        _stepping(launched, runs)
+        os.kill(launched.pid, signal.SIGINT)
+        out, err = launched.communicate(timeout=120)
+        assert launched.returncode == 130, (out + err)[-3000:]
+        _nothing_left(kubeconfig)
+        assert not cluster.wait_idle(timeout=10.0), "a process of the job is left"
+
+        # 2. a pod deleted under the launcher (not evicted): its agent is lost, named by its
+        # pod alone, and everything is deleted
+        runs = tmp_path / "runs2"
+        launched = _k8s_controller(where, kubeconfig, runs, SLOW_TRAIN)
+        procs.append(launched)
+        _stepping(launched, runs)
+        pods = json.loads(_kubectl(kubeconfig, "get", "pods", "-n", "ml", "-o", "json"))["items"]
+        (lost,) = [p for p in pods if p["spec"]["hostname"].endswith("-1")]
+        _kubectl(kubeconfig, "delete", "pod", "-n", "ml", lost["metadata"]["name"], "--wait=false")
+        out, err = launched.communicate(timeout=120)
+        assert launched.returncode != 0, (out + err)[-3000:]
+        (failure,) = runs.rglob("failure.json")
+        report = json.loads(failure.read_text())
+        (lost_agent,) = [a for a, pod in re.findall(r"(agent-[01]) is (zlaunch-[0-9a-f]{8}-[01]) \(", err)
+                         if pod == lost["spec"]["hostname"]]  # fmt: skip
+        root = report["root_cause"]
+        assert root["host"] == lost_agent, report
+        assert root["message"] == (
+            f"connection to the agent lost: pod {lost['metadata']['name']} deleted (its node "
+            "lost, or removed by someone)"
+        ), report
+        _nothing_left(kubeconfig)
+
+        # 3. pods that never start: the wait ends with the pod's reason, long before the
+        # dial-in wait's 600 s, and nothing is left
+        for image, python, reason in (
+            ("registry.example/missing:1", sys.executable, "ImagePullBackOff (Back-off pulling "
+             'image "registry.example/missing:1")'),
+            ("zlaunch-test:local", "/opt/no-such/python", "StartError, exit code 128 (exec: "
+             '"/opt/no-such/python": stat /opt/no-such/python: no such file or directory)'),
+        ):  # fmt: skip
+            runs = tmp_path / f"runs3-{len(procs)}"
+            launched = _k8s_controller(where, kubeconfig, runs, TRAIN, image=image, python=python)
+            procs.append(launched)
+            out, err = launched.communicate(timeout=120)
+            assert launched.returncode != 0, (out + err)[-3000:]
+            assert "agents did not dial in" in err and reason in err, err[-3000:]
+            assert re.search(r"pod zlaunch-[0-9a-f]{8}-[01]-[0-9a-f]{6} (cannot start|failed)", err)
+            assert "Traceback" not in err, err[-3000:]
+            _nothing_left(kubeconfig)
+
+        # 4. the API server stops answering mid-job (SIGSTOP: connections accepted, never
+        # answered): the job goes on, the console names the server; ended by `zlaunch stop`,
+        # the cleanup names what it could not delete and the command that does it
+        runs = tmp_path / "runs4"
+        with open(tmp_path / "stderr4", "w") as console:
+            launched = _k8s_controller(where, kubeconfig, runs, LONG_TRAIN, stderr=console)
+        procs.append(launched)
+        _stepping(launched, runs)
+        server = re.search(r"server: '([^']+)'", open(kubeconfig).read()).group(1)
+        os.kill(emulator.pid, signal.SIGSTOP)
         try:
-            emulator.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(emulator.pid, signal.SIGKILL)
-            emulator.wait()
-    assert emulator.returncode == 0, (tmp_path / "emulator.log").read_text()[-3000:]
+            deadline = time.monotonic() + 90
+            silent = f"the API server at {server} does not answer"
+            while silent not in (tmp_path / "stderr4").read_text():
+                assert launched.poll() is None, (tmp_path / "stderr4").read_text()[-3000:]
+                assert time.monotonic() < deadline, (tmp_path / "stderr4").read_text()[-3000:]
+                time.sleep(0.5)
+            stop = subprocess.run(
+                [*ZLAUNCH, "stop", "--log-dir", str(runs)], cwd=REPO, env=ENV,
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert stop.returncode == 0, stop.stdout + stop.stderr
+            launched.communicate(timeout=120)
+        finally:
+            os.kill(emulator.pid, signal.SIGCONT)
+        err = (tmp_path / "stderr4").read_text()
+        assert launched.returncode != 0, err[-3000:]
+        (name,) = set(re.findall(r"agent-[01] is (zlaunch-[0-9a-f]{8})-[01] \(", err))
+        left = re.search(r"could not delete (.*) in namespace ml: the API server at (\S+) ", err)
+        assert left is not None, err[-3000:]
+        assert left.group(1) == (
+            f"job.batch/{name}, pods -l zlaunch/job={name}, secret/{name}, service/{name}"
+        ), err[-3000:]
+        assert left.group(2) == server
+        command = f"kubectl delete job,pod,secret,service -n ml -l zlaunch/job={name}"
+        assert command in err, err[-3000:]
+        # (the resumed server may still take the delete that it never answered, and its
+        # garbage collector the rest: the command is what the user has either way)
+        _kubectl(kubeconfig, *command.split()[1:])  # the command as named
+        _nothing_left(kubeconfig)
+    finally:
+        _stop(procs, emulator, tmp_path)

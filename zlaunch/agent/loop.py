@@ -134,7 +134,16 @@ class Agent:
     def _spawn(self, entry: frames.WorkerSpec, cwd: str | None, node_env: dict[str, str]) -> None:
         try:
             env = {**node_env, protocol.COLLECTIVES_FILE_ENV: self.records.path(entry.rank)}
-            worker = start_worker(entry, cwd, env, self.workers.tag, self.workers.cgroup)
+            worker = start_worker(
+                entry,
+                cwd,
+                env,
+                self.workers.tag,
+                self.workers.cgroup,
+                preemption_signal=(
+                    self.preemption_signal if self.preemption_signal not in _STOP_SIGNALS else None
+                ),
+            )
         except StartFailed as err:
             self._send(frames.Error(str(err)))
             self._send(frames.Exited.of_returncode(entry.rank, None, err.code))

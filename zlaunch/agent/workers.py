@@ -110,16 +110,21 @@ def _script_args(argv: Sequence[str]) -> int:
     return len(argv) - (4 if argv[2] == "-m" else 3)
 
 
-def _child_setup(agent_pid: int, ignored_signal: int | None, cgroup: JobCgroup | None) -> None:
+def _child_setup(
+    agent_pid: int, ignored_signals: tuple[int, ...], cgroup: JobCgroup | None
+) -> None:
     """Runs in the forked worker before exec: die with the agent (Linux only).
 
     The save-on signal starts ignored (ignoring survives exec): one that arrives while the
-    worker is still importing must not kill it; the runtime installs its handler later.
+    worker is still importing must not kill it; the runtime installs its handler later. So
+    does a preemption signal that is not a stop signal (--preemption-signal USR2): a scheduler
+    that sends it to every process of the job (Slurm's --signal does) must reach the agent as
+    the host's notice, not end the ranks before they save.
     """
     if cgroup is not None:
         cgroup.join()  # before exec: nothing the worker starts is ever outside
-    if ignored_signal is not None:
-        signal.signal(ignored_signal, signal.SIG_IGN)
+    for ignored in ignored_signals:
+        signal.signal(ignored, signal.SIG_IGN)
     if _LIBC is not None and hasattr(_LIBC, "prctl"):
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != agent_pid:  # the agent died before prctl took effect
@@ -178,10 +183,12 @@ def start_worker(
     node_env: dict[str, str],
     tag: str = "",
     cgroup: JobCgroup | None = None,
+    preemption_signal: int | None = None,
 ) -> Worker:
     """Start one worker of the spec in its own session; StartFailed if it cannot start.
     ``tag``: the agent's job tag, which everything the worker starts inherits; ``cgroup``:
-    the job's cgroup, which the worker joins before it runs."""
+    the job's cgroup, which the worker joins before it runs; ``preemption_signal``: the
+    host's preemption signal when it is no stop signal, which the worker starts ignoring."""
     env = {**os.environ, **node_env, **entry.env}
     _safe_pythonpath(env)
     events_r, events_w = os.pipe()
@@ -189,7 +196,7 @@ def start_worker(
     if tag:
         env[protocol.JOB_TAG_ENV] = tag
     agent_pid = os.getpid()
-    ignored_signal = _save_signal(env)
+    ignored = tuple({sig for sig in (_save_signal(env), preemption_signal) if sig is not None})
     argv = boot_argv(list(entry.argv))
     if argv != list(entry.argv):  # behind the boot: secret-looking arguments wait in env
         argv = worker_args.hide(argv, _script_args(entry.argv), env)
@@ -203,7 +210,7 @@ def start_worker(
             stderr=subprocess.PIPE,
             pass_fds=(events_w,),
             start_new_session=True,
-            preexec_fn=lambda: _child_setup(agent_pid, ignored_signal, cgroup),
+            preexec_fn=lambda: _child_setup(agent_pid, ignored, cgroup),
         )
     except (OSError, ValueError) as err:
         # ValueError: a NUL byte in an argument or a variable. The controller refuses

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from zlaunch.agent.workers import EVENTS, StartFailed, WorkerGroup, start_worker
-from zlaunch.wire import frames
+from zlaunch.wire import frames, protocol
 
 
 def test_a_missing_program_is_start_failed_with_127_and_no_fd_left_open():
@@ -37,3 +37,26 @@ def test_worker_group_reaps_an_exit_once():
     worker.proc.stdout.close()
     worker.proc.stderr.close()
     os.close(next(fd for fd, stream in worker.pipes.items() if stream == EVENTS))
+
+
+def test_a_worker_starts_with_the_save_and_a_non_stop_preemption_signal_ignored():
+    """Slurm's --signal reaches every process of the job: a rank must not die of the
+    preemption signal (USR2 here) its agent turns into the host's notice, nor of the save
+    signal before its runtime handles it; SIGTERM stays as it was (the agent's stop)."""
+    import signal
+
+    probe = (
+        "import signal; print(' '.join(str(signal.getsignal(s) == signal.SIG_IGN) for s in "
+        "(signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)))"
+    )
+    entry = frames.WorkerSpec(rank=0, local_rank=0, argv=[sys.executable, "-c", probe])
+    worker = start_worker(
+        entry, None, {protocol.SAVE_ON_ENV: "SIGUSR1"}, preemption_signal=signal.SIGUSR2
+    )
+    out, _ = worker.proc.communicate(timeout=30)
+    assert out.decode().split() == ["True", "True", "False"]
+    plain = start_worker(entry, None, {protocol.SAVE_ON_ENV: "none"})
+    out, _ = plain.proc.communicate(timeout=30)
+    assert out.decode().split() == ["False", "False", "False"]
+    for started in (worker, plain):
+        os.close(next(fd for fd, stream in started.pipes.items() if stream == EVENTS))

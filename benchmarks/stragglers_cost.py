@@ -2,7 +2,8 @@
 against off, side by side; and the controller's scoring per sample at 1,024 ranks.
 
 Rank side: engines over the same process group train the same model, two with the busy clock
-(runtime/observe/profiling/busy.py: a clock read per collective, one event line per step
+(runtime/observe/profiling/busy.py: a clock read per collective and the threads' run delays
+read once a step, one event line per ten steps
 written to a pipe that another process drains, as the agent does) and two without. They alternate in
 rounds of ``--steps-per-round`` optimizer steps (order swapped every round) so that the
 machine's load falls on both alike; the figures are the ratio of the median step times and the
@@ -87,10 +88,11 @@ def controller_cost(ranks: int, steps: int = 100) -> float:
 
     watch = StragglerWatch({r: f"node{r // 8:04d}" for r in range(ranks)})
     values = [0.1 * (1.5 if r < 8 else 1.0) * (1 + (r % 7) / 100) for r in range(ranks)]
+    waits = [0.0 if r < 8 else 0.05 for r in range(ranks)]  # its peers wait for the slow host
     start = time.perf_counter()
     for step in range(steps):
         for rank in range(ranks):
-            watch.add(rank, step, values[rank])
+            watch.add(rank, step, values[rank], waits[rank])
     elapsed = time.perf_counter() - start
     assert watch.slow and watch.slow[0].host == "node0000", "the benchmark's slow host unnamed"
     return elapsed / (ranks * steps) * 1e6

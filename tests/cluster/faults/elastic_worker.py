@@ -8,6 +8,8 @@ appends each micro-step's loss to ``OUT/losses-<rank>.jsonl``; saves every ``--s
 steps into $ZLAUNCH_CHECKPOINT_DIR (resumed from by zlaunch on a restart). ``--slow-rank R
 --slow-sleep S --slow-factor F``: rank R spends S seconds and F times its own step more in
 every step (a slow host; the factor keeps it slow by as much however loaded the machine is).
+``--matmuls K``: every rank also multiplies two 256 x 256 matrices K times per step (a step
+whose compute, not its collectives, takes most of the CPU, as a real model's does).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> int:
     parser.add_argument("--slow-rank", type=int, default=-1, help="sleeps --slow-sleep more")
     parser.add_argument("--slow-sleep", type=float, default=0.0)
     parser.add_argument("--slow-factor", type=float, default=0.0, help="and F x its step more")
+    parser.add_argument("--matmuls", type=int, default=0, help="256x256 products per step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     engine, *_ = runtime.initialize(model=make_model())
@@ -53,6 +56,7 @@ def main() -> int:
     log = open(os.path.join(args.out, f"losses-{rank}.jsonl"), "a")
     gas = engine.gradient_accumulation_steps()
     assert engine.train_batch_size() == ROWS, engine.train_batch_size()
+    work = torch.randn(256, 256)
     while engine.global_steps < args.steps:
         started = time.perf_counter()
         step = engine.global_steps
@@ -64,6 +68,8 @@ def main() -> int:
             record = {"attempt": attempt, "world": world, "step": step + 1, "loss": loss.item()}
             log.write(json.dumps(record) + "\n")
             log.flush()
+        for _ in range(args.matmuls):
+            work = torch.tanh(work @ work)
         if args.save_interval and engine.global_steps % args.save_interval == 0:
             engine.save_checkpoint()
         slow = args.slow_sleep + args.slow_factor * (time.perf_counter() - started)

@@ -24,6 +24,10 @@ from tests.integration.launcher.helpers import idle_cluster  # noqa: F401 - auto
 pytestmark = [pytest.mark.cluster, pytest.mark.faults]
 
 STEPS = 90
+MATMULS = 40
+"""256 x 256 products per step on every rank, about 20 ms of CPU: a step whose compute takes
+most of its CPU, as a real model's does, so that a quarter core holds node2 back every step
+and not only when the machine's other work leaves the other hosts a whole core."""
 NAMED_BY = 70
 """Three windows of ten steps, scored once every rank is past them (step 30 at the soonest),
 and a window or two more where a burst of the machine's own load hides the throttle."""
@@ -37,7 +41,8 @@ def run_job(cluster, tmp_path) -> tuple[subprocess.CompletedProcess, list[dict]]
         [sys.executable, "-m", "zlaunch", "--no-color", "--hostfile", cluster.hostfile(1),
          "--ssh-config", cluster.ssh_config, "--log-dir", str(runs),
          "--config", config(tmp_path, 2),
-         WORKER, "--steps", str(STEPS), "--save-interval", "0", "--out", str(tmp_path / "out")],
+         WORKER, "--steps", str(STEPS), "--save-interval", "0", "--matmuls", str(MATMULS),
+         "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=240, cwd=REPO, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -30,7 +30,7 @@ from zlaunch.commands.check_perf import (
     outliers,
     ring_phases,
 )
-from zlaunch.commands.familiar import host_selection_options, resolve_nodes
+from zlaunch.commands.familiar import host_selection_options, resolve_nodes, ssh_of, ssh_options
 from zlaunch.errors import UsageError, ZlaunchError
 from zlaunch.worker import probe_code
 
@@ -313,25 +313,7 @@ def _network_words(network: dict) -> str:
 @click.option(
     "--master-port", type=click.IntRange(1, 65535), help="Check this port is free on the master."
 )
-@click.option("--ssh-config", help="ssh config file (ssh -F).")
-@click.option(
-    "--ssh-port",
-    type=click.IntRange(1, 65535),
-    help="ssh port of hosts whose hostfile line has no port=. Default: the ssh config's, else 22.",
-)
-@click.option("-I", "--identity", help="ssh private key file.")
-@click.option(
-    "--ssh-timeout",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for each host's ssh connection.",
-)
-@click.option(
-    "--accept-new-hosts",
-    is_flag=True,
-    help="Trust hosts missing from known_hosts and record their keys (ssh's accept-new).",
-)
+@ssh_options
 @click.option("--python", help="Interpreter on the nodes. Default: this one.")
 @click.option("--chdir", help="Working directory the workers will use. Default: the current one.")
 @click.option(
@@ -377,7 +359,7 @@ def command(
 ) -> None:
     """Check that every host is ready to run a job: ssh, python, zlaunch, torch, GPUs, cwd, port."""
     from zlaunch.console import print_table
-    from zlaunch.job import SshOptions, default_hosts, load_hostfile, select_hosts
+    from zlaunch.job import default_hosts, load_hostfile, select_hosts
 
     num_nodes = resolve_nodes(
         num_nodes=num_nodes, nnodes=nnodes, node_rank=node_rank, hostfile=hostfile
@@ -387,16 +369,7 @@ def command(
     else:
         listed = default_hosts(num_gpus)
     hosts = select_hosts(listed, include, exclude, num_nodes, num_gpus)
-    for path, flag in ((ssh_config, "--ssh-config"), (identity, "--identity")):
-        if path is not None and not os.path.isfile(os.path.expanduser(path)):
-            raise UsageError(f"{flag} {path}: no such file")
-    ssh = SshOptions(
-        config_file=os.path.expanduser(ssh_config) if ssh_config else None,
-        port=ssh_port,
-        identity=os.path.expanduser(identity) if identity else None,
-        timeout=ssh_timeout,
-        accept_new_hosts=accept_new_hosts,
-    )
+    ssh = ssh_of(ssh_config, ssh_port, identity, ssh_timeout, accept_new_hosts)
     cwd = os.path.abspath(os.path.expanduser(chdir)) if chdir else os.getcwd()
     measure = None
     if perf:

@@ -1,4 +1,6 @@
-"""torchrun's and DeepSpeed's spellings of the host-selection options, shared by `run` and `check`.
+"""The options `run` and `check` share: host selection, in torchrun's and DeepSpeed's
+spellings too, and SSH (`ssh_options`, one decorator so the two commands cannot drift;
+``ssh_of`` makes the job's `SshOptions` of them, the files checked to exist).
 
 `--num-gpus/--num_gpus/--nproc-per-node/--nproc_per_node` all mean "the first G slots of each
 host". torchrun's `--nnodes N` is taken too, with zlaunch's meaning spelled out where it
@@ -9,14 +11,18 @@ a `--node-rank` has no meaning here and is refused with what to do instead.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from zlaunch.errors import UsageError
 from zlaunch.text import clip
+
+if TYPE_CHECKING:
+    from zlaunch.job import SshOptions
 
 __all__ = [
     "host_selection_options",
@@ -24,6 +30,9 @@ __all__ = [
     "node_range",
     "CONFIG_SUFFIXES",
     "refuse_config_as_script",
+    "ssh_options",
+    "ssh_of",
+    "existing_file",
 ]
 
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml", ".hjson")
@@ -159,3 +168,65 @@ def refuse_config_as_script(script: str) -> None:
             hint=f"give the script first and the config with --config: "
             f"zlaunch train.py --config {shell_word} (--no-python runs a program as is)",
         )
+
+
+def ssh_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--ssh-config, --ssh-port (--ssh_port), -I/--identity, --ssh-timeout, --accept-new-hosts;
+    the command receives ``ssh_config``, ``ssh_port``, ``identity``, ``ssh_timeout`` and
+    ``accept_new_hosts``."""
+    options = [
+        click.option("--ssh-config", help="ssh config file (ssh -F)."),
+        click.option(
+            "--ssh-port",
+            "--ssh_port",
+            "ssh_port",
+            type=click.IntRange(1, 65535),
+            help="ssh port of hosts whose hostfile line has no port=. Default: the ssh "
+            "config's, else 22.",
+        ),
+        click.option("-I", "--identity", help="ssh private key file."),
+        click.option(
+            "--ssh-timeout",
+            type=float,
+            default=10.0,
+            show_default=True,
+            help="Seconds to wait for each host's ssh connection.",
+        ),
+        click.option(
+            "--accept-new-hosts",
+            is_flag=True,
+            help="Trust hosts missing from known_hosts and record their keys (ssh's accept-new).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def ssh_of(
+    ssh_config: str | None,
+    ssh_port: int | None,
+    identity: str | None,
+    ssh_timeout: float,
+    accept_new_hosts: bool,
+) -> SshOptions:
+    """The `SshOptions` the options say, with the config and key files made absolute."""
+    from zlaunch.job import SshOptions
+
+    return SshOptions(
+        config_file=existing_file(ssh_config, "--ssh-config"),
+        port=ssh_port,
+        identity=existing_file(identity, "--identity"),
+        timeout=ssh_timeout,
+        accept_new_hosts=accept_new_hosts,
+    )
+
+
+def existing_file(path: str | None, flag: str) -> str | None:
+    """``path`` made absolute; a usage error naming ``flag`` when there is no such file."""
+    if path is None:
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag} {path}: no such file")
+    return path

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from zlaunch.commands.allocation_args import hand_over, shown
-from zlaunch.commands.familiar import host_selection_options
+from zlaunch.commands.familiar import host_selection_options, ssh_options
 from zlaunch.commands.run_options import (
     build_options,
     find_config_in_args,
@@ -302,27 +302,7 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 @click.option("--time", "time_limit", help="With --nodes: the allocation's time limit.")
 @click.option("--account", help="With --nodes: the Slurm account to charge.")
 @click.option("--mpirun-args", help="Extra mpirun arguments for each agent (one string).")
-@click.option("--ssh-config", help="ssh config file (ssh -F).")
-@click.option(
-    "--ssh-port",
-    "--ssh_port",
-    "ssh_port",
-    type=click.IntRange(1, 65535),
-    help="ssh port of hosts whose hostfile line has no port=. Default: the ssh config's, else 22.",
-)
-@click.option("-I", "--identity", help="ssh private key file.")
-@click.option(
-    "--ssh-timeout",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds to wait for each host's ssh connection.",
-)
-@click.option(
-    "--accept-new-hosts",
-    is_flag=True,
-    help="Trust hosts missing from known_hosts and record their keys (ssh's accept-new).",
-)
+@ssh_options
 @click.option("--python", help="Interpreter on the nodes. Default: this one.")
 @click.option("--chdir", help="Working directory of the workers. Default: the current one.")
 @click.option(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from zlaunch.commands.familiar import node_range, refuse_config_as_script, resolve_nodes
+from zlaunch.commands.familiar import node_range, refuse_config_as_script, resolve_nodes, ssh_of
 from zlaunch.errors import ConfigError, UsageError
 from zlaunch.text import clip, redact_argv
 
@@ -322,7 +322,7 @@ def _launch_options(
 ) -> LaunchOptions:
     """The checked pieces (`launch_with`: the launcher and its extra arguments), the worker
     environment and the remaining flags, as one LaunchOptions."""
-    from zlaunch.job import DEFAULT_GROW_INTERVAL, DEFAULT_HANG_TIMEOUT, LaunchOptions, SshOptions
+    from zlaunch.job import DEFAULT_GROW_INTERVAL, DEFAULT_HANG_TIMEOUT, LaunchOptions
     from zlaunch.rundir import default_log_dir
 
     worker_env = _worker_env(args)
@@ -350,12 +350,8 @@ def _launch_options(
         ray_include=_ray_nodes(args.include) if launcher == "ray" else (),
         ray_exclude=_ray_nodes(args.exclude) if launcher == "ray" else (),
         k8s=_k8s(args, launcher),
-        ssh=SshOptions(
-            config_file=_existing_file(args.ssh_config, "--ssh-config"),
-            port=args.ssh_port,
-            identity=_existing_file(args.identity, "--identity"),
-            timeout=args.ssh_timeout,
-            accept_new_hosts=args.accept_new_hosts,
+        ssh=ssh_of(
+            args.ssh_config, args.ssh_port, args.identity, args.ssh_timeout, args.accept_new_hosts
         ),
         log_dir=_absolute(args.log_dir) or default_log_dir(args.environ),
         ranks_filter=parse_ranks(args.ranks, world_size) if args.ranks else None,
@@ -593,15 +589,6 @@ def parse_ranks(text: str, world_size: int) -> frozenset[int]:
 def _number(text: str) -> bool:
     """ASCII digits, few enough for int() (str.isdigit() also takes '²', which int() refuses)."""
     return text.isascii() and text.isdigit() and len(text) <= 18
-
-
-def _existing_file(path: str | None, flag: str) -> str | None:
-    if path is None:
-        return None
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(path):
-        raise UsageError(f"{flag} {path}: no such file")
-    return path
 
 
 def _resume(resume: bool, if_present: bool, checkpoint_dir: str | None, hosts) -> bool:

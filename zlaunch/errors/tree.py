@@ -6,6 +6,8 @@ message without a traceback. Raise the most specific class; put the fix in `hint
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "ZlaunchError",
     "UsageError",
@@ -59,7 +61,26 @@ class LaunchError(ZlaunchError):
 
 
 class HostUnreachable(LaunchError):
-    """SSH to a host failed (refused, timed out, auth); the message names the host."""
+    """SSH to a host failed (refused, timed out, auth); the message names the host.
+
+    ``hosts``: the names of every host found out of reach (a restart may go on without them,
+    or wait for them); empty when the failure is not one host's (a broken known_hosts file)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hosts: Sequence[str] = (),
+        hint: str | None = None,
+        exit_code: int | None = None,
+    ):
+        super().__init__(message, hint=hint, exit_code=exit_code)
+        self.hosts: tuple[str, ...] = tuple(hosts)
+
+    @classmethod
+    def of(cls, host: str, message: str, *, hint: str | None = None) -> HostUnreachable:
+        """The one host ``host`` is out of reach."""
+        return cls(message, hosts=(host,), hint=hint)
 
 
 class WorkerFailed(ZlaunchError):

@@ -959,7 +959,7 @@ class Job:
     def _after_unreachable(self, err: HostUnreachable) -> bool:
         """A restart found hosts out of reach: wait for them (a route or link coming back),
         or go on without them (--min-nodes); False to give up."""
-        unreachable = getattr(err, "hosts", None) or ()
+        unreachable = err.hosts
         decision = self.policy.unreachable(unreachable, time.monotonic())
         if isinstance(decision, GiveUp):
             return False

@@ -280,13 +280,12 @@ def open_dialin(
         )
     why = placement.failed() or f"not within {timeout:.0f} s"
     names = [hosts[i].name for i in missing]
-    err = HostUnreachable(
+    raise HostUnreachable(
         f"{len(missing)} of {len(hosts)} agents did not dial in to {address} ({why})",
+        hosts=names,
         hint="each node runs `zlaunch agent --connect ADDRESS --token-file FILE` and must reach "
         "this machine over TCP (--controller-addr sets the address it listens on)",
     )
-    err.hosts = names
-    raise err
 
 
 def _this_machine() -> str:

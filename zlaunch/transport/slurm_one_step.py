@@ -417,13 +417,12 @@ def open_one_step(
             "address they connect to; --slurm-mode step-per-node needs no connection back"
         )
         tail = "\n".join(f"    {line}" for line in step.unclaimed_tail())
-        err = HostUnreachable(
+        raise HostUnreachable(
             f"the agent on {', '.join(names[:10])}"
             + (f" and {len(names) - 10} more" if len(names) > 10 else "")
             + f" did not connect back to {listener.address} ({why})"
             + (f":\n{tail}" if tail else ""),
+            hosts=names,
             hint=hint,
         )
-        err.hosts = names
-        raise err
     return [link for link in links if link is not None]

@@ -168,7 +168,8 @@ def _unreachable(err: BaseException, host: Host, ssh: SshOptions, connection) ->
 
     where = host.display
     if isinstance(err, paramiko.BadHostKeyException):
-        return HostUnreachable(
+        return HostUnreachable.of(
+            host.name,
             f"ssh to {where} refused: its host key changed ({err.key.get_name()} "
             f"{err.key.get_fingerprint().hex()}, known_hosts has "
             f"{err.expected_key.get_fingerprint().hex()})",
@@ -177,7 +178,8 @@ def _unreachable(err: BaseException, host: Host, ssh: SshOptions, connection) ->
         )
     if isinstance(err, _UnknownHostKey):
         known = _user_known_hosts(connection.ssh_config)
-        return HostUnreachable(
+        return HostUnreachable.of(
+            host.name,
             f"ssh to {where} refused: its host key ({err.key.get_name()} "
             f"{fingerprint(err.key)}) is not in known_hosts, so nothing proves the host "
             "is the one meant",
@@ -186,35 +188,39 @@ def _unreachable(err: BaseException, host: Host, ssh: SshOptions, connection) ->
             f"ssh-keyscan {err.hostname} >> {known}",
         )
     if isinstance(err, paramiko.AuthenticationException):
-        return HostUnreachable(
+        return HostUnreachable.of(
+            host.name,
             f"ssh to {where} failed: authentication refused ({err})",
             hint="check the user and key (-I/--identity, --ssh-config); zlaunch never prompts",
         )
     if isinstance(err, TimeoutError):
-        return HostUnreachable(
+        return HostUnreachable.of(
+            host.name,
             f"ssh to {where} timed out after {ssh.timeout:g}s",
             hint="check the address and that sshd runs there; --ssh-timeout sets the limit",
         )
     if isinstance(err, paramiko.ssh_exception.NoValidConnectionsError):
         reasons = sorted({e.strerror or str(e) for e in err.errors.values()})
         ports = sorted({addr[1] for addr in err.errors})
-        return HostUnreachable(
+        return HostUnreachable.of(
+            host.name,
             f"ssh to {where} failed: cannot connect to port "
             f"{', '.join(map(str, ports))} ({'; '.join(reasons)})",
             hint="check that sshd listens there (hostfile port=, --ssh-port, ssh config Port)",
         )
     if isinstance(err, paramiko.SSHException):
         return _no_handshake(err, host, ssh, connection)
-    return HostUnreachable(f"ssh to {where} failed: {str(err) or type(err).__name__}")
+    return HostUnreachable.of(host.name, f"ssh to {where} failed: {str(err) or type(err).__name__}")
 
 
 def _no_handshake(err: Exception, host: Host, ssh: SshOptions, connection) -> HostUnreachable:
     # The handshake never completed: paramiko says so as a banner error, or (when its start
     # timeout and banner timeout race) as "No existing session" at the first auth.
     if "protocol banner" not in str(err) and "No existing session" not in str(err):
-        return HostUnreachable(f"ssh to {host.display} failed: {err}")
+        return HostUnreachable.of(host.name, f"ssh to {host.display} failed: {err}")
     port = host.port or ssh.port or connection.port
-    return HostUnreachable(
+    return HostUnreachable.of(
+        host.name,
         f"ssh to {host.display} failed: no SSH server answered on port {port} "
         f"within {ssh.timeout:g}s",
         hint=f"check that port {port} is sshd's (ssh -p {port} {host.name}); a busy sshd "

@@ -183,9 +183,11 @@ def open_links(
                 link.terminate()
         errors.sort(key=lambda item: item[0])
         index, err = errors[0]
-        if not isinstance(err, LaunchError):
-            err = HostUnreachable(f"cannot start on {hosts[index].display}: {err}")
         # Every host that could not be reached, by name (a restart may go on without them).
-        err.hosts = [hosts[i].name for i, e in errors if isinstance(e, (HostUnreachable, OSError))]
+        names = [hosts[i].name for i, e in errors if isinstance(e, (HostUnreachable, OSError))]
+        if isinstance(err, HostUnreachable):
+            raise HostUnreachable(err.message, hosts=names, hint=err.hint) from err
+        if not isinstance(err, LaunchError):
+            raise HostUnreachable(f"cannot start on {hosts[index].display}: {err}", hosts=names)
         raise err
     return [link for link in links if link is not None]

@@ -296,7 +296,7 @@ def test_a_node_that_never_connects_fails_the_start_naming_it(fake_srun):
     start = time.monotonic()
     with pytest.raises(HostUnreachable) as err:
         open_one_step(HOSTS, argv, controller_addr="127.0.0.1", environ=env, timeout=10)
-    assert err.value.hosts == ["nodeB"]
+    assert err.value.hosts == ("nodeB",)
     assert "the agent on nodeB did not connect back to 127.0.0.1:" in err.value.message
     assert "(not within 10 s)" in err.value.message
     assert time.monotonic() - start < 30

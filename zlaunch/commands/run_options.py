@@ -227,15 +227,6 @@ def _dialin_hosts(args: RunArguments, launcher: str = "dialin") -> list[Host]:
             f"--launcher {launcher} needs --nodes N: how many agents to wait for",
             hint="e.g. zlaunch run --launcher dialin --nodes 2 --token-file ~/job.token train.py",
         )
-    if args.min_nodes is not None and launcher == "dialin":  # k8s places new pods per attempt
-        raise UsageError(
-            "--min-nodes is not supported with --launcher dialin: zlaunch does not start the "
-            "agents, so it cannot place an attempt on fewer nodes (each restart waits for "
-            "--nodes agents again, started by whatever started the first ones)",
-            hint="use --launcher k8s or --launcher ray, which place a new set of agents for "
-            "each attempt; or drop --min-nodes and have your scheduler start the agents again "
-            "for each of the --max-restarts restarts",
-        )
     slots = tuple(range(args.num_gpus or 1))
     return dialin_hosts(args.num_nodes, slots)
 

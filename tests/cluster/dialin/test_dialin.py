@@ -8,6 +8,7 @@ the run, and every process ends.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -154,3 +155,63 @@ def test_two_agents_started_by_hand_train_as_over_ssh_and_the_token_stays_secret
         if path.is_file():
             assert token not in path.read_text(errors="replace"), path
     assert token not in out + err
+
+
+@pytest.mark.multirank
+def test_with_min_nodes_a_lost_agent_restarts_the_job_waiting_for_fewer(idle_cluster, tmp_path):
+    """--max-restarts 1 --min-nodes 1: one of two agents killed mid-job (its node lost); the
+    next attempt waits for one agent, which is started again by hand, and the job runs to its
+    last step on world size 1; nothing is left."""
+    cluster = idle_cluster
+    where = cluster.controller_address
+    address = f"{where}:{_free_port(where)}"
+    token_file, runs, console = tmp_path / "job.token", tmp_path / "runs", tmp_path / "stderr"
+    with open(console, "w") as stderr:
+        controller = subprocess.Popen(
+            [*ZLAUNCH, "run", "--launcher", "dialin", "--nodes", "2", "--token-file",
+             str(token_file), "--controller-addr", where, "--controller-port",
+             address.rpartition(":")[2], "--max-restarts", "1", "--min-nodes", "1",
+             "--log-dir", str(runs), *TRAIN[:4], "400", *TRAIN[5:]],
+            cwd=REPO, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=stderr, text=True, start_new_session=True,
+        )  # fmt: skip
+    agents: list[subprocess.Popen] = []
+
+    def said() -> str:
+        return console.read_text()
+
+    def wait_for(what: str, done) -> None:
+        deadline = time.monotonic() + 120
+        while not done():
+            assert controller.poll() is None, said()[-3000:]
+            assert time.monotonic() < deadline, f"{what}: {said()[-3000:]}"
+            time.sleep(0.1)
+
+    try:
+        wait_for("no token file", token_file.exists)
+        time.sleep(0.2)
+        token = token_file.read_text().strip()
+        copy = tmp_path / "node.token"
+        copy.write_text(token + "\n")
+        copy.chmod(0o400)
+        agents = [_start_agent(cluster, host, address, str(copy)) for host in NODES]
+        wait_for(
+            "no step logged",
+            lambda: any("step" in p.read_text(errors="replace") for p in runs.rglob("rank-*.log")),
+        )
+        os.killpg(agents[1].pid, 9)  # node2 lost: its agent and ranks gone at once
+        agents[1].wait()
+        wait_for("no wait for one agent", lambda: "waiting for 1 agents to dial in" in said())
+        agents.append(_start_agent(cluster, "node1", address, str(copy)))
+        out, _ = controller.communicate(timeout=300)
+    finally:
+        for proc in (controller, *agents):
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    assert controller.returncode == 0, (out + said())[-3000:]
+    assert "restarted this job on another world size" in out and "world size 1," in out, out
+    assert [s for s, _ in LINE.findall(out)][-1] == "400", out[-3000:]
+    (record,) = [p for p in runs.glob("*/run.json") if not p.parent.is_symlink()]
+    assert json.loads(record.read_text())["status"] == "succeeded"
+    assert sorted(p.name for p in record.parent.glob("attempt-*")) == ["attempt-0", "attempt-1"]

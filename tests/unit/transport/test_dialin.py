@@ -102,6 +102,11 @@ def test_dialin_options_name_the_nodes_in_joining_order(tmp_path):
     assert options.token_file == os.path.abspath("tok") and options.controller_port == 29400
 
 
+def test_with_min_nodes_a_restart_waits_for_fewer_agents(tmp_path):
+    options = _options(tmp_path, num_nodes=3, token_file="t", min_nodes=2, max_restarts=1)
+    assert (len(options.hosts), options.min_nodes, options.spare_hosts) == (3, 2, ())
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -109,10 +114,6 @@ def test_dialin_options_name_the_nodes_in_joining_order(tmp_path):
         ({"num_nodes": 2}, "--launcher dialin needs --token-file FILE"),
         ({"num_nodes": 2, "token_file": "t", "hostfile": "h"}, "--hostfile has no effect"),
         ({"num_nodes": 2, "token_file": "t", "include": "n1"}, "--include has no effect"),
-        (
-            {"num_nodes": 2, "token_file": "t", "min_nodes": 1, "max_restarts": 1},
-            "--min-nodes is not supported with --launcher dialin",
-        ),
     ],
 )
 def test_dialin_refuses_what_does_not_apply(tmp_path, values, message):

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from zlaunch.job import Host, SshOptions
 
@@ -244,12 +244,10 @@ class HostProber:
 
     def _run(self) -> None:
         pending: dict[Future, str] = {}
-        with ThreadPoolExecutor(MAX_PARALLEL_PROBES, thread_name_prefix="probe") as pool:
-            while not self.stop.is_set():
-                self.step(pool, pending)
-                self.stop.wait(LOOP_WAIT)
-            for future in pending:
-                future.cancel()
+        pool = _DaemonPool()
+        while not self.stop.is_set():
+            self.step(pool, pending)
+            self.stop.wait(LOOP_WAIT)
 
     def step(self, pool, pending: dict[Future, str]) -> None:
         """One look: the hostfile when due, the probes that ended, the probes now due."""
@@ -308,6 +306,24 @@ class HostProber:
                     f"hostfile {self.hostfile.path} lists new host(s) "
                     f"{', '.join(h.name for h in new)}: probing them, to join the job"
                 )
+
+
+class _DaemonPool:
+    """Each probe on a daemon thread of its own (`HostProber.step` bounds how many run): the
+    job's end never waits for a login still timing out (a thread pool's workers are joined
+    at exit)."""
+
+    def submit(self, fn: Callable[[Host], str | None], host: Host) -> Future:
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(host))
+            except BaseException as err:  # handed to the prober, which counts it as no answer
+                future.set_exception(err)
+
+        threading.Thread(target=run, name=f"probe-{host.name}", daemon=True).start()
+        return future
 
 
 def ssh_probe(ssh: SshOptions, timeout: float = PROBE_TIMEOUT) -> Callable[[Host], str | None]:

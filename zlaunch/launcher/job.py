@@ -644,11 +644,12 @@ class Attempt:
                 return
             if host.display in self.offered or host.name in {h.name for h in self.hosts}:
                 continue
+            if host.display in self._cannot_join_said:
+                continue  # judged once per attempt (the check reads the config)
             why = self.grow_check([*self.offered.values(), host]) if self.grow_check else None
             if why is not None:
-                if host.display not in self._cannot_join_said:
-                    self._cannot_join_said.add(host.display)
-                    self.console.note(f"{host.display} answers but cannot join: {why}", error=True)
+                self._cannot_join_said.add(host.display)
+                self.console.note(f"{host.display} answers but cannot join: {why}", error=True)
                 continue
             self.offered[host.display] = host
             room -= 1

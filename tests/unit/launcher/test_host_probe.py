@@ -275,3 +275,19 @@ def test_a_host_with_fewer_slots_than_num_gpus_is_no_candidate(tmp_path):
     watch = HostfileWatch(str(path), slots=2)
     write(path, "a slots=1\nb slots=4\n")
     assert [(h.name, h.slots) for h in watch.changed()] == [("b", (0, 1))]
+
+
+def test_closing_the_prober_does_not_wait_for_a_probe_still_timing_out():
+    gate = threading.Event()
+    prober = HostProber(lambda h: (gate.wait(30), None)[1], backoff=Backoff(0.01, 0.01))
+    prober.candidate([host("blackholed")])
+    prober.start()
+    try:
+        time.sleep(0.3)  # its probe is in flight
+        began = time.monotonic()
+        prober.close()
+        assert time.monotonic() - began < 2.0 and not prober.thread.is_alive()
+        probes = [t for t in threading.enumerate() if t.name == "probe-blackholed"]
+        assert probes and all(t.daemon for t in probes)  # never joined at exit
+    finally:
+        gate.set()

@@ -166,7 +166,9 @@ def worker(args) -> None:
         model = _model(args.width, args.layers).to(torch.bfloat16)
         engine, *_ = runtime.initialize(model=model, config=config)
     else:
-        with runtime.zero.Init(config_dict_or_path=config):
+        # dtype: the shards are kept in bf16 from the start (the default keeps the fp32 the
+        # modules were made in: 4 bytes per parameter until initialize, over the limit).
+        with runtime.zero.Init(config_dict_or_path=config, dtype=torch.bfloat16):
             model = _model(args.width, args.layers)
         engine, *_ = runtime.initialize(model=model, config=config)
     init_s = time.perf_counter() - t0

@@ -158,11 +158,26 @@ _ST_DTYPES = {
 }
 
 
-def _serialize(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """safetensors bytes of ``tensors``, straight from their memory (views may share storage)."""
-    import safetensors
+# safetensors' dtype codes, as its header spells them.
+_ST_CODES = {
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float64": "F64",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+_WRITE_PIECE = 64 << 20  # bytes per write(): crc32 reads a piece while it is still in cache
 
-    keep, specs = [], {}
+
+def _shard_layout(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]):
+    """The safetensors header of ``tensors`` (in their order, back to back) and the tensors as
+    contiguous CPU tensors, so their memory can be written as it is."""
+    keep, header, offset = [], {}, 0
     for key, t in tensors.items():
         t = t.detach()
         if t.device.type != "cpu":
@@ -170,34 +185,59 @@ def _serialize(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) ->
         t = t.contiguous()
         if t.dtype not in _ST_DTYPES:
             raise CheckpointError(f"cannot store {key}: dtype {t.dtype} is not supported")
+        nbytes = t.numel() * t.element_size()
+        header[key] = {
+            "dtype": _ST_CODES[_ST_DTYPES[t.dtype]],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
         keep.append(t)
-        specs[key] = safetensors.TensorSpec(
-            dtype=_ST_DTYPES[t.dtype],
-            shape=list(t.shape),
-            data_ptr=t.data_ptr(),
-            data_len=t.numel() * t.element_size(),
-        )
-    data = bytes(safetensors.serialize(specs, metadata=metadata))
-    del keep
-    return data
+    header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    return len(text).to_bytes(8, "little") + text, keep
 
 
-def _write_file(folder: HeldDir, name: str, data: bytes, slow_s: float) -> None:
+def _byte_views(tensors: list[torch.Tensor]):
+    for t in tensors:
+        if t.numel():
+            data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            for start in range(0, len(data), _WRITE_PIECE):
+                yield data[start : start + _WRITE_PIECE]
+
+
+def _write_shard(
+    folder: HeldDir, name: str, tensors: Mapping[str, torch.Tensor], metadata, slow_s: float
+) -> tuple[int, int]:
+    """Write ``tensors`` as a safetensors file straight from their memory (no serialised copy
+    of the shard: that copy cost as long as the disk's write), crc32 computed on the way;
+    one fsync. Returns the file's bytes and crc32."""
+    prefix, keep = _shard_layout(tensors, metadata)
+    total = len(prefix) + sum(t.numel() * t.element_size() for t in keep)
     fd = folder.create(name)
     try:
-        with open(fd, "wb", closefd=False) as f:
-            if slow_s > 0:
-                half = len(data) // 2
-                f.write(data[:half])
-                f.flush()
-                os.fsync(fd)
+        crc = zlib.crc32(prefix)
+        _write_all(fd, memoryview(prefix))
+        written = len(prefix)
+        slowed = slow_s <= 0
+        for view in _byte_views(keep):
+            crc = zlib.crc32(view, crc)
+            _write_all(fd, view)
+            written += len(view)
+            if not slowed and written >= total // 2:
+                os.fsync(fd)  # half the shard is on disk while the save is held up
                 time.sleep(slow_s)
-                f.write(data[half:])
-            else:
-                f.write(data)
+                slowed = True
         os.fsync(fd)
     finally:
         os.close(fd)
+    return total, crc
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 # ---------------------------------------------------------------------------- save
@@ -401,14 +441,14 @@ def _write_rank(partial, tag, rank, world_size, pieces, extra, rank_state) -> No
     for name, t in extra.items():
         tensors[_EXTRA_PREFIX + name] = t
         extra_meta[name] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-    data = _serialize(tensors, {"format": FORMAT, "rank": str(rank)})
     file_name = shard_file_name(rank, world_size)
-    _write_file(partial, file_name, data, _slow_save_seconds(tag))
+    metadata = {"format": FORMAT, "rank": str(rank)}
+    nbytes, crc = _write_shard(partial, file_name, tensors, metadata, _slow_save_seconds(tag))
     sidecar = {
         "rank": rank,
         "file": file_name,
-        "bytes": len(data),
-        "crc32": zlib.crc32(data),
+        "bytes": nbytes,
+        "crc32": crc,
         "kinds": kinds,
         "pieces": records,
         "extra": extra_meta,

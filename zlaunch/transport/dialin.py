@@ -278,13 +278,23 @@ def open_dialin(
             f"stopped while the agents were dialing in ({len(missing)} of {len(hosts)} not yet)",
             exit_code=128 + signum,
         )
-    why = placement.failed() or f"not within {timeout:.0f} s"
+    gave_up = placement.failed()
+    why = gave_up or f"not within {timeout:.0f} s"
     names = [hosts[i].name for i in missing]
+    hint = (
+        "each node runs `zlaunch agent --connect ADDRESS --token-file FILE` and must reach "
+        "this machine over TCP (--controller-addr sets the address it listens on)"
+    )
+    if gave_up is not None:  # the scheduler said why: it is not the network
+        hint = (
+            "the scheduler's reason is in parentheses; the agents' image or command is the "
+            "usual cause (--image, --k8s-python under --launcher k8s; the Ray nodes' Python "
+            "under --launcher ray). Everything placed was removed"
+        )
     raise HostUnreachable(
         f"{len(missing)} of {len(hosts)} agents did not dial in to {address} ({why})",
         hosts=names,
-        hint="each node runs `zlaunch agent --connect ADDRESS --token-file FILE` and must reach "
-        "this machine over TCP (--controller-addr sets the address it listens on)",
+        hint=hint,
     )
 
 

@@ -389,7 +389,7 @@ def _short(err: BaseException) -> str:
         err = cause
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     pool, sep, rest = text.partition("): ")
-    if sep and pool.startswith(("HTTPConnection", "HTTPSConnection", "None")):
+    if sep and pool.startswith(("HTTPConnection", "HTTPSConnection")):
         text = rest
     if text.startswith("<") and ">: " in text:  # NewConnectionError('<urllib3... object>: why')
         text = text.partition(">: ")[2].rstrip("')")

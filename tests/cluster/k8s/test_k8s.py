@@ -481,6 +481,7 @@ def test_every_ending_of_a_k8s_job_names_its_cause_and_leaves_nothing(idle_clust
             assert "agents did not dial in" in err and reason in err, err[-3000:]
             assert re.search(r"pod zlaunch-[0-9a-f]{8}-[01]-[0-9a-f]{6} (cannot start|failed)", err)
             assert "Traceback" not in err, err[-3000:]
+            assert "the agents' image or command is the usual cause" in err, err[-3000:]
             _nothing_left(kubeconfig)
 
         # 4. the API server stops answering mid-job (SIGSTOP: connections accepted, never

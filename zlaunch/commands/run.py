@@ -26,6 +26,7 @@ from zlaunch.commands.run_options import (
     validate_config,
 )
 from zlaunch.errors import UsageError
+from zlaunch.job import Launcher, SlurmMode
 from zlaunch.text import brief, clip
 from zlaunch.wire import protocol
 from zlaunch.worker import module_argv
@@ -167,21 +168,21 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
 
     from zlaunch.transport import agent_argv
 
-    if options.launcher == "ssh":
+    if options.launcher == Launcher.SSH:
         return ""
-    if options.launcher == "ray":
+    if options.launcher == Launcher.RAY:
         return (
             f"agents start as Ray actors, one per node of a STRICT_SPREAD placement group of "
             f"{len(options.hosts)} bundles on {options.ray_address or 'RAY_ADDRESS or a local Ray'}"
             ", each dialing in to this machine\n"
         )
-    if options.launcher == "k8s" and options.k8s is not None:
+    if options.launcher == Launcher.K8S and options.k8s is not None:
         return (
             f"agents start as the {len(options.hosts)} pods of an Indexed Job in namespace "
             f"{options.k8s.namespace} (image {options.k8s.image}), each dialing in with the "
             "token of a Secret mounted as a file (zlaunch k8s manifest prints such objects)\n"
         )
-    if options.launcher == "dialin":
+    if options.launcher == Launcher.DIALIN:
         where = options.controller_addr or "ADDR"
         port = options.controller_port or "PORT"
         return (
@@ -190,7 +191,7 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
             f"  zlaunch agent --connect {where}:{port} --token-file FILE\n"
         )
     argv = agent_argv(options.python)
-    if options.launcher == "slurm" and options.slurm_mode == "one-step":
+    if options.launcher == Launcher.SLURM and options.slurm_mode == SlurmMode.ONE_STEP:
         from zlaunch.transport import job_id, one_step_argv
 
         address = f"{options.controller_addr or 'ADDR'}:PORT"
@@ -205,7 +206,7 @@ def _agent_commands(options: LaunchOptions, limit: int = 4) -> str:
         )
     lines = [f"agents start with ({options.launcher}, one per node):"]
     for host in options.hosts[:limit]:
-        if options.launcher == "slurm":
+        if options.launcher == Launcher.SLURM:
             from zlaunch.transport import job_id, srun_argv
 
             command = srun_argv(host.name, job_id(os.environ), argv, options.launcher_args)

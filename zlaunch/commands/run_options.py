@@ -18,6 +18,7 @@ import click
 
 from zlaunch.commands.familiar import node_range, refuse_config_as_script, resolve_nodes, ssh_of
 from zlaunch.errors import ConfigError, UsageError
+from zlaunch.job import Launcher
 from zlaunch.text import clip, redact_argv
 
 if TYPE_CHECKING:
@@ -181,13 +182,13 @@ def _hosts(args: RunArguments, launcher: str) -> tuple[list[Host], list[Host]]:
     """The selected hosts, and the spares that may replace lost ones (with --min-nodes)."""
     from zlaunch.job import default_hosts, load_hostfile, select_hosts
 
-    if launcher in ("dialin", "k8s"):
+    if launcher in (Launcher.DIALIN, Launcher.K8S):
         return _dialin_hosts(args, launcher), []
-    if launcher == "ray":
+    if launcher == Launcher.RAY:
         return _ray_hosts(args), []
     if args.hostfile is not None:
         hosts = load_hostfile(os.path.expanduser(args.hostfile))
-    elif launcher != "ssh":
+    elif launcher != Launcher.SSH:
         from zlaunch.transport import allocation_hosts, in_allocation
 
         if not in_allocation(args.environ):
@@ -338,8 +339,8 @@ def _launch_options(
         controller_port=_controller_port(args.controller_port, launcher),
         token_file=_token_file(args.token_file, launcher),
         ray_address=_ray_address(args.ray_address, launcher),
-        ray_include=_ray_nodes(args.include) if launcher == "ray" else (),
-        ray_exclude=_ray_nodes(args.exclude) if launcher == "ray" else (),
+        ray_include=_ray_nodes(args.include) if launcher == Launcher.RAY else (),
+        ray_exclude=_ray_nodes(args.exclude) if launcher == Launcher.RAY else (),
         k8s=_k8s(args, launcher),
         ssh=ssh_of(
             args.ssh_config, args.ssh_port, args.identity, args.ssh_timeout, args.accept_new_hosts
@@ -696,9 +697,9 @@ def _slurm_mode(name: str, launcher: str, nodes: int, controller_addr: str | Non
             f"--slurm-mode {clip(name)}: expected auto, {', '.join(SLURM_MODES)}",
             hint=f"auto: one-step above {ONE_STEP_ABOVE_NODES} nodes, step-per-node up to it",
         )
-    if launcher in ("dialin", "ray", "k8s") and name == "auto":
+    if launcher in (Launcher.DIALIN, Launcher.RAY, Launcher.K8S) and name == "auto":
         return "step-per-node"  # --controller-addr is dial-in's too
-    if launcher != "slurm":
+    if launcher != Launcher.SLURM:
         if name != "auto" or controller_addr:
             flag = "--slurm-mode" if name != "auto" else "--controller-addr"
             raise UsageError(f"{flag} has no effect with --launcher {launcher}", hint="drop it")
@@ -732,7 +733,7 @@ def _controller_port(value: int | None, launcher: str) -> int:
     """--controller-port: dial-in's alone (one srun step's agents are told a free port)."""
     if value is None:
         return 0
-    if launcher not in ("dialin", "k8s"):
+    if launcher not in (Launcher.DIALIN, Launcher.K8S):
         raise UsageError(
             f"--controller-port has no effect with --launcher {launcher}",
             hint="drop it (it is the port dial-in agents connect to)",
@@ -742,7 +743,7 @@ def _controller_port(value: int | None, launcher: str) -> int:
 
 def _ray_address(value: str | None, launcher: str) -> str | None:
     """--ray-address: --launcher ray's alone."""
-    if value is not None and launcher != "ray":
+    if value is not None and launcher != Launcher.RAY:
         raise UsageError(f"--ray-address has no effect with --launcher {launcher}", hint="drop it")
     return value or None
 
@@ -751,7 +752,7 @@ def _token_file(value: str | None, launcher: str) -> str | None:
     """--token-file: dial-in's alone; an absolute path."""
     if value is None:
         return None
-    if launcher != "dialin":
+    if launcher != Launcher.DIALIN:
         raise UsageError(
             f"--token-file has no effect with --launcher {launcher}",
             hint="drop it (zlaunch hands the token to the agents it starts itself)",
@@ -790,7 +791,7 @@ def _k8s(args: RunArguments, launcher: str):
         "--k8s-cpu": args.k8s_cpu, "--k8s-memory": args.k8s_memory, "--k8s-gpus": args.k8s_gpus,
         "--k8s-python": args.k8s_python,
     }  # fmt: skip
-    if launcher != "k8s":
+    if launcher != Launcher.K8S:
         for flag, value in given.items():
             if value is not None:
                 raise UsageError(f"{flag} has no effect with --launcher {launcher}", hint="drop it")

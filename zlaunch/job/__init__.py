@@ -16,7 +16,9 @@ from zlaunch.job.options import (
     LAUNCHERS,
     SLURM_MODES,
     K8sOptions,
+    Launcher,
     LaunchOptions,
+    SlurmMode,
     SshOptions,
 )
 from zlaunch.job.plan import (
@@ -39,11 +41,13 @@ __all__ = [
     "DEFAULT_LOG_DIR",
     "Host",
     "LAUNCHERS",
+    "Launcher",
     "LaunchOptions",
     "MAX_SLOTS",
     "Plan",
     "RESERVED_ENV",
     "SLURM_MODES",
+    "SlurmMode",
     "SshOptions",
     "K8sOptions",
     "THREADS_ENV",

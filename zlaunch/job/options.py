@@ -7,6 +7,7 @@ applied), so the launcher can trust it.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,17 +27,39 @@ __all__ = [
     "DEFAULT_PREEMPTION_DEADLINE",
     "DEFAULT_GROW_INTERVAL",
     "LAUNCHERS",
+    "Launcher",
     "SLURM_MODES",
+    "SlurmMode",
 ]
 
 DEFAULT_LOG_DIR = "zlaunch_runs"
 DEFAULT_GRACE_PERIOD = 5.0
-#: How agents are started: over SSH (a local subprocess for local hosts), by Slurm's srun, or
-#: by Open MPI's mpirun (zlaunch/transport/).
-LAUNCHERS = ("ssh", "slurm", "mpi", "dialin", "ray", "k8s")
-#: How --launcher slurm starts the agents: one srun step per node, or one srun for all nodes
-#: whose agents connect back over TCP (zlaunch/transport/slurm_one_step.py).
-SLURM_MODES = ("step-per-node", "one-step")
+
+
+class Launcher(enum.StrEnum):
+    """How agents are started (zlaunch/transport/): over SSH (a local subprocess for local
+    hosts), by Slurm's srun, by Open MPI's mpirun, by someone else (they dial in), as actors
+    on a Ray cluster, or as the pods of a Kubernetes Job. A str, as --launcher spells it."""
+
+    SSH = "ssh"
+    SLURM = "slurm"
+    MPI = "mpi"
+    DIALIN = "dialin"
+    RAY = "ray"
+    K8S = "k8s"
+
+
+class SlurmMode(enum.StrEnum):
+    """How --launcher slurm starts the agents: one srun step per node, or one srun for all
+    nodes whose agents connect back over TCP (zlaunch/transport/slurm_one_step.py)."""
+
+    STEP_PER_NODE = "step-per-node"
+    ONE_STEP = "one-step"
+
+
+#: --launcher's and --slurm-mode's choices, as the command line spells them.
+LAUNCHERS = tuple(launcher.value for launcher in Launcher)
+SLURM_MODES = tuple(mode.value for mode in SlurmMode)
 DEFAULT_HANG_TIMEOUT = 900.0
 """15 minutes: half of torch's default collective timeout, so a hang is reported with every
 rank's stacks before torch's own timeout ends ranks one by one without them; long enough for
@@ -116,13 +139,13 @@ class LaunchOptions:
     """Rendezvous port; None = a free port probed on the master host."""
     ssh: SshOptions = field(default_factory=SshOptions)
     """How to reach remote hosts."""
-    launcher: str = "ssh"
+    launcher: Launcher = Launcher.SSH
     """How agents start: "ssh", "slurm" (one srun step per node), "mpi" (mpirun per node) or
     "dialin" (started by someone else, they dial in: zlaunch/transport/dialin.py) or "ray"
     (agent actors on a Ray cluster, dialing in: zlaunch/transport/ray_scheduler.py)."""
     launcher_args: tuple[str, ...] = ()
     """Extra arguments for srun (--slurm-args) or mpirun (--mpirun-args)."""
-    slurm_mode: str = "step-per-node"
+    slurm_mode: SlurmMode = SlurmMode.STEP_PER_NODE
     """With --launcher slurm: "step-per-node" (one srun per node) or "one-step" (one srun for
     all nodes, the agents connecting back over TCP); --slurm-mode auto is resolved before."""
     controller_addr: str | None = None
@@ -225,9 +248,12 @@ class LaunchOptions:
             raise UsageError(
                 f"--slurm-mode must be one of {', '.join(SLURM_MODES)}, got {self.slurm_mode!r}"
             )
-        if self.launcher == "k8s" and self.k8s is None:
+        # A plain string from a caller (a test, a script) becomes the member it names.
+        object.__setattr__(self, "launcher", Launcher(self.launcher))
+        object.__setattr__(self, "slurm_mode", SlurmMode(self.slurm_mode))
+        if self.launcher == Launcher.K8S and self.k8s is None:
             raise UsageError("--launcher k8s needs --image IMAGE: the pods' image with zlaunch")
-        if self.launcher == "dialin" and not self.token_file:
+        if self.launcher == Launcher.DIALIN and not self.token_file:
             raise UsageError(
                 "--launcher dialin needs --token-file FILE: where the job's token is kept "
                 "(written, private, if it does not exist) for the agents to prove it"
@@ -310,7 +336,7 @@ class LaunchOptions:
                 "hosts from that checkpoint: it needs --checkpoint-dir DIR and a save signal",
                 hint="add --checkpoint-dir DIR (and leave --save-on at its default)",
             )
-        if self.launcher != "ssh":
+        if self.launcher != Launcher.SSH:
             raise UsageError(
                 f"--max-nodes with --launcher {self.launcher}: a job grows onto hosts it "
                 "probes over SSH, which only --launcher ssh starts agents on",

@@ -45,6 +45,7 @@ from zlaunch.errors import (
 from zlaunch.job import (
     THREADS_ENV,
     Host,
+    Launcher,
     LaunchOptions,
     Plan,
     build_plan,
@@ -1039,7 +1040,7 @@ def rendezvous(options: LaunchOptions, hellos: list[frames.Hello]) -> tuple[str,
         # This machine is the master: use the address the other hosts see us coming from.
         seen = [h.client_addr for h in hellos if h and h.client_addr]
         addr = seen[0] if seen else hosts[0].name
-    elif options.launcher == "slurm":
+    elif options.launcher == Launcher.SLURM:
         addr = hosts[0].name  # the node's name in the allocation, which every node resolves
     else:  # over SSH, or dialed in: the address this node is reached at
         addr = first.addr or hosts[0].name

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zlaunch.errors import HostUnreachable, LaunchError
-from zlaunch.job import Host, K8sOptions, SshOptions
+from zlaunch.job import Host, K8sOptions, Launcher, SlurmMode, SshOptions
 from zlaunch.transport.link import Link
 from zlaunch.worker import module_argv
 
@@ -35,11 +35,11 @@ def open_link(
 ) -> Link:
     """Start ``argv`` on ``host``: through srun or mpirun when the launcher says so, else a
     subprocess for a local host and an SSH channel otherwise."""
-    if launcher == "slurm":
+    if launcher == Launcher.SLURM:
         from zlaunch.transport.slurm import SlurmLink
 
         return SlurmLink.start_on(host, argv, extra=launcher_args)
-    if launcher == "mpi":
+    if launcher == Launcher.MPI:
         from zlaunch.transport.mpi import MpiLink
 
         return MpiLink.start_on(host, argv, extra=launcher_args)
@@ -61,7 +61,7 @@ def _scheduler(
 ):
     """The dial-in scheduler that places ``launcher``'s agents (each imports its client only
     when it places them)."""
-    if launcher == "ray":
+    if launcher == Launcher.RAY:
         from zlaunch.transport.ray_scheduler import RayScheduler
 
         address, include, exclude = ray or (None, (), ())
@@ -106,7 +106,7 @@ def open_links(
     excluded, transport/ray_scheduler.py; ``k8s``: the pods' namespace, image and resources,
     transport/k8s.py), each attempt with a new token that is gone once the agents are in.
     """
-    if launcher in ("ray", "k8s"):
+    if launcher in (Launcher.RAY, Launcher.K8S):
         from zlaunch.transport.dialin import cleanup_token_dir, open_dialin, private_token_dir
 
         argv = tuple(argv_for(hosts[0]))
@@ -127,7 +127,7 @@ def open_links(
             )
         finally:
             cleanup_token_dir(folder)
-    if launcher == "dialin":
+    if launcher == Launcher.DIALIN:
         from zlaunch.transport.dialin import open_dialin
 
         argvs = {tuple(argv_for(host)) for host in hosts}
@@ -144,7 +144,7 @@ def open_links(
             on_refused=on_refused,
             interrupted=interrupted,
         )
-    if launcher == "slurm" and slurm_mode == "one-step":
+    if launcher == Launcher.SLURM and slurm_mode == SlurmMode.ONE_STEP:
         from zlaunch.transport.slurm_one_step import open_one_step
 
         argvs = {tuple(argv_for(host)) for host in hosts}

@@ -32,6 +32,7 @@ from runtime.config.schema import BATCH_KEYS
 
 # Each part lists its public names in __all__; these are the names users import from here.
 from . import blocks, monitors, scheduler
+from .auto_values import auto_keys, filled_by_integrations, load_leaving_autos
 from .blocks import *  # noqa: F403
 from .features import UNMODELLED_KEYS
 from .load import KEY_ALIASES, LEGACY_OFFLOAD_KEYS, load_config
@@ -41,6 +42,9 @@ from .schema import Config
 from .values import AUTO, ConfigError, ConfigWarning
 
 __all__ = [
+    "auto_keys",
+    "filled_by_integrations",
+    "load_leaving_autos",
     "BATCH_KEYS",
     "blocks",
     "check_compile_kwargs",

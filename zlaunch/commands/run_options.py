@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RunArguments",
-    "auto_keys",
     "build_options",
     "find_config_in_args",
     "parse_ranks",
@@ -445,7 +444,7 @@ def validate_config(path: str, world_size: int) -> None:
     if not os.access(path, os.R_OK):
         raise ConfigError(f"config file {path} is not readable", hint="check its permissions")
     try:
-        from runtime.config import BATCH_KEYS, load_config
+        from runtime.config import BATCH_KEYS, load_leaving_autos
         from runtime.config import ConfigError as RuntimeConfigError
     except ImportError as err:
         raise ConfigError(
@@ -454,7 +453,7 @@ def validate_config(path: str, world_size: int) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            config, autos, unchecked = _load_leaving_autos(path, load_config, RuntimeConfigError)
+            config, autos, unchecked = load_leaving_autos(path)
             if not any(key in autos for key in BATCH_KEYS):
                 config.resolve(world_size)
         except RuntimeConfigError as err:
@@ -477,85 +476,6 @@ def validate_config(path: str, world_size: int) -> None:
             "arguments; everything else was checked",
             err=True,
         )
-
-
-def _load_leaving_autos(path: str, load_config, error_type):
-    """(config, "auto" key paths, blocks left unchecked). A block whose check fails on a key
-    written "auto" (WarmupDecayLR's total_num_steps, which the Trainer fills in) cannot be
-    checked before the script fills it: it is checked without that block instead."""
-    from runtime.config import read_file
-
-    data = read_file(path, path)
-    autos = [key for key in auto_keys(data) if filled_by_integrations(key)]
-    unchecked: list[str] = []
-    while True:
-        try:
-            return load_config(data, origin=path), autos, unchecked
-        except error_type as err:
-            block = (err.key or "").split(".")[0]
-            # Only an error about a key written "auto" (or a required key missing beside
-            # "auto" siblings in its block) is the script's to fix; anything else is reported.
-            missing = err.key is not None and not _has_key(data, err.key)
-            left_to_script = err.key in autos or (
-                missing and any(a.startswith(f"{block}.") for a in autos)
-            )
-            if not block or block in unchecked or not left_to_script or block not in data:
-                raise
-            unchecked.append(block)
-            data = {k: v for k, v in data.items() if k != block}
-
-
-def _has_key(data: object, dotted: str) -> bool:
-    for part in dotted.split("."):
-        if not isinstance(data, Mapping) or part not in data:
-            return False
-        data = data[part]
-    return True
-
-
-# The "auto" values the Hugging Face integration (transformers' Trainer) and accelerate's
-# DeepSpeed plugin fill in from their own arguments before DeepSpeed reads the config. Any other
-# "auto" (an optimizer's type, say) is nobody's to fill and is checked like any value.
-_FILLED_KEYS = frozenset(
-    {
-        "train_batch_size",
-        "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps",
-        "gradient_clipping",
-        "fp16.enabled",
-        "bf16.enabled",
-        "amp.enabled",
-        "amp.opt_level",
-        "zero_optimization.stage",
-        "zero_optimization.reduce_bucket_size",
-        "zero_optimization.stage3_prefetch_bucket_size",
-        "zero_optimization.stage3_param_persistence_threshold",
-        "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-        "zero_optimization.offload_optimizer.device",
-        "zero_optimization.offload_optimizer.nvme_path",
-        "zero_optimization.offload_param.device",
-        "zero_optimization.offload_param.nvme_path",
-    }
-)
-_FILLED_PREFIXES = ("optimizer.params.", "scheduler.params.")
-
-
-def filled_by_integrations(key: str) -> bool:
-    """Whether a key written "auto" is one the Trainer or accelerate fills in."""
-    return key in _FILLED_KEYS or key.startswith(_FILLED_PREFIXES)
-
-
-def auto_keys(raw: object, prefix: str = "") -> list[str]:
-    """The dotted key paths whose value is "auto", in file order."""
-    found: list[str] = []
-    if isinstance(raw, Mapping):
-        for key, value in raw.items():
-            path = f"{prefix}{key}"
-            if value == "auto":
-                found.append(path)
-            else:
-                found.extend(auto_keys(value, path + "."))
-    return found
 
 
 def parse_ranks(text: str, world_size: int) -> frozenset[int]:

@@ -1,4 +1,5 @@
-"""The config package's modules import one way: reading -> schema -> values, never back."""
+"""The config package's modules import one way: reading -> schema -> values, never back
+(the "auto" values, checked around a whole load, on top)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ ALLOWED = {
     "files": {"values"},
     "keys": {"values", "features"},
     "load": {"values", "blocks", "scheduler", "monitors", "schema", "features", "files", "keys"},
+    "auto_values": {"values", "files", "load", "schema"},
 }
 
 

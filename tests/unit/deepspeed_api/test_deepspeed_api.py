@@ -16,8 +16,8 @@ import pathlib
 import pytest
 import torch
 
+from runtime.config import auto_keys
 from zlaunch.commands.run_options import (
-    auto_keys,
     build_options,
     find_config_in_args,
     validate_config,

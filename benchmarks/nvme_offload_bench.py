@@ -383,7 +383,11 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="OMP threads per rank")
     parser.add_argument("--floor-mib", type=int, default=2048)
     parser.add_argument("--largest", action="store_true", help="bisect the largest model")
+    parser.add_argument("--largest-min", type=int, default=1, help="layers, lower bound")
     parser.add_argument("--largest-max", type=int, default=64, help="layers, upper bound")
+    parser.add_argument("--largest-modes", nargs="+", default=["ddp", "stage3", "cpu", "nvme"],
+                        choices=["ddp", "stage3", "cpu", "nvme"])  # fmt: skip
+    parser.add_argument("--only-largest", action="store_true", help="skip the 4x run")
     parser.add_argument("--job-timeout", type=int, default=1800)
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--json", type=Path)
@@ -411,7 +415,13 @@ def main(argv=None) -> None:
             f"read {record['floor']['read_gbps']:.2f} GB/s (direct)",
             flush=True,
         )
-        if not args.skip_reference:
+        if args.only_largest:
+            record["largest"] = {
+                mode: largest(args, mode, limit, work, args.largest_min, args.largest_max)
+                for mode in args.largest_modes
+            }
+            args.largest = False
+        if not args.skip_reference and not args.only_largest:
             ref = run_job(args, "cpu", args.layers, args.steps, None, work)
             record["reference_cpu_offload"] = ref
             if not ref["ok"]:
@@ -421,6 +431,10 @@ def main(argv=None) -> None:
                 f"{_median_step(ref):.2f} s, peak (no limit) n/a",
                 flush=True,
             )
+        if args.only_largest:
+            if args.json:
+                args.json.write_text(json.dumps(record, indent=1, default=str) + "\n")
+            return
         inf = run_job(args, "nvme", args.layers, args.steps, limit, work)
         record["infinity"] = inf
         if not inf["ok"]:
@@ -453,8 +467,10 @@ def main(argv=None) -> None:
         record["swap_files_left"] = inf["left_in_nvme_path"]
         if args.largest:
             record["largest"] = {}
-            for mode in ("ddp", "stage3", "cpu", "nvme"):
-                record["largest"][mode] = largest(args, mode, limit, work, 1, args.largest_max)
+            for mode in args.largest_modes:
+                record["largest"][mode] = largest(
+                    args, mode, limit, work, args.largest_min, args.largest_max
+                )
     shutil.rmtree(base / "swap", ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(record, indent=1, default=str) + "\n")

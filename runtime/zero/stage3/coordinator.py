@@ -181,14 +181,14 @@ class Stage3Coordinator:
         self._frames.append([])
         for u in units:
             self.live.fetch(u)
-            u.users += 1
+            u.enter()
             if u.leaf is not None:
                 self._ran_leaves.add(u.index)
 
     def post_forward(self, units: list[Unit], module, args, output) -> None:
         self._return_borrowed()
         for u in units:
-            u.users -= 1
+            u.leave()
         if torch.is_grad_enabled():
             # The gradient of a module's output arrives just before the module's backward.
             hook = functools.partial(self._pre_backward, units, id(module))
@@ -207,15 +207,15 @@ class Stage3Coordinator:
         if not self._frames or type(u) is not Unit or self.live.is_current(u):
             return
         self.live.fetch(u)
-        u.users += 1
+        u.enter()
         self._frames[-1].append(u)
         if self._in_backward() and not u.frozen:
-            u.bwd_hold = True
+            u.hold_for_backward()
 
     def _return_borrowed(self) -> None:
         if self._frames:
             for u in self._frames.pop():
-                u.users -= 1
+                u.leave()
                 self._after_use(u, keep=False)
 
     # Tensors autograd saves during forward that live in a unit's gathered buffer are tagged
@@ -240,7 +240,7 @@ class Stage3Coordinator:
         accumulated into its full-shaped parameter): fetch it if it was released."""
         if not u.gathered:
             self._start_backward()
-            u.bwd_hold = True
+            u.hold_for_backward()
             self.live.fetch(u)
 
     def _pre_backward(self, units: list[Unit], module_id: int, grad) -> None:
@@ -253,12 +253,12 @@ class Stage3Coordinator:
         # (should autograd still need one, unpacking its saved tensors fetches it again).
         for u in self._frozen_in_backward:
             if u not in units:
-                u.bwd_hold = False
+                u.hold_for_backward(False)
                 if u.users == 0:
                     self.live.release(u)
         self._frozen_in_backward = [u for u in units if u.frozen]
         for u in units:
-            u.bwd_hold = True
+            u.hold_for_backward()
             self.live.fetch(u)
 
     def grad_arriving(self, u: Unit, grad) -> None:
@@ -272,7 +272,7 @@ class Stage3Coordinator:
         reduced = self.grads.arrived(u, i, grad)
         p.grad = None
         if reduced:
-            u.bwd_hold = False
+            u.hold_for_backward(False)
             if u.users == 0:
                 self.live.release(u)
 
@@ -282,7 +282,7 @@ class Stage3Coordinator:
             return
         self.grads.flush(self.units, self._ran_leaves)
         for u in self.units:
-            u.bwd_hold = False
+            u.hold_for_backward(False)
         self._frozen_in_backward = []
         self._ran_leaves.clear()
         self.live.release_all()
@@ -314,7 +314,7 @@ class Stage3Coordinator:
 
     # ------------------------------------------------------------------ GatheredParameters
     def user_gather(self, u: Unit) -> None:
-        u.users += 1
+        u.enter()
         self.live.gather(u, exact=True)
         u.wait()
 
@@ -324,7 +324,7 @@ class Stage3Coordinator:
             self.fetcher.forget(u)
             for listener in self.shard_written:
                 listener(u)
-        u.users -= 1
+        u.leave()
         if u.users == 0 and self.phase is not Phase.BACKWARD:
             self.live.release(u)
 

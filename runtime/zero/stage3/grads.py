@@ -66,12 +66,10 @@ class Stage3GradReducer:
                 u.staging[u.group.numel :].zero_()
         slot = u.group.slots[i]
         view = u.staging[slot.offset : slot.end]
-        if u.arrived[i]:
-            view.add_(grad.reshape(-1))
-        else:
+        if u.grad_arrived(i):
             view.copy_(grad.reshape(-1))
-            u.arrived[i] = True
-            u.n_arrived += 1
+        else:
+            view.add_(grad.reshape(-1))
         if u.n_arrived == u.expected_grads and u.leaf is None:
             self._reduce(u)
             return True
@@ -113,8 +111,7 @@ class Stage3GradReducer:
         if u.staging is None:  # a leaf that got no gradient on this rank: it adds zeros
             u.staging = self._take(u.numel).zero_()
         staging, u.staging = u.staging, None
-        u.arrived = [False] * len(u.params)
-        u.n_arrived = 0
+        u.reset_arrivals()
         self.sequence.record("reduce", u)
         if self.quantizer is not None:
             handle = self._reduce_quantized(self.owned[u.index], staging)

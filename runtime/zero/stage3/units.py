@@ -122,6 +122,39 @@ class Unit:
         self.exact = True
         """The gathered buffer holds the shards' own values (false: dequantized, qwZ)."""
 
+    # ------------------------------------------------------------------ its counters
+    # Only these methods change them (as FSDP2's FSDPParam owns its state): a count that goes
+    # wrong releases a buffer still in use, or never reduces a unit's gradients.
+    def enter(self) -> None:
+        """A module (or a GatheredParameters context) starts using the gathered parameters."""
+        self.users += 1
+
+    def leave(self) -> int:
+        """One user is done with them; the users left."""
+        if self.users <= 0:
+            raise RuntimeError(f"stage 3: {self.name} left by more users than entered it")
+        self.users -= 1
+        return self.users
+
+    def hold_for_backward(self, hold: bool = True) -> None:
+        """Fetched for backward and still needed by it (never released to make room), or
+        no longer (``hold`` False)."""
+        self.bwd_hold = hold
+
+    def grad_arrived(self, i: int) -> bool:
+        """Parameter ``i``'s gradient arrived; False when it had arrived already this pass
+        (it is then added to the one staged)."""
+        if self.arrived[i]:
+            return False
+        self.arrived[i] = True
+        self.n_arrived += 1
+        return True
+
+    def reset_arrivals(self) -> None:
+        """The unit's gradients were reduced: none has arrived for the next pass."""
+        self.arrived = [False] * len(self.params)
+        self.n_arrived = 0
+
     @property
     def name(self) -> str:
         """The module this unit belongs to, for messages."""

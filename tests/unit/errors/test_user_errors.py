@@ -17,6 +17,9 @@ BUILTINS = {"Exception", "ValueError", "TypeError", "RuntimeError", "NotImplemen
 
 # (file, enclosing function, exception) -> why no user can cause it.
 INTERNAL = {
+    ("runtime/zero/stage3/units.py", "Unit.leave", "RuntimeError"): (
+        "users enter and leave in the coordinator's own pairs, never from a user's call"
+    ),
     ("runtime/distributed/comm.py", "Communicator.reduce_scatter", "ValueError"): (
         "the sizes come from the partition plan, not from the user"
     ),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from runtime.zero.param_offload import ShardStore
@@ -184,9 +185,9 @@ def test_units_in_use_or_held_for_backward_are_not_released_to_make_room():
     live, units, _ = _live(max_live=64)
     live.planner.begin_pass()
     live.fetch(units[0])
-    units[0].users = 1
+    units[0].enter()
     live.fetch(units[1])
-    units[1].bwd_hold = True
+    units[1].hold_for_backward()
     live.fetch(units[2])
     assert all(u.gathered for u in units)
     assert live.peak_numel == 3 * 64
@@ -199,7 +200,7 @@ def test_after_step_releases_idle_units_and_regathers_stale_ones_in_use():
     live.planner.begin_pass()
     live.fetch(units[0])
     live.fetch(units[1])
-    units[1].users = 1
+    units[1].enter()
     live.after_step()
     assert not units[0].gathered and units[1].gathered
     assert not live.is_current(units[1])
@@ -218,3 +219,22 @@ def test_saved_tensors_in_a_gathered_buffer_are_tagged_with_their_unit():
     assert type(saved) is SavedInUnit and saved.unit is units[0] and saved.tensor is view
     other = torch.zeros(3)
     assert live.tag_saved(other) is other
+
+
+def test_a_unit_s_counters_change_only_through_its_methods_and_never_below_zero():
+    _, units, _ = _live(max_live=10**6, n_layers=1)
+    (u,) = units
+    u.enter()
+    u.enter()
+    assert (u.leave(), u.leave()) == (1, 0)
+    with pytest.raises(RuntimeError, match="left by more users than entered it"):
+        u.leave()
+    trained = u.trainable.index(True)
+    assert u.grad_arrived(trained) and not u.grad_arrived(trained)  # the second one adds
+    assert u.n_arrived == 1
+    u.reset_arrivals()
+    assert u.n_arrived == 0 and not any(u.arrived)
+    u.hold_for_backward()
+    assert u.bwd_hold
+    u.hold_for_backward(False)
+    assert not u.bwd_hold

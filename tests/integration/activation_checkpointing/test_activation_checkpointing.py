@@ -21,6 +21,7 @@ from tests.unit.activation_checkpointing.test_activation_checkpointing import ( 
     fresh_configuration,  # noqa: F401 - fixtures, shared with the unit half
     inputs,
 )
+from zlaunch.wire import events as wire_events
 
 D, T, B, BLOCKS = 16, 8, 4, 3
 
@@ -63,7 +64,9 @@ def test_initialize_configures_from_the_block_and_reports_profile(single_process
         cpu_checkpointing=True, number_checkpoints=3, profile=True
     )
     events = []
-    engine.step_metrics.sink = type("Sink", (), {"emit": lambda self, e: events.append(e)})()
+    engine.step_metrics.sink = type(
+        "Sink", (), {"emit": lambda self, e: events.append(wire_events.encode(e))}
+    )()
     for _ in range(2):
         engine.backward(engine(inputs()).square().mean())
         engine.step()

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.integration.launcher import fake_worker
+from zlaunch.wire import events as wire_events
 from zlaunch.wire import frames, protocol
 
 FAKE = fake_worker.__file__
@@ -130,7 +131,7 @@ def test_hello_then_workers_run_and_every_line_and_exit_is_forwarded(agent, tmp_
     assert out[0][5] == "lo lo 'a b $(x) \\n'" and out[1][5] == "lo lo 's'"
     assert err == {0: ["to err"], 1: ["to err"]}
     assert exits == {0: (0, None), 1: (3, None)}
-    assert events == {0: [{"kind": "metrics", "step": 1}], 1: [{"kind": "metrics", "step": 1}]}
+    assert events == {0: [wire_events.Metrics(1)], 1: [wire_events.Metrics(1)]}
     assert set(started) == {0, 1}
     assert agent.proc.wait(timeout=5) == 0
 

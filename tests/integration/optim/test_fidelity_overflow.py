@@ -23,6 +23,7 @@ import torch.distributed as dist
 import runtime
 from tests.integration.engine.mp_utils import REPO, free_port, run_ranks
 from tests.unit.optim.test_fidelity_overflow import single_process_group  # noqa: F401 - fixtures, shared with the unit half
+from zlaunch.wire import events as wire_events
 
 HERE = "tests/integration/optim/test_fidelity_overflow.py"
 CASES = [
@@ -71,7 +72,9 @@ def train_three_steps(
     engine, *_ = runtime.initialize(model=model, config=config)
     events: list[dict] = []
     # fd None: no zlaunch reading events, so only the report steps are emitted
-    engine.step_metrics.sink = types.SimpleNamespace(emit=events.append, fd=None)
+    engine.step_metrics.sink = types.SimpleNamespace(
+        emit=lambda event: events.append(wire_events.encode(event)), fd=None
+    )
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
     applied, lrs = [], []
     for step in range(3):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from runtime.config import ConfigError, load_config
 from runtime.observe.profiling.comms import bus_factor
 from runtime.observe.profiling.peak import resolve_peak
+from zlaunch.wire import events
 
 IN, HID, OUT, MICRO, GAS = 32, 64, 16, 4, 2
 
@@ -54,8 +55,8 @@ class Recorder:
     def __init__(self):
         self.events: list[dict] = []
 
-    def emit(self, event: dict) -> None:
-        self.events.append(dict(event))
+    def emit(self, event: events.WorkerEvent) -> None:
+        self.events.append(events.encode(event))
 
 
 def train(engine, steps: int, seed: int = 0) -> None:

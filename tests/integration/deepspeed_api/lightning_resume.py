@@ -6,7 +6,8 @@ Usage: lightning_resume.py STAGE OUT_JSON MAX_STEPS [--save DIR] [--resume CKPT]
 
 The global batch is 16 samples at any world size (each rank takes 16 / world size of it, in
 order: no shuffle), so runs at different world sizes see the same batches and, with ZeRO's
-gradient mean over ranks, take the same steps to float rounding. An epoch is 4 steps;
+gradient mean over ranks, take the same steps to float rounding. An epoch is 4 steps
+(``--epoch-batches``);
 ``--save`` writes a checkpoint at every epoch end (a DeepSpeed checkpoint directory per
 epoch), so a resumed run starts at an epoch boundary. Rank 0 writes the losses of the steps
 this run took (the mean over ranks) and the trainer's final global step to OUT_JSON.
@@ -51,10 +52,10 @@ class Regression(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.01)
 
 
-def data(ranks: int) -> DataLoader:
+def data(ranks: int, epoch_batches: int) -> DataLoader:
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(4 * GLOBAL_BATCH, 16, generator=g)
-    y = torch.sin(x[:, :4] * 2) + 0.1 * torch.randn(4 * GLOBAL_BATCH, 4, generator=g)
+    x = torch.randn(epoch_batches * GLOBAL_BATCH, 16, generator=g)
+    y = torch.sin(x[:, :4] * 2) + 0.1 * torch.randn(epoch_batches * GLOBAL_BATCH, 4, generator=g)
     return DataLoader(TensorDataset(x, y), batch_size=GLOBAL_BATCH // ranks, shuffle=False)
 
 
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("max_steps", type=int)
     parser.add_argument("--save")
     parser.add_argument("--resume")
+    parser.add_argument("--epoch-batches", type=int, default=4)
     args = parser.parse_args()
     pl.seed_everything(0, verbose=False)
     model = Regression()
@@ -88,7 +90,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, data(ranks), ckpt_path=args.resume)
+    trainer.fit(model, data(ranks, args.epoch_batches), ckpt_path=args.resume)
     losses = torch.tensor(model.losses)
     torch.distributed.all_reduce(losses)
     losses /= torch.distributed.get_world_size()

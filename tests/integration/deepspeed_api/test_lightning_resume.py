@@ -65,3 +65,22 @@ def test_lightning_checkpoint_at_2_ranks_resumes_at_1_rank_as_deepspeed_does(tmp
     assert resumed["losses"] == pytest.approx(REFERENCE["resumed"]["losses"], rel=1e-6)
     # The restored weights: the resumed first loss is the uninterrupted run's fifth.
     assert resumed["losses"][0] == pytest.approx(REFERENCE["uninterrupted"]["losses"][4], rel=1e-6)
+
+
+def test_lightning_resume_at_1_rank_continues_the_uninterrupted_run(tmp_path):
+    """With one batch per epoch (the same global batch every step, so Lightning's replay of
+    its epoch bookkeeping after a resume cannot change which data a step sees), the run saved
+    at 2 ranks and resumed at 1 takes the uninterrupted 1-rank run's steps 5-8: weights,
+    AdamW moments and step count all restored across the world-size change."""
+    saves = tmp_path / "checkpoints"
+    one_batch = ["--epoch-batches", "1"]
+    first = _launch(2, ["4", "--save", str(saves), *one_batch], tmp_path)
+    resumed = _launch(
+        1, ["8", "--resume", str(saves / "epoch=3-step=4.ckpt"), *one_batch], tmp_path
+    )
+    uninterrupted = _launch(1, ["8", *one_batch], tmp_path)
+    assert first["global_step"] == 4
+    assert resumed["global_step"] == uninterrupted["global_step"] == 8
+    assert first["losses"] == pytest.approx(uninterrupted["losses"][:4], rel=1e-6)
+    assert len(resumed["losses"]) == 4
+    assert resumed["losses"] == pytest.approx(uninterrupted["losses"][4:], rel=1e-6)

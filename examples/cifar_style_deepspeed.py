@@ -1,5 +1,5 @@
-"""An image classifier trained the way DeepSpeedExamples' ``training/cifar/cifar10_deepspeed.py``
-does it, written for the DeepSpeed API alone (no zlaunch import): DeepSpeed's command-line
+"""An image classifier trained the way DeepSpeedExamples' CIFAR-10 script (training/cifar in
+that repository) does it, written for the DeepSpeed API alone (no zlaunch import): DeepSpeed's command-line
 arguments, ``deepspeed.init_distributed()``, the accelerator's device calls, the optional MoE
 import at the top, the engine's own data loader and its precision queries. Synthetic images
 stand in for CIFAR-10 (no download), so the same numbers come out anywhere.

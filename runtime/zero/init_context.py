@@ -165,7 +165,7 @@ class Init:
         if remote_device not in (None, "none"):
             # Construction frees each module's full tensors after partitioning: return them
             # to the system, or a memory limit counts them (zero.nvme.host_memory).
-            from .nvme.host_memory import hold_mmap_threshold
+            from .nvme import hold_mmap_threshold
 
             hold_mmap_threshold()
         self._remote = remote_device if remote_device not in (None, "none") else None

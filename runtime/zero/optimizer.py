@@ -31,8 +31,7 @@ from runtime.optim import GradStats, Precision, StepRiders, global_grad_stats
 
 from .buckets import GradReducer
 from .flat import FlatBuffer
-from .nvme import Swapper
-from .nvme.optimizer_swap import MasterStash, OptimizerSwap
+from .nvme import MasterStash, OptimizerSwap, Swapper
 from .partition import FlatGroup
 
 __all__ = ["NormScope", "OwnedRange", "StepOutcome", "ZeroOptimizer"]

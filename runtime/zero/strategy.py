@@ -20,8 +20,7 @@ from runtime.optim import Precision, StepRiders
 from zlaunch.wire import protocol
 
 from ..errors import InvalidTypeError, InvalidValueError
-from .nvme import SwapDir, Swapper
-from .nvme.host_memory import hold_mmap_threshold
+from .nvme import SwapDir, Swapper, hold_mmap_threshold
 from .optimizer import OwnedRange, StepOutcome, ZeroOptimizer
 from .partition import FlatLayout
 

@@ -15,7 +15,6 @@ off: blocks of 1 MiB and more are mapped and unmapped, and freeing one returns i
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 __all__ = ["hold_mmap_threshold"]
@@ -33,10 +32,10 @@ def hold_mmap_threshold() -> bool:
         return True
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
+    # The process's own symbols, where the interpreter's C library is (ctypes.util's
+    # find_library would run ldconfig in a subprocess to find a name for the same library).
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False  # not glibc (musl has no mallopt): nothing to hold
     if mallopt is None or not mallopt(M_MMAP_THRESHOLD, THRESHOLD):

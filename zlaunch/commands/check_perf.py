@@ -352,7 +352,7 @@ def link_outliers(links: Sequence[Mapping], factor: float = DEFAULT_FACTOR) -> l
     """Every measured direction (``src``, ``dst`` host names, ``mbs``, ``latency_ms``)
     against the median of them all; slowest first. A host of which two or more directions out
     (or in) were measured and every one is slow is named once as the host's network; a slow
-    direction not explained so is named as the link."""
+    direction with neither end so named is named as the link."""
     found: list[LinkOutlier] = []
     for key, figure in (("mbs", "bandwidth"), ("latency_ms", "latency")):
         values = [(lk["src"], lk["dst"], lk[key]) for lk in links if _rate(lk.get(key))]
@@ -376,8 +376,12 @@ def link_outliers(links: Sequence[Mapping], factor: float = DEFAULT_FACTOR) -> l
                         LinkOutlier(host, None, figure, tuple(v for *_, v in mine), median, inbound)
                     )
                     explained.update((s, d) for s, d, _ in mine)
+        # A host named as its network explains every slow direction it is an end of: a link
+        # into a host whose outbound is throttled reads slow too (its replies queue behind the
+        # host's own traffic), and the host leaves the fleet with its links anyway.
+        named = {o.host for o in found if o.figure == figure}
         for src, dst, value in bad:
-            if (src, dst) not in explained:
+            if (src, dst) not in explained and src not in named and dst not in named:
                 found.append(LinkOutlier(src, dst, figure, (value,), median))
     return sorted(found, key=lambda o: -o.factor)
 

@@ -186,6 +186,15 @@ def test_a_host_that_sends_slowly_both_ways_is_named_as_its_network():
     )
 
 
+def test_a_link_into_a_host_named_as_its_network_is_not_named_again():
+    """Measured on the namespace cluster, node2's outbound held to 2 Mbit/s by tbf: the link
+    node1 -> node2 read 1.38x below the median too (its replies queue behind node2's own
+    traffic); the host is named once, as its network, and nothing else."""
+    slow = {("n2", "n1"): 0.04, ("n2", "n3"): 0.04, ("n1", "n2"): 100 / 1.38}
+    (found,) = link_outliers(ring(slow))
+    assert (found.host, found.dst, found.inbound) == ("n2", None, False)
+
+
 def test_one_slow_link_is_named_as_the_link_and_slow_latency_too():
     found = link_outliers(ring({("n3", "n4"): 10.0}, {("n1", "n4"): 8.0}))
     assert [o.text for o in found] == [
